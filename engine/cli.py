@@ -1,0 +1,286 @@
+"""Command line: python -m engine {validate,run,resume,runs,export,import,experiment}.
+
+Bad input (a graph, a dataset, a database, a run id) prints one line starting with
+"error:" and exits with status 2; nothing already written is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import traceback
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engine.data.examples import SplitError
+from engine.events import CallRecord, Proposal, StepFinished
+from engine.graph import GraphError, load_graph
+
+EXIT_BAD_INPUT = 2
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+
+class UsageError(Exception):
+    """Bad input from the user: one line, status 2."""
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    from engine.data.datasets import DatasetError
+    from engine.llm.base import LLMError
+    from engine.runlog.schema import RunLogError
+
+    return (GraphError, DatasetError, SplitError, RunLogError, LLMError, UsageError, ValueError,
+            FileNotFoundError)
+
+
+# --- subcommands -----------------------------------------------------------------------
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    graph = load_graph(args.graph)
+    if args.data_dir is not None or args.check_data:
+        from engine.run import RunConfig, load_splits
+
+        load_splits(RunConfig(graph=args.graph, data_dir=args.data_dir, train=0, val=0, test=0),
+                    graph)
+    trainable = len(graph.trainable_nodes)
+    out.print(f"{args.graph}: ok: graph '{graph.name}', {len(graph.nodes)} nodes "
+              f"({trainable} trainable), output '{graph.output_node.id}', metric {graph.metric}")
+    return 0
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    from engine.llm.factory import BACKENDS
+    from engine.methods import METHODS
+
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="model backend (default: openai if OPENAI_API_KEY or OPENAI_BASE_URL "
+                        "is set, else the embedded local model)")
+    p.add_argument("--model", help="model for forward calls")
+    p.add_argument("--optimizer-backend", choices=BACKENDS, default=None,
+                   help="backend for loss, backward and update calls (default: --backend)")
+    p.add_argument("--optimizer-model", help="model for loss, backward and update calls")
+    p.add_argument("--base-url", help="OpenAI-compatible server URL (default: OPENAI_BASE_URL)")
+    p.add_argument("--method", choices=sorted(METHODS), default="semantic")
+    p.add_argument("--steps", type=_non_negative, default=4)
+    p.add_argument("--train", type=_non_negative, help="training examples (default: graph's)")
+    p.add_argument("--val", type=_non_negative, help="validation examples (default: graph's)")
+    p.add_argument("--test", type=_non_negative, help="test examples (default: graph's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset", help="override the graph's dataset")
+    p.add_argument("--failures", type=_positive, default=2, dest="failures_per_step",
+                   help="failing examples back-propagated per step (k)")
+    p.add_argument("--no-gate", action="store_false", dest="gate",
+                   help="accept every proposal (ablation)")
+    p.add_argument("--update-mode", choices=("all", "one"), default="all",
+                   help="update every trainable prompt per step, or one at a time")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=_positive, help="forward generation limit")
+    p.add_argument("--optimizer-max-tokens", type=_positive)
+    p.add_argument("--cache", choices=("off", "read", "readwrite"), default="readwrite")
+    p.add_argument("--concurrency", type=_positive, default=16)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
+    p.add_argument("--max-retries", type=_non_negative, default=4)
+    p.add_argument("--run-id", help="name the run (default: generated)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="method option, e.g. m0=2 for gtbp (repeatable)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from engine.llm.factory import default_backend_kind
+    from engine.run import RunConfig, execute
+
+    config = RunConfig(
+        graph=args.graph, method=args.method, backend=args.backend or default_backend_kind(),
+        model=args.model, optimizer_backend=args.optimizer_backend,
+        optimizer_model=args.optimizer_model, steps=args.steps, train=args.train, val=args.val,
+        test=args.test, seed=args.seed, db=args.db, data_dir=args.data_dir,
+        dataset=args.dataset, cache=args.cache, concurrency=args.concurrency,
+        failures_per_step=args.failures_per_step, gate=args.gate,
+        update_mode=args.update_mode, temperature=args.temperature, max_tokens=args.max_tokens,
+        optimizer_max_tokens=args.optimizer_max_tokens, base_url=args.base_url,
+        timeout=args.timeout, max_retries=args.max_retries, run_id=args.run_id,
+        method_options=_options(args.option))
+    return _with_progress(lambda listeners: execute(config, listeners=listeners), config.steps)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from engine.run import RunConfig, resume
+    from engine.runlog.state import load_resume_state
+
+    config_json, _, state, _, _ = load_resume_state(args.db, args.run_id)
+    steps = RunConfig.from_json(config_json).steps
+    done = 0 if state is None else state.step + 1
+    return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners),
+                          steps, done)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from engine.runlog.schema import check_readable, connect
+
+    check_readable(args.db)
+    with connect(args.db, read_only=True) as con:
+        rows = con.execute("""
+            SELECT r.run_id, r.graph_name, r.method, r.model, r.status,
+                   (SELECT max(step) FROM steps s WHERE s.run_id = r.run_id),
+                   (SELECT max(val_score) FROM steps s WHERE s.run_id = r.run_id)
+            FROM runs r ORDER BY r.started_at""").fetchall()
+    table = Table("run", "graph", "method", "model", "status", "steps", "best val")
+    for run_id, graph, method, model, status, steps, best in rows:
+        table.add_row(run_id, graph, method, model or "", status,
+                      "" if steps is None else str(steps), _fmt(best))
+    out.print(table if rows else f"{args.db}: no runs yet")
+    return 0
+
+
+# --- progress and summary --------------------------------------------------------------
+
+
+def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0) -> int:
+    calls = {"n": 0}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[calls]} calls"), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("optimizing", total=steps + 1, completed=done, calls=0)
+
+        def listener(event: Any) -> None:
+            if isinstance(event, CallRecord):
+                calls["n"] += 1
+                progress.update(task, calls=calls["n"])
+            elif isinstance(event, StepFinished):
+                progress.update(task, advance=1, description=f"step {event.step} done")
+
+        result = asyncio.run(start((listener,)))
+    print_summary(result)
+    return 0 if result.status == "finished" else 1
+
+
+def print_summary(result: Any) -> None:
+    per_step: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for call in result.events.of(CallRecord):
+        per_step[call.step][0] += 1
+        per_step[call.step][1] += call.prompt_tokens + call.completion_tokens
+    edits: dict[int, int] = defaultdict(int)
+    for p in result.events.of(Proposal):
+        edits[p.step] += int(p.accepted)
+    table = Table("step", "train", "val", "accepted edits", "calls", "tokens",
+                  title=f"run {result.run_id}: {result.status}")
+    for s in result.events.of(StepFinished):
+        table.add_row(str(s.step), _fmt(s.train_score), _fmt(s.val_score), str(edits[s.step]),
+                      str(per_step[s.step][0]), str(per_step[s.step][1]))
+    out.print(table)
+    stats = result.stats
+    line = (f"calls {stats.calls} (cache hits {stats.cache_hits}, retries {stats.retries}, "
+            f"failed {stats.failures}); tokens {stats.prompt_tokens + stats.completion_tokens}")
+    if result.test_score is not None:
+        line += f"; test score {_fmt(result.test_score)}"
+    out.print(line)
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+# --- argument helpers ------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
+    return value
+
+
+def _options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--option expects KEY=VALUE, not {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            options[key] = int(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine",
+                                     description="Semantic backpropagation for agentic graphs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check a graph file")
+    p.add_argument("graph")
+    p.add_argument("--data-dir", help="where named datasets live")
+    p.add_argument("--check-data", action="store_true", help="also load the graph's dataset")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("run", help="optimize a graph's prompts")
+    p.add_argument("graph")
+    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--data-dir", help="where named datasets live")
+    add_run_options(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("resume", help="continue a run from its last complete step")
+    p.add_argument("run_id")
+    p.add_argument("--db", default="runs.duckdb")
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("runs", help="list the runs in a run log")
+    p.add_argument("--db", default="runs.duckdb")
+    p.set_defaults(func=cmd_runs)
+
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions() -> list[Callable[[Any], None]]:
+    """Subcommands that live next to their code (export/import, experiment)."""
+    found = []
+    for module, name in (("engine.runlog.export", "register_cli"),
+                         ("engine.experiment", "register_cli")):
+        try:
+            found.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            continue
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except _bad_input_errors() as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        console.print("interrupted", markup=False)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+        if os.environ.get("SEMBACK_DEBUG"):
+            traceback.print_exc()
+        console.print(f"error: unexpected {exc.__class__.__name__}: {exc} "
+                      "(set SEMBACK_DEBUG=1 for the traceback)", markup=False, highlight=False)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

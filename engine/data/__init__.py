@@ -1,0 +1,1 @@
+"""Datasets, splits and graders."""

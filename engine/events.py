@@ -1,0 +1,167 @@
+"""Typed events a run emits. The run log, the progress bar and tests are listeners.
+
+Each record maps one-to-one onto a run-log table row (see docs/runlog.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CallRecord:
+    call_id: str
+    run_id: str
+    step: int
+    example_id: str | None
+    node_id: str | None
+    purpose: str
+    backend: str
+    model: str
+    messages: str  # JSON list of {role, content}
+    response: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+    cache_hit: bool = False
+    retries: int = 0
+    error: str | None = None
+    started_at: float = 0.0
+    cost_usd: float | None = None
+    cache_key: str = ""
+    temperature: float = 0.0
+    max_tokens: int = 0
+
+
+@dataclass
+class Activation:
+    """One node run on one example."""
+
+    run_id: str
+    step: int
+    split: str
+    example_id: str
+    node_id: str
+    prompt_version: int
+    input_text: str
+    output_text: str
+    error: str | None = None
+    raw_text: str = ""
+    parse_error: str | None = None
+    call_id: str | None = None
+
+
+@dataclass
+class LossRecord:
+    run_id: str
+    step: int
+    split: str
+    example_id: str
+    prediction: str
+    target: str
+    score: float
+    feedback: str
+    error: str | None = None
+    call_id: str | None = None
+
+
+@dataclass
+class Gradient:
+    """Feedback `node_id` received from its successor `from_node_id` ("loss" for the output).
+
+    kind: 'gradient' (a message from one successor), 'aggregate' (what the node
+    acted on: all successors' messages combined), 'target' and 'inferred_input' (gtbp).
+    """
+
+    run_id: str
+    step: int
+    example_id: str
+    node_id: str
+    from_node_id: str
+    method: str
+    content: str
+    call_id: str | None = None
+    kind: str = "gradient"
+    parse_error: str | None = None
+
+
+@dataclass
+class Proposal:
+    run_id: str
+    step: int
+    node_id: str
+    old_prompt: str
+    new_prompt: str
+    accepted: bool = False
+    val_before: float | None = None
+    val_after: float | None = None
+    call_id: str | None = None
+    parse_error: str | None = None
+    reasoning: str = ""
+
+
+@dataclass
+class PromptVersion:
+    run_id: str
+    node_id: str
+    version: int
+    prompt: str
+    step: int
+    accepted: bool = True
+
+
+@dataclass
+class StepFinished:
+    run_id: str
+    step: int
+    train_score: float | None
+    val_score: float | None
+    accepted: bool
+    started_at: float
+    ended_at: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RunFinished:
+    run_id: str
+    status: str  # finished | failed | stopped
+    error: str | None = None
+
+
+Event = (CallRecord | Activation | LossRecord | Gradient | Proposal | PromptVersion
+         | StepFinished | RunFinished)
+Listener = Callable[[Any], None]
+
+
+class EventBus:
+    """Fan-out of events to listeners, in the order they were added."""
+
+    def __init__(self, listeners: list[Listener] | None = None):
+        self.listeners: list[Listener] = list(listeners or [])
+
+    def add(self, listener: Listener) -> None:
+        self.listeners.append(listener)
+
+    def emit(self, event: Any) -> None:
+        for listener in self.listeners:
+            listener(event)
+
+
+class Collector:
+    """A listener that keeps every event; tests and summaries read it."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def __call__(self, event: Any) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def as_row(record: Any) -> dict[str, Any]:
+    return asdict(record)

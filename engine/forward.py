@@ -1,0 +1,136 @@
+"""The forward pass: every (example, node) activation runs as soon as its inputs exist.
+
+One asyncio task per activation awaits the tasks of its predecessors, so there is no
+polling; the client's semaphore bounds how many calls are in flight. A failed call
+marks that example failed (downstream nodes record an upstream failure), never the
+whole evaluation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine import prompts as P
+from engine.data.examples import Example
+from engine.events import Activation
+from engine.functions import FUNCTIONS
+from engine.graph import Graph, Node
+from engine.llm.client import LLMClient
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The graph's parameters: each node's prompt text and its version number."""
+
+    text: dict[str, str]
+    version: dict[str, int]
+
+    @classmethod
+    def initial(cls, graph: Graph) -> Prompts:
+        return cls({n.id: n.prompt for n in graph.nodes}, {n.id: 0 for n in graph.nodes})
+
+    def updated(self, changes: dict[str, tuple[int, str]]) -> Prompts:
+        text, version = dict(self.text), dict(self.version)
+        for node_id, (v, t) in changes.items():
+            text[node_id], version[node_id] = t, v
+        return replace(self, text=text, version=version)
+
+
+@dataclass
+class ExampleTrace:
+    """All activations of one example, keyed by node id."""
+
+    example: Example
+    activations: dict[str, Activation] = field(default_factory=dict)
+    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def error(self) -> str | None:
+        errors = [a.error for a in self.activations.values() if a.error]
+        return errors[0] if errors else None
+
+    def output(self, node_id: str) -> str:
+        return self.activations[node_id].output_text
+
+
+@dataclass
+class RunContext:
+    """What every phase of a step needs; passed down instead of globals."""
+
+    graph: Graph
+    client: LLMClient
+    emit: Callable[[Any], None]
+    run_id: str
+    step: int
+    max_tokens: int = 512
+    optimizer_max_tokens: int = 768
+
+
+async def forward_pass(ctx: RunContext, prompts: Prompts, examples: list[Example],
+                       split: str) -> list[ExampleTrace]:
+    """Run the graph on every example concurrently; returns traces in example order."""
+    return list(await asyncio.gather(*(forward_example(ctx, prompts, ex, split)
+                                       for ex in examples)))
+
+
+async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, split: str
+                          ) -> ExampleTrace:
+    trace = ExampleTrace(example)
+    tasks: dict[str, asyncio.Task] = {}
+
+    async def run(node: Node) -> Activation:
+        values: dict[str, str] = {}
+        for name in node.inputs:
+            if name in tasks:
+                upstream = await tasks[name]
+                if upstream.error:
+                    return _activation(ctx, split, example, node, prompts, values,
+                                       error=f"upstream node '{name}' failed")
+                values[name] = upstream.output_text
+            else:
+                values[name] = example.fields.get(name, "")
+        trace.inputs[node.id] = values
+        if node.kind == "function":
+            output = FUNCTIONS[node.function](*values.values())
+            return _activation(ctx, split, example, node, prompts, values, output=output)
+        return await _call_node(ctx, prompts, example, node, values, split)
+
+    for node_id in ctx.graph.topological_order():
+        tasks[node_id] = asyncio.ensure_future(run(ctx.graph.node(node_id)))
+    for node_id, task in tasks.items():
+        activation = await task
+        trace.activations[node_id] = activation
+        ctx.emit(activation)
+    return trace
+
+
+async def _call_node(ctx: RunContext, prompts: Prompts, example: Example, node: Node,
+                     values: dict[str, str], split: str) -> Activation:
+    answer_format = ctx.graph.answer_format if node.output else ""
+    messages = P.forward_messages(prompts.text[node.id], values, answer_format)
+    request = ctx.client.request(
+        "forward", messages, max_tokens=node.max_tokens or ctx.max_tokens,
+        meta={"role": "forward", "node": node.id, "output_node": node.output,
+              "inputs": list(node.inputs)})
+    record = await ctx.client.call(request, step=ctx.step, node_id=node.id,
+                                   example_id=example.id)
+    if record.error:
+        return _activation(ctx, split, example, node, prompts, values, error=record.error,
+                           call_id=record.call_id)
+    output, problem = P.parse_output(record.response)
+    return _activation(ctx, split, example, node, prompts, values, output=output,
+                       raw=record.response, parse_error=problem, call_id=record.call_id)
+
+
+def _activation(ctx: RunContext, split: str, example: Example, node: Node, prompts: Prompts,
+                values: dict[str, str], *, output: str = "", error: str | None = None,
+                raw: str = "", parse_error: str | None = None, call_id: str | None = None
+                ) -> Activation:
+    return Activation(
+        run_id=ctx.run_id, step=ctx.step, split=split, example_id=example.id, node_id=node.id,
+        prompt_version=prompts.version.get(node.id, 0), input_text=P.render_inputs(values),
+        output_text=output, error=error, raw_text=raw, parse_error=parse_error,
+        call_id=call_id)

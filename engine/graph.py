@@ -1,0 +1,348 @@
+"""Agentic graphs: the YAML format, validation with file/line/node errors, and topology.
+
+A graph is a DAG of nodes. A node reads named inputs (example fields or other nodes)
+and produces one text output. LLM nodes carry a prompt (the trainable parameter);
+function nodes apply a named, registered Python function and are never trainable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.functions import FUNCTIONS
+
+GRAPH_KEYS = {
+    "name": "graph name, shown in the run log and the dashboard",
+    "description": "free text shown in the dashboard",
+    "dataset": "a named dataset (gsm8k, liar, bbh/<task>) or a .jsonl path relative to the file",
+    "input_fields": "example fields that nodes may read",
+    "target_field": "the example field holding the expected answer",
+    "metric": "exact_match | numeric | choice | yes_no | auto | judge",
+    "rubric": "grading rubric for metric: judge",
+    "answer_format": "instruction appended to the output node's forward prompt",
+    "splits": "default split sizes: {train, val, test}",
+    "nodes": "the list of nodes",
+}
+NODE_KEYS = {
+    "id": "unique node id",
+    "prompt": "the node's instruction (its trainable parameter)",
+    "inputs": "names of example fields or node ids this node reads",
+    "kind": "llm (default) or function",
+    "function": "registered function name, for kind: function",
+    "trainable": "false freezes the prompt (default true for llm nodes)",
+    "output": "true on exactly one node: the graph's answer",
+    "max_tokens": "generation limit for this node's forward call",
+}
+METRICS = ("exact_match", "numeric", "choice", "yes_no", "auto", "judge")
+SPLIT_KEYS = ("train", "val", "test")
+
+
+class GraphError(Exception):
+    """A graph file problem, rendered as one line: FILE:LINE: node 'ID': problem."""
+
+    def __init__(
+        self, path: str | Path, message: str, node: str | None = None, line: int | None = None
+    ):
+        self.path, self.message, self.node, self.line = str(path), message, node, line
+        where = self.path + (f":{line}" if line else "")
+        who = f"node '{node}': " if node else ""
+        super().__init__(f"{where}: {who}{message}")
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    prompt: str = ""
+    inputs: tuple[str, ...] = ()
+    kind: str = "llm"
+    function: str | None = None
+    trainable: bool = True
+    output: bool = False
+    max_tokens: int | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    nodes: tuple[Node, ...]
+    input_fields: tuple[str, ...]
+    target_field: str
+    metric: str
+    dataset: str | None = None
+    description: str = ""
+    rubric: str = ""
+    answer_format: str = ""
+    splits: dict[str, int] = field(default_factory=dict)
+    path: str = ""
+    yaml_text: str = ""
+
+    def node(self, node_id: str) -> Node:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.id for n in self.nodes]
+
+    @property
+    def output_node(self) -> Node:
+        return next(n for n in self.nodes if n.output)
+
+    def predecessors(self, node_id: str) -> list[str]:
+        """Node inputs of `node_id` (example fields excluded), in declared order."""
+        ids = set(self.node_ids)
+        return [i for i in self.node(node_id).inputs if i in ids]
+
+    def successors(self, node_id: str) -> list[str]:
+        """Nodes that read `node_id`, in topological order (a fixed, documented order)."""
+        return [n for n in self.topological_order() if node_id in self.node(n).inputs]
+
+    def topological_order(self) -> list[str]:
+        """Kahn's algorithm; ties broken by declaration order, so the order is stable."""
+        ids = self.node_ids
+        indegree = {i: len(self.predecessors(i)) for i in ids}
+        order: list[str] = []
+        ready = [i for i in ids if indegree[i] == 0]
+        while ready:
+            current = ready.pop(0)
+            order.append(current)
+            for i in ids:
+                if current in self.node(i).inputs:
+                    indegree[i] -= 1
+                    if indegree[i] == 0:
+                        ready.append(i)
+            ready.sort(key=ids.index)
+        return order
+
+    @property
+    def trainable_nodes(self) -> list[str]:
+        return [n for n in self.topological_order() if self.node(n).trainable]
+
+    def with_dataset(self, dataset: str) -> Graph:
+        return replace(self, dataset=dataset)
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+def load_graph(path: str | Path) -> Graph:
+    """Read and validate a graph file; raises GraphError with one clear line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GraphError(path, "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GraphError(path, f"cannot read file ({exc.__class__.__name__})") from None
+    return parse_graph(text, path)
+
+
+def parse_graph(text: str, path: str | Path = "<graph>") -> Graph:
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise GraphError(path, f"YAML syntax error: {problem}",
+                         line=mark.line + 1 if mark else None) from None
+    if not isinstance(root, yaml.MappingNode):
+        raise GraphError(path, "a graph file must be a YAML mapping with a 'nodes' list", line=1)
+    top = _mapping(root, path, None)
+    for key, (_, line) in top.items():
+        if key not in GRAPH_KEYS:
+            raise GraphError(path, f"unknown key '{key}' (allowed: {', '.join(GRAPH_KEYS)})",
+                             line=line)
+
+    def scalar(key: str, default: Any = None, required: bool = False) -> Any:
+        if key not in top:
+            if required:
+                raise GraphError(path, f"missing required key '{key}'", line=1)
+            return default
+        value, line = top[key]
+        value = yaml.safe_load(yaml.serialize(value))
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise GraphError(path, f"'{key}' must be a single value", line=line)
+        return value
+
+    name = str(scalar("name", required=True))
+    metric = str(scalar("metric", "exact_match"))
+    if metric not in METRICS:
+        raise GraphError(path, f"unknown metric '{metric}' (allowed: {', '.join(METRICS)})",
+                         line=top["metric"][1])
+    input_fields = _string_list(top, "input_fields", path, required=True)
+    splits = _splits(top, path)
+
+    if "nodes" not in top:
+        raise GraphError(path, "missing required key 'nodes'", line=1)
+    nodes_node, nodes_line = top["nodes"]
+    if not isinstance(nodes_node, yaml.SequenceNode) or not nodes_node.value:
+        raise GraphError(path, "'nodes' must be a non-empty list", line=nodes_line)
+    nodes = [_parse_node(item, path) for item in nodes_node.value]
+    graph = Graph(
+        name=name,
+        nodes=tuple(nodes),
+        input_fields=tuple(input_fields),
+        target_field=str(scalar("target_field", required=True)),
+        metric=metric,
+        dataset=None if scalar("dataset") is None else str(scalar("dataset")),
+        description=str(scalar("description", "") or ""),
+        rubric=str(scalar("rubric", "") or ""),
+        answer_format=str(scalar("answer_format", "") or ""),
+        splits=splits,
+        path=str(path),
+        yaml_text=text,
+    )
+    validate_structure(graph)
+    return graph
+
+
+def _mapping(node: yaml.Node, path: str | Path, owner: str | None) -> dict[str, tuple]:
+    """Keys of a YAML mapping -> (value node, 1-based line); duplicate keys are errors."""
+    out: dict[str, tuple] = {}
+    for key_node, value_node in node.value:
+        key = str(key_node.value)
+        line = key_node.start_mark.line + 1
+        if key in out:
+            raise GraphError(path, f"duplicate key '{key}'", node=owner, line=line)
+        out[key] = (value_node, line)
+    return out
+
+
+def _string_list(top: dict, key: str, path, required=False, owner=None) -> list[str]:
+    if key not in top:
+        if required:
+            raise GraphError(path, f"missing required key '{key}'", node=owner, line=1)
+        return []
+    value_node, line = top[key]
+    if isinstance(value_node, yaml.ScalarNode) and value_node.value:
+        return [str(value_node.value)]
+    if not isinstance(value_node, yaml.SequenceNode) or any(
+        not isinstance(v, yaml.ScalarNode) for v in value_node.value
+    ):
+        raise GraphError(path, f"'{key}' must be a list of names", node=owner, line=line)
+    return [str(v.value) for v in value_node.value]
+
+
+def _splits(top: dict, path) -> dict[str, int]:
+    if "splits" not in top:
+        return {}
+    value_node, line = top["splits"]
+    if not isinstance(value_node, yaml.MappingNode):
+        raise GraphError(path, "'splits' must be a mapping like {train: 20, val: 20}", line=line)
+    out = {}
+    for key, (v, kline) in _mapping(value_node, path, None).items():
+        if key not in SPLIT_KEYS:
+            raise GraphError(path, f"unknown split '{key}' (allowed: train, val, test)",
+                             line=kline)
+        try:
+            out[key] = int(v.value)
+        except (TypeError, ValueError):
+            raise GraphError(path, f"split '{key}' must be a whole number", line=kline) from None
+        if out[key] < 0:
+            raise GraphError(path, f"split '{key}' must not be negative", line=kline)
+    return out
+
+
+def _parse_node(item: yaml.Node, path) -> Node:
+    line = item.start_mark.line + 1
+    if not isinstance(item, yaml.MappingNode):
+        raise GraphError(path, "each node must be a mapping with at least 'id'", line=line)
+    fields = _mapping(item, path, None)
+    node_id = str(fields["id"][0].value) if "id" in fields else None
+    if not node_id:
+        raise GraphError(path, "node without an 'id'", line=line)
+    for key, (_, kline) in fields.items():
+        if key not in NODE_KEYS:
+            raise GraphError(path, f"unknown key '{key}' (allowed: {', '.join(NODE_KEYS)})",
+                             node=node_id, line=kline)
+
+    def value(key: str, default: Any = None) -> Any:
+        if key not in fields:
+            return default
+        return yaml.safe_load(yaml.serialize(fields[key][0]))
+
+    kind = str(value("kind", "llm"))
+    if kind not in ("llm", "function"):
+        raise GraphError(path, f"unknown kind '{kind}' (allowed: llm, function)",
+                         node=node_id, line=fields["kind"][1])
+    function = value("function")
+    if kind == "function":
+        if function not in FUNCTIONS:
+            raise GraphError(path, f"unknown function '{function}' (registered: "
+                             f"{', '.join(sorted(FUNCTIONS))})", node=node_id, line=line)
+    elif function is not None:
+        raise GraphError(path, "'function' is only allowed with kind: function",
+                         node=node_id, line=fields["function"][1])
+    prompt = value("prompt", "")
+    if kind == "llm" and not (isinstance(prompt, str) and prompt.strip()):
+        raise GraphError(path, "an llm node needs a non-empty 'prompt'", node=node_id, line=line)
+    for flag in ("trainable", "output"):
+        if flag in fields and not isinstance(value(flag), bool):
+            raise GraphError(path, f"'{flag}' must be true or false", node=node_id,
+                             line=fields[flag][1])
+    max_tokens = value("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
+        raise GraphError(path, "'max_tokens' must be a positive whole number", node=node_id,
+                         line=fields["max_tokens"][1])
+    inputs = _string_list(fields, "inputs", path, owner=node_id)
+    if not inputs:
+        raise GraphError(path, "a node needs at least one input", node=node_id, line=line)
+    return Node(
+        id=node_id,
+        prompt=str(prompt or ""),
+        inputs=tuple(inputs),
+        kind=kind,
+        function=function,
+        trainable=bool(value("trainable", True)) and kind == "llm",
+        output=bool(value("output", False)),
+        max_tokens=max_tokens,
+        line=line,
+    )
+
+
+def validate_structure(graph: Graph) -> None:
+    """Ids, references, a single output, acyclicity and reachability of the output."""
+    path = graph.path or "<graph>"
+    seen: dict[str, Node] = {}
+    for n in graph.nodes:
+        if n.id in seen:
+            raise GraphError(path, f"duplicate node id (first defined on line {seen[n.id].line})",
+                             node=n.id, line=n.line)
+        if n.id in graph.input_fields:
+            raise GraphError(path, "node id clashes with an input field of the same name",
+                             node=n.id, line=n.line)
+        seen[n.id] = n
+    for n in graph.nodes:
+        for name in n.inputs:
+            if name not in seen and name not in graph.input_fields:
+                raise GraphError(path, f"input '{name}' names neither a node nor an input field",
+                                 node=n.id, line=n.line)
+            if name == n.id:
+                raise GraphError(path, "node reads its own output (cycle)", node=n.id,
+                                 line=n.line)
+    outputs = [n for n in graph.nodes if n.output]
+    if not outputs:
+        raise GraphError(path, "no output node: mark exactly one node with 'output: true'")
+    if len(outputs) > 1:
+        names = ", ".join(n.id for n in outputs)
+        raise GraphError(path, f"several output nodes ({names}); exactly one is allowed",
+                         node=outputs[1].id, line=outputs[1].line)
+    order = graph.topological_order()
+    if len(order) < len(graph.nodes):
+        stuck = [n for n in graph.nodes if n.id not in order][0]
+        raise GraphError(path, "cycle through this node", node=stuck.id, line=stuck.line)
+    reaches = {outputs[0].id}
+    for node_id in reversed(order):
+        if any(s in reaches for s in graph.successors(node_id)):
+            reaches.add(node_id)
+    for n in graph.nodes:
+        if n.id not in reaches:
+            raise GraphError(path, f"cannot reach the output node '{outputs[0].id}'",
+                             node=n.id, line=n.line)

@@ -1,0 +1,99 @@
+"""The one async interface every model backend implements.
+
+A backend turns an `LLMRequest` into an `LLMReply`. Everything around the call
+(cache, concurrency limit, retries, accounting, logging) lives in `engine.llm.client`,
+so a backend stays a thin adapter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Purpose = Literal["forward", "loss", "backward", "update"]
+PURPOSES: tuple[str, ...] = ("forward", "loss", "backward", "update")
+
+
+@dataclass(frozen=True)
+class LLMRequest:
+    """A full request. Every field except `meta` is part of the cache key.
+
+    `meta` carries context the scripted backend and the logs use (node id, input
+    names, template role); it never changes what a real model is asked.
+    """
+
+    messages: tuple[tuple[str, str], ...]  # (role, content) pairs
+    model: str
+    purpose: str
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    sample_index: int = 0
+    backend: str = ""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def key_fields(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "messages": [list(m) for m in self.messages],
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+            "top_p": self.top_p,
+            "stop": list(self.stop),
+            "sample_index": self.sample_index,
+        }
+
+    def cache_key(self) -> str:
+        """SHA-256 of the canonical JSON of every sampling-relevant field."""
+        canonical = json.dumps(self.key_fields(), sort_keys=True, ensure_ascii=False,
+                               separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def messages_json(self) -> str:
+        return json.dumps([{"role": r, "content": c} for r, c in self.messages],
+                          ensure_ascii=False)
+
+    @property
+    def user_text(self) -> str:
+        return "\n\n".join(c for r, c in self.messages if r == "user")
+
+
+@dataclass
+class LLMReply:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str = ""
+
+
+class LLMError(Exception):
+    """A call that cannot succeed (bad key, unknown model, bad request). Not retried."""
+
+
+class TransientLLMError(LLMError):
+    """A call that may succeed if repeated (timeout, connection error, 429, 5xx)."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Backend(Protocol):
+    name: str
+
+    async def complete(self, request: LLMRequest) -> LLMReply:
+        """Return the model's reply; raise TransientLLMError or LLMError on failure."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count (about four characters a token) for backends without usage."""
+    return max(1, len(text) // 4) if text else 0

@@ -1,0 +1,174 @@
+"""Every model call goes through `LLMClient.call`: cache, concurrency limit, retries with
+backoff, per-call timeout, accounting, and one `CallRecord` event per call.
+
+A call that still fails after its retries returns a record with `error` set; callers
+treat that example as failed and the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.events import CallRecord
+from engine.llm.base import Backend, LLMError, LLMReply, LLMRequest, TransientLLMError
+from engine.llm.cache import Cache
+from engine.llm.pricing import cost_usd, load_prices
+
+
+@dataclass
+class RetryPolicy:
+    max_retries: int = 4
+    base_delay: float = 0.5
+    max_delay: float = 20.0
+    timeout: float = 120.0
+
+    def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float:
+        if retry_after is not None:
+            return min(self.max_delay, max(0.0, retry_after))
+        return min(self.max_delay, self.base_delay * 2**attempt) * rng.uniform(0.5, 1.0)
+
+
+@dataclass
+class CallStats:
+    calls: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    network_calls: int = 0
+
+
+@dataclass
+class LLMClient:
+    """Routes forward calls to the forward backend/model and loss, backward and update
+    calls to the optimizer backend/model."""
+
+    forward_backend: Backend
+    forward_model: str
+    optimizer_backend: Backend | None = None
+    optimizer_model: str | None = None
+    cache: Cache = field(default_factory=lambda: Cache("off"))
+    concurrency: int = 16
+    backend_limits: dict[str, int] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    on_call: Callable[[CallRecord], None] | None = None
+    run_id: str = ""
+    temperature: float = 0.0
+    seed: int | None = None
+    stats: CallStats = field(default_factory=CallStats)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.optimizer_backend = self.optimizer_backend or self.forward_backend
+        self.optimizer_model = self.optimizer_model or self.forward_model
+        self._global = asyncio.Semaphore(self.concurrency)
+        self._per_backend = {name: asyncio.Semaphore(n) for name, n in self.backend_limits.items()}
+        self._prices = load_prices()
+        self._jitter = random.Random()
+
+    def backend_for(self, purpose: str) -> tuple[Backend, str]:
+        if purpose == "forward":
+            return self.forward_backend, self.forward_model
+        return self.optimizer_backend, self.optimizer_model  # type: ignore[return-value]
+
+    def request(self, purpose: str, messages: list[tuple[str, str]], *, max_tokens: int = 512,
+                temperature: float | None = None, sample_index: int = 0,
+                meta: dict[str, Any] | None = None) -> LLMRequest:
+        backend, model = self.backend_for(purpose)
+        return LLMRequest(
+            messages=tuple(messages), model=model, purpose=purpose,
+            temperature=self.temperature if temperature is None else temperature,
+            max_tokens=max_tokens, seed=self.seed, sample_index=sample_index,
+            backend=backend.name, meta=dict(meta or {}),
+        )
+
+    async def call(self, request: LLMRequest, *, step: int, node_id: str | None = None,
+                   example_id: str | None = None) -> CallRecord:
+        backend, _ = self.backend_for(request.purpose)
+        record = CallRecord(
+            call_id=uuid.uuid4().hex, run_id=self.run_id, step=step, example_id=example_id,
+            node_id=node_id, purpose=request.purpose, backend=backend.name,
+            model=request.model, messages=request.messages_json(), response="",
+            started_at=time.time(), cache_key=request.cache_key(),
+            temperature=request.temperature, max_tokens=request.max_tokens,
+        )
+        started = time.perf_counter()
+        reply = self.cache.get(request)
+        if reply is not None:
+            record.cache_hit = True
+        else:
+            reply = await self._call_with_retries(backend, request, record)
+        record.latency_ms = (time.perf_counter() - started) * 1000
+        if reply is not None:
+            record.response = reply.text
+            record.prompt_tokens = reply.prompt_tokens
+            record.completion_tokens = reply.completion_tokens
+            if not record.cache_hit:
+                self.cache.put(request, reply)
+                record.cost_usd = cost_usd(self._prices, request.model, reply.prompt_tokens,
+                                           reply.completion_tokens)
+            else:
+                record.cost_usd = 0.0
+        self._account(record)
+        if self.on_call:
+            self.on_call(record)
+        return record
+
+    async def _call_with_retries(self, backend: Backend, request: LLMRequest,
+                                 record: CallRecord) -> LLMReply | None:
+        limit = self._per_backend.get(backend.name)
+        for attempt in range(self.retry.max_retries + 1):
+            retry_after = None
+            try:
+                async with self._global:
+                    if limit is not None:
+                        async with limit:
+                            reply = await self._one_call(backend, request)
+                    else:
+                        reply = await self._one_call(backend, request)
+                if not reply.text.strip():
+                    raise TransientLLMError("empty reply")
+                return reply
+            except TransientLLMError as exc:
+                record.error = str(exc)
+                retry_after = exc.retry_after
+            except LLMError as exc:
+                record.error = str(exc)
+                return None
+            if attempt < self.retry.max_retries:
+                record.retries += 1
+                await asyncio.sleep(self.retry.delay(attempt, retry_after, self._jitter))
+        record.error = f"gave up after {record.retries} retries: {record.error}"
+        return None
+
+    async def _one_call(self, backend: Backend, request: LLMRequest) -> LLMReply:
+        self.stats.network_calls += 1
+        try:
+            return await asyncio.wait_for(backend.complete(request), self.retry.timeout)
+        except asyncio.TimeoutError:
+            raise TransientLLMError(f"timed out after {self.retry.timeout:g} s") from None
+
+    def _account(self, record: CallRecord) -> None:
+        if record.error and not record.response:
+            self.stats.failures += 1
+        else:
+            record.error = None
+        self.stats.calls += 1
+        self.stats.cache_hits += int(record.cache_hit)
+        self.stats.retries += record.retries
+        self.stats.prompt_tokens += record.prompt_tokens
+        self.stats.completion_tokens += record.completion_tokens
+
+    async def aclose(self) -> None:
+        for backend in {id(b): b for b in (self.forward_backend, self.optimizer_backend)}.values():
+            close = getattr(backend, "aclose", None)
+            if close:
+                await close()

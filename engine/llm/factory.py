@@ -1,0 +1,50 @@
+"""Build a backend from its kind name ("scripted", "local", "openai"). Each backend's
+module is imported only when that kind is asked for, so a missing optional package
+only matters to the runs that use it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from engine.llm.base import Backend
+
+BACKENDS: tuple[str, ...] = ("scripted", "local", "openai")
+
+_DEFAULT_MODELS = {
+    "openai": "gpt-4o-mini",
+    "local": "smollm2-135m-instruct",
+    "scripted": "scripted",
+}
+
+
+def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None = None,
+                 timeout: float = 120.0,
+                 scripted_options: dict[str, Any] | None = None) -> Backend:
+    """A new backend of `kind`; raises LLMError when it cannot be set up (no key, a
+    missing package) and ValueError for an unknown kind."""
+    if kind == "openai":
+        from engine.llm.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(base_url=base_url, api_key=api_key, timeout=timeout)
+    if kind == "local":
+        from engine.llm.local import LocalBackend
+
+        return LocalBackend()
+    if kind == "scripted":
+        from engine.llm.scripted import ScriptedBackend
+
+        return ScriptedBackend(**(scripted_options or {}))
+    raise ValueError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def default_backend_kind(env: Mapping[str, str] = os.environ) -> str:
+    """"openai" when OPENAI_API_KEY or OPENAI_BASE_URL is set, else the embedded "local"."""
+    return "openai" if env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL") else "local"
+
+
+def default_model(kind: str) -> str:
+    if kind not in _DEFAULT_MODELS:
+        raise ValueError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
+    return _DEFAULT_MODELS[kind]

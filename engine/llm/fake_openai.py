@@ -1,0 +1,203 @@
+"""A small fake OpenAI-compatible chat-completions server for tests and benchmarks.
+
+It runs in a background thread on 127.0.0.1 (a free port), one thread per connection,
+so slow requests overlap as they would against a real server::
+
+    with FakeOpenAIServer(latency=0.1, faults=[("status", 500)]) as server:
+        backend = OpenAIBackend(base_url=server.base_url, api_key="sk-test")
+        ...
+        assert len(server.requests) == 2
+
+Routes: POST /v1/chat/completions and GET /v1/models.
+
+Faults are consumed in order, one per chat request, before the normal reply:
+  ("status", code)              reply with HTTP `code` and an OpenAI-style error body
+  ("status", 429, seconds)      the same, with a `Retry-After: seconds` header
+  ("status", code, None, msg)   an error whose body message is `msg` (no Retry-After)
+  ("hang", seconds)             wait `seconds` before answering normally
+  ("empty",)                    answer with empty content
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Fault = tuple[Any, ...]
+Responder = Callable[[dict], str]
+
+
+def default_responder(body: dict) -> str:
+    """A deterministic reply that the engine's parsers accept for every purpose: an
+    `<output>42</output>` answer and a `<prompt>…</prompt>` revision tagged with a
+    short digest of the last user message (so different requests get different text)."""
+    users = [m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"]
+    digest = hashlib.sha256((users[-1] if users else "").encode("utf-8")).hexdigest()[:8]
+    return (f"<output>42</output>\n"
+            f"<prompt>Answer the question carefully and give only the final answer. "
+            f"[{digest}]</prompt>")
+
+
+def _count_tokens(text: str) -> int:
+    return max(1, len(text) // 4) if text else 0
+
+
+class FakeOpenAIServer:
+    """See the module docstring. Thread-safe records: `requests` (chat request bodies,
+    in arrival order) and `authorizations` (the Authorization header of each)."""
+
+    def __init__(self, latency: float = 0.0, responder: Responder | None = None,
+                 faults: Iterable[Fault] | None = None):
+        self.latency = latency
+        self.responder = responder or default_responder
+        self.requests: list[dict] = []
+        self.authorizations: list[str | None] = []
+        self._faults: list[Fault] = list(faults or [])
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> FakeOpenAIServer:
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        httpd.daemon_threads = True  # a hung handler must not block shutdown
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, name="fake-openai",
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is None:
+            return
+        self._stopping.set()  # wakes handlers sleeping for latency or a hang
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("the server is not running")
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # -- scripting -----------------------------------------------------------------
+    def add_fault(self, *fault: Any) -> None:
+        with self._lock:
+            self._faults.append(tuple(fault))
+
+    @property
+    def faults(self) -> list[Fault]:
+        """Faults not yet consumed (a copy)."""
+        with self._lock:
+            return list(self._faults)
+
+    def _record(self, body: dict, authorization: str | None) -> Fault | None:
+        with self._lock:
+            self.requests.append(body)
+            self.authorizations.append(authorization)
+            return self._faults.pop(0) if self._faults else None
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._stopping.wait(seconds)
+
+    def _completion(self, body: dict, text: str) -> dict:
+        prompt = "".join(m.get("content") or "" for m in body.get("messages", []))
+        prompt_tokens, completion_tokens = _count_tokens(prompt), _count_tokens(text)
+        return {
+            "id": f"chatcmpl-fake-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "fake"),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+
+def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass  # keep test output clean
+
+        def _send_json(self, status: int, payload: dict,
+                       headers: dict[str, str] | None = None) -> None:
+            data = json.dumps(payload).encode("utf-8")
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client gave up (timeout); fine
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path.rstrip("/") == "/v1/models":
+                self._send_json(200, {"object": "list", "data": [
+                    {"id": "fake", "object": "model", "created": 0, "owned_by": "fake"}]})
+            else:
+                self._send_json(404, _error("not found", "invalid_request_error"))
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                self._send_json(404, _error("not found", "invalid_request_error"))
+                return
+            try:
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError:
+                self._send_json(400, _error("body is not JSON", "invalid_request_error"))
+                return
+            fault = server._record(body, self.headers.get("Authorization"))
+            server._sleep(server.latency)
+            text = None
+            if fault is not None:
+                kind = fault[0]
+                if kind == "status":
+                    status = int(fault[1])
+                    retry_after = fault[2] if len(fault) > 2 else None
+                    message = fault[3] if len(fault) > 3 else f"scripted fault {status}"
+                    headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
+                    self._send_json(status, _error(message, "server_error"), headers)
+                    return
+                if kind == "hang":
+                    server._sleep(float(fault[1]))
+                elif kind == "empty":
+                    text = ""
+                else:
+                    raise ValueError(f"unknown fault {fault!r}")
+            if text is None:
+                text = server.responder(body)
+            self._send_json(200, server._completion(body, text))
+
+    return Handler
+
+
+def _error(message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}

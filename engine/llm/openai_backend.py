@@ -1,0 +1,162 @@
+"""Backend for OpenAI and any OpenAI-compatible chat-completions server (vLLM, Ollama,
+LM Studio, llama.cpp server), through the official `openai` SDK.
+
+The SDK's own retries are off: `LLMClient` retries, so that every attempt is counted
+and logged. SDK errors become `TransientLLMError` (worth retrying) or `LLMError` (not),
+with one-line messages from which the API key is scrubbed.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import time
+from typing import Any
+
+from engine.llm.base import LLMError, LLMReply, LLMRequest, TransientLLMError, estimate_tokens
+
+PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers ignore the key
+MISSING_CREDENTIALS = (
+    "no OpenAI credentials: set OPENAI_API_KEY (or OPENAI_BASE_URL for a local "
+    "OpenAI-compatible server), or use --backend local"
+)
+_MAX_MESSAGE_CHARS = 300
+
+
+class OpenAIBackend:
+    """Chat completions over HTTP. `base_url` and `api_key` default to OPENAI_BASE_URL
+    and OPENAI_API_KEY; with a base URL but no key a placeholder key is sent."""
+
+    name = "openai"
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None,
+                 timeout: float = 120.0, extra_headers: dict[str, str] | None = None):
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        if not api_key and not base_url:
+            raise LLMError(MISSING_CREDENTIALS)
+        try:
+            from openai import AsyncOpenAI
+        except ImportError:
+            raise LLMError("the openai package is missing: pip install openai") from None
+        self.base_url = base_url
+        self._secret = api_key or ""
+        self._client = AsyncOpenAI(
+            api_key=api_key or PLACEHOLDER_KEY, base_url=base_url, timeout=timeout,
+            max_retries=0, default_headers=extra_headers,
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenAIBackend(base_url={self.base_url!r})"
+
+    async def complete(self, request: LLMRequest) -> LLMReply:
+        kwargs: dict[str, Any] = {
+            "model": request.model,
+            "messages": [{"role": role, "content": content} for role, content in request.messages],
+            "temperature": request.temperature,
+            "max_tokens": request.max_tokens,
+        }
+        if request.seed is not None:
+            kwargs["seed"] = request.seed
+        if request.top_p is not None:
+            kwargs["top_p"] = request.top_p
+        if request.stop:
+            kwargs["stop"] = list(request.stop)
+        try:
+            response = await self._client.chat.completions.create(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - every SDK error is mapped below
+            raise self._map_error(exc) from None
+        return self._reply(request, response)
+
+    def _reply(self, request: LLMRequest, response: Any) -> LLMReply:
+        choices = getattr(response, "choices", None) or []
+        text = ""
+        if choices and choices[0].message is not None:
+            text = choices[0].message.content or ""
+        usage = getattr(response, "usage", None)
+        prompt_tokens = getattr(usage, "prompt_tokens", None)
+        completion_tokens = getattr(usage, "completion_tokens", None)
+        if prompt_tokens is None:
+            prompt_tokens = estimate_tokens("".join(c for _, c in request.messages))
+        if completion_tokens is None:
+            completion_tokens = estimate_tokens(text)
+        return LLMReply(text=text, prompt_tokens=prompt_tokens,
+                        completion_tokens=completion_tokens,
+                        model=getattr(response, "model", None) or request.model)
+
+    def _map_error(self, exc: Exception) -> LLMError:
+        import openai
+
+        message = self._one_line(exc)
+        if isinstance(exc, openai.APITimeoutError):
+            return TransientLLMError(f"openai: request timed out ({message})")
+        if isinstance(exc, openai.APIConnectionError):
+            return TransientLLMError(f"openai: cannot connect to {self._where()} ({message})")
+        if isinstance(exc, openai.RateLimitError):
+            return TransientLLMError(f"openai: rate limited (429): {message}",
+                                     retry_after=retry_after_seconds(exc.response))
+        if isinstance(exc, openai.AuthenticationError):
+            return LLMError(f"openai: authentication failed (401), check OPENAI_API_KEY: {message}")
+        if isinstance(exc, openai.PermissionDeniedError):
+            return LLMError(f"openai: permission denied (403): {message}")
+        if isinstance(exc, openai.NotFoundError):
+            return LLMError(f"openai: not found (404), check the model name and base URL: "
+                            f"{message}")
+        if isinstance(exc, openai.BadRequestError):
+            return LLMError(f"openai: bad request (400): {message}")
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            # 408 and 409 are what the SDK itself would retry; 5xx are server trouble.
+            if status >= 500 or status in (408, 409):
+                return TransientLLMError(f"openai: server error ({status}): {message}",
+                                         retry_after=retry_after_seconds(exc.response))
+            return LLMError(f"openai: HTTP {status}: {message}")
+        return LLMError(f"openai: {type(exc).__name__}: {message}")
+
+    def _where(self) -> str:
+        return self.base_url or "api.openai.com"
+
+    def _one_line(self, exc: Exception) -> str:
+        """The exception's text on one short line, with the API key scrubbed."""
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        text = scrub(text, self._secret)
+        if len(text) > _MAX_MESSAGE_CHARS:
+            text = text[: _MAX_MESSAGE_CHARS - 1] + "…"
+        return text
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def scrub(text: str, secret: str) -> str:
+    """Replace every occurrence of `secret` in `text` (keys shorter than 4 chars are not
+    secrets worth scrubbing and would mangle ordinary words)."""
+    if secret and len(secret) >= 4:
+        text = text.replace(secret, "***")
+    return text
+
+
+def retry_after_seconds(response: Any) -> float | None:
+    """Seconds to wait from a response's Retry-After (seconds or HTTP date) or
+    retry-after-ms header; None when absent or unreadable."""
+    headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

@@ -1,0 +1,137 @@
+"""A deterministic, offline backend for tests, demos and benchmarks.
+
+It knows each call's purpose (and the template role in `request.meta`) and produces a
+well-formed reply for it. Its choices are a function of the request's content only, so
+the same run gives the same replies in every process. Canned replies take priority:
+
+- `responder(request) -> str | None`: return a reply, or None for the default;
+- `replies`: {(purpose, node_id) or purpose: str | list[str]}; lists are consumed in order.
+
+Default behaviour: a forward call of the output node picks an answer among the labels,
+numbers or yes/no that appear in its inputs; an intermediate node writes a short note;
+backward calls write one `<gradient input=...>` block per input named in `meta`; update
+calls append a refinement to the current prompt; judge calls give `<score>N</score>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+from engine.llm.base import LLMReply, LLMRequest, TransientLLMError, estimate_tokens
+
+REFINEMENTS = (
+    "Check each intermediate result before using it.",
+    "State the quantity being computed before computing it.",
+    "Use every input, and say which one each step relies on.",
+    "Keep the answer to the exact format requested.",
+    "Re-read the question for details that change the answer.",
+    "Prefer the simplest reading of the question.",
+    "Write the final answer on its own at the end.",
+    "Work in small steps and verify the last one.",
+)
+NOTE_WORDS = ("carry", "compare", "count", "split", "total", "order", "remainder", "share")
+
+
+def _digest(*parts: Any) -> int:
+    text = "\x1f".join(str(p) for p in parts)
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:12], 16)
+
+
+class ScriptedBackend:
+    name = "scripted"
+
+    def __init__(self, responder: Callable[[LLMRequest], str | None] | None = None,
+                 replies: dict[Any, str | list[str]] | None = None, latency: float = 0.0,
+                 fail_nodes: tuple[str, ...] = ()):
+        self.responder = responder
+        self.replies = {k: (list(v) if isinstance(v, list) else v) for k, v in
+                        (replies or {}).items()}
+        self.latency = latency
+        self.fail_nodes = tuple(fail_nodes)
+        self.requests: list[LLMRequest] = []
+
+    async def complete(self, request: LLMRequest) -> LLMReply:
+        self.requests.append(request)
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        node = request.meta.get("node")
+        if node in self.fail_nodes and request.purpose == "forward":
+            raise TransientLLMError(f"scripted failure for node {node}")
+        text = self._canned(request)
+        if text is None:
+            text = self._default(request)
+        prompt_tokens = sum(estimate_tokens(c) for _, c in request.messages)
+        return LLMReply(text=text, prompt_tokens=prompt_tokens,
+                        completion_tokens=estimate_tokens(text), model=request.model)
+
+    async def aclose(self) -> None:
+        return None
+
+    def _canned(self, request: LLMRequest) -> str | None:
+        if self.responder is not None:
+            reply = self.responder(request)
+            if reply is not None:
+                return reply
+        for key in ((request.purpose, request.meta.get("node")), request.purpose):
+            if key in self.replies:
+                value = self.replies[key]
+                if isinstance(value, list):
+                    if value:
+                        return value.pop(0)
+                    continue
+                return value
+        return None
+
+    def _default(self, request: LLMRequest) -> str:
+        meta = request.meta
+        seed = _digest(request.cache_key())
+        if request.purpose == "forward":
+            return self._forward(request, seed)
+        if request.purpose == "loss":
+            score = seed % 11
+            return f"The answer misses part of the reference. <score>{score}</score>"
+        if request.purpose == "backward":
+            return self._backward(meta, seed)
+        if request.purpose == "update":
+            if meta.get("role") == "gtbp_update":
+                return "<claims>\n" + "\n".join(f"- {c}" for c in meta.get("claims", [])) + \
+                    f"\n- {REFINEMENTS[seed % len(REFINEMENTS)]}\n</claims>"
+            prompt = meta.get("prompt", "")
+            extra = REFINEMENTS[seed % len(REFINEMENTS)]
+            if extra in prompt:
+                extra = REFINEMENTS[(seed + 1) % len(REFINEMENTS)]
+            return f"The failures suggest a missing check. <prompt>{prompt} {extra}</prompt>"
+        return "OK"
+
+    def _forward(self, request: LLMRequest, seed: int) -> str:
+        if not request.meta.get("output_node"):
+            word = NOTE_WORDS[seed % len(NOTE_WORDS)]
+            return f"Looking at the inputs. <output>Step: {word} the relevant items.</output>"
+        inputs = request.user_text.split("## Inputs", 1)[-1]
+        labels = sorted(set(re.findall(r"\([A-Z]\)", inputs)))
+        numbers = sorted(set(re.findall(r"-?\d+(?:\.\d+)?", inputs)), key=lambda s: (len(s), s))
+        if labels:
+            candidates = labels
+        elif numbers:
+            candidates = numbers
+        else:
+            candidates = ["Yes", "No"]
+        return f"Reasoning step by step. <output>{candidates[seed % len(candidates)]}</output>"
+
+    def _backward(self, meta: dict[str, Any], seed: int) -> str:
+        role = meta.get("role", "")
+        names = meta.get("inputs", [])
+        if role.startswith("gtbp"):
+            target = meta.get("target", "")
+            if role == "gtbp_combine":
+                return f"<target>{target}</target>"
+            return "\n".join(f'<input name="{n}">\nA version of {n} that leads to: {target}\n'
+                             "</input>" for n in names)
+        word = NOTE_WORDS[seed % len(NOTE_WORDS)]
+        return "\n".join(
+            f'<gradient input="{n}">The input {n} should {word} the quantities the task needs '
+            f"and state them plainly.</gradient>" for n in names)

@@ -1,0 +1,56 @@
+"""The loss: the graph's metric on the output node, and the output gradient.
+
+For exact metrics the output node receives `The expected output is: "<target>".`, as in
+the paper. `metric: judge` asks the optimizer model to grade against the graph's rubric;
+its critique becomes the output gradient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from engine import prompts as P
+from engine.data.graders import grade
+from engine.events import LossRecord
+from engine.forward import ExampleTrace, RunContext
+
+
+async def compute_losses(ctx: RunContext, traces: list[ExampleTrace], split: str
+                         ) -> list[LossRecord]:
+    records = await asyncio.gather(*(example_loss(ctx, t, split) for t in traces))
+    for record in records:
+        ctx.emit(record)
+    return list(records)
+
+
+async def example_loss(ctx: RunContext, trace: ExampleTrace, split: str) -> LossRecord:
+    graph = ctx.graph
+    out = graph.output_node.id
+    target = trace.example.target
+    prediction = trace.activations[out].output_text if out in trace.activations else ""
+    base = dict(run_id=ctx.run_id, step=ctx.step, split=split, example_id=trace.example.id,
+                prediction=prediction, target=target)
+    if trace.error:
+        return LossRecord(**base, score=0.0, feedback="", error=trace.error)
+    if graph.metric != "judge":
+        score = grade(graph.metric, prediction, target)
+        return LossRecord(**base, score=score, feedback=P.OUTPUT_GRADIENT.format(target=target))
+    inputs = P.render_inputs({f: trace.example.fields.get(f, "") for f in graph.input_fields})
+    messages = [("system", P.JUDGE_SYSTEM),
+                ("user", P.JUDGE_USER.format(rubric=graph.rubric or "Is the answer correct?",
+                                             inputs=inputs, prediction=prediction,
+                                             target=target))]
+    request = ctx.client.request("loss", messages, max_tokens=ctx.optimizer_max_tokens,
+                                 meta={"role": "judge", "node": out})
+    record = await ctx.client.call(request, step=ctx.step, node_id=out,
+                                   example_id=trace.example.id)
+    if record.error:
+        return LossRecord(**base, score=0.0, feedback="", error=record.error,
+                          call_id=record.call_id)
+    score, critique, _ = P.parse_judge(record.response)
+    return LossRecord(**base, score=score, feedback=critique or record.response,
+                      call_id=record.call_id)
+
+
+def mean_score(records: list[LossRecord]) -> float | None:
+    return sum(r.score for r in records) / len(records) if records else None

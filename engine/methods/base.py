@@ -1,0 +1,131 @@
+"""The credit-assignment interface and the reverse-mode walk every gradient method shares.
+
+`backward` walks the graph in reverse topological order, like micrograd's `backward()`:
+a node waits for the messages of all its successors, aggregates them in a fixed order
+(successors in topological order), and asks its method for one message per predecessor
+(`node_gradients`). Independent branches run concurrently. A method is one small module
+that implements `node_gradients` (and may override `backward` and `propose_update`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from engine import prompts as P
+from engine.events import Gradient, LossRecord
+from engine.forward import ExampleTrace, Prompts, RunContext
+
+
+@dataclass
+class NodeGradient:
+    content: str
+    call_id: str | None = None
+    parse_error: str | None = None
+
+
+@dataclass
+class UpdateSample:
+    """What the update call sees of one sampled example at one node."""
+
+    example_id: str
+    input_text: str
+    output_text: str
+    feedback: str
+
+
+@dataclass
+class UpdateProposal:
+    new_prompt: str
+    reasoning: str = ""
+    call_id: str | None = None
+    parse_error: str | None = None
+    error: str | None = None
+
+
+class Method:
+    name = "base"
+    uses_gradients = True
+
+    async def node_gradients(self, ctx: RunContext, prompts: Prompts, trace: ExampleTrace,
+                             node_id: str, feedback: str) -> dict[str, NodeGradient]:
+        """Messages for the node's LLM-produced inputs, given its aggregated feedback."""
+        raise NotImplementedError
+
+    async def backward(self, ctx: RunContext, prompts: Prompts, trace: ExampleTrace,
+                       loss: LossRecord) -> dict[str, str]:
+        """Back-propagate one example's loss; returns the aggregated feedback per node."""
+        graph = ctx.graph
+        received: dict[str, list[tuple[str, str]]] = {n: [] for n in graph.node_ids}
+        aggregated: dict[str, str] = {}
+        done: dict[str, asyncio.Event] = {n: asyncio.Event() for n in graph.node_ids}
+        output = graph.output_node.id
+        received[output].append(("loss", loss.feedback))
+        ctx.emit(self._gradient(ctx, trace, output, "loss", NodeGradient(loss.feedback),
+                                loss.call_id))
+
+        async def visit(node_id: str) -> None:
+            for successor in graph.successors(node_id):
+                await done[successor].wait()
+            messages = received[node_id]
+            feedback = P.aggregate_feedback(messages) if messages else ""
+            aggregated[node_id] = feedback
+            ctx.emit(self._gradient(ctx, trace, node_id, None, NodeGradient(feedback), None,
+                                    kind="aggregate"))
+            predecessors = graph.predecessors(node_id)
+            if feedback and predecessors:
+                if graph.node(node_id).kind == "function":
+                    grads = {p: NodeGradient(feedback) for p in predecessors}
+                else:
+                    grads = await self.node_gradients(ctx, prompts, trace, node_id, feedback)
+                for pred in predecessors:  # declared order: deterministic
+                    if pred in grads:
+                        if grads[pred].content:
+                            received[pred].append((node_id, grads[pred].content))
+                        ctx.emit(self._gradient(ctx, trace, pred, node_id, grads[pred]))
+            done[node_id].set()
+
+        await asyncio.gather(*(visit(n) for n in reversed(graph.topological_order())))
+        return aggregated
+
+    def _gradient(self, ctx: RunContext, trace: ExampleTrace, node_id: str,
+                  from_node: str | None, grad: NodeGradient, call_id: str | None = None,
+                  kind: str = "gradient") -> Gradient:
+        return Gradient(run_id=ctx.run_id, step=ctx.step, example_id=trace.example.id,
+                        node_id=node_id, from_node_id=from_node, method=self.name,
+                        content=grad.content, call_id=grad.call_id or call_id, kind=kind,
+                        parse_error=grad.parse_error)
+
+    async def propose_update(self, ctx: RunContext, prompts: Prompts, node_id: str,
+                             samples: list[UpdateSample], rejected: list[str]) -> UpdateProposal:
+        """One update call: current prompt + (input, output, feedback) per sampled example."""
+        current = prompts.text[node_id]
+        shown = [{"input": s.input_text, "output": s.output_text,
+                  "feedback": s.feedback if self.uses_gradients else ""} for s in samples]
+        messages = P.update_messages(node_id, current, shown, rejected)
+        request = ctx.client.request("update", messages, max_tokens=ctx.optimizer_max_tokens,
+                                     meta={"role": "update", "node": node_id, "prompt": current})
+        record = await ctx.client.call(request, step=ctx.step, node_id=node_id)
+        if record.error:
+            return UpdateProposal(current, call_id=record.call_id, error=record.error)
+        new_prompt, reasoning, problem = P.parse_prompt(record.response)
+        if not new_prompt:
+            new_prompt = current
+        return UpdateProposal(new_prompt, reasoning, record.call_id, problem)
+
+
+async def ask_backward(ctx: RunContext, node_id: str, example_id: str, template: str,
+                       names: list[str], role: str, **fields: str) -> tuple[dict[str, str],
+                                                                            str | None,
+                                                                            str | None]:
+    """One backward call; returns (gradient per name, call_id, parse or call error)."""
+    user = template.format(names=", ".join(names), blocks=P.gradient_blocks(names), **fields)
+    request = ctx.client.request("backward", [("system", P.BACKWARD_SYSTEM), ("user", user)],
+                                 max_tokens=ctx.optimizer_max_tokens,
+                                 meta={"role": role, "node": node_id, "inputs": names})
+    record = await ctx.client.call(request, step=ctx.step, node_id=node_id,
+                                   example_id=example_id)
+    if record.error:
+        return {n: "" for n in names}, record.call_id, f"backward call failed: {record.error}"
+    grads, problem = P.parse_gradients(record.response, names)
+    return grads, record.call_id, problem

@@ -1,0 +1,28 @@
+"""Semantic backpropagation (the paper's method, the default).
+
+One joint call per node and example shows the node's task, the example's fields, the
+outputs of ALL its predecessors together (the siblings), its own output and its
+aggregated feedback, and asks how each predecessor's output should change. The reply is
+split into one gradient per predecessor: each is conditioned on its siblings' values.
+"""
+
+from __future__ import annotations
+
+from engine import prompts as P
+from engine.forward import ExampleTrace, Prompts, RunContext
+from engine.methods.base import Method, NodeGradient, ask_backward
+
+
+class SemanticBackprop(Method):
+    name = "semantic"
+    template = P.BACKWARD_JOINT
+    role = "backward_joint"
+
+    async def node_gradients(self, ctx: RunContext, prompts: Prompts, trace: ExampleTrace,
+                             node_id: str, feedback: str) -> dict[str, NodeGradient]:
+        predecessors = ctx.graph.predecessors(node_id)
+        grads, call_id, problem = await ask_backward(
+            ctx, node_id, trace.example.id, self.template, predecessors, self.role,
+            prompt=prompts.text[node_id], inputs=P.render_inputs(trace.inputs[node_id]),
+            output=trace.output(node_id), feedback=feedback)
+        return {p: NodeGradient(grads[p], call_id, problem) for p in predecessors}

@@ -1,0 +1,142 @@
+"""Semantic gradient descent.
+
+Step 0 evaluates the initial prompts on train and validation. Each later step:
+forward on train -> sample up to k failing examples (seeded by seed and step) -> backward
+on them -> one update call per trainable node -> apply the updates together (or one node
+per step) -> evaluate the candidate on validation -> keep it only if validation strictly
+improves (unless the gate is off). Rejected proposals are shown to the next update call,
+so a rejected step does not repeat itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field, replace
+
+from engine.data.examples import Example, Splits
+from engine.events import LossRecord, PromptVersion, Proposal, StepFinished
+from engine.forward import ExampleTrace, Prompts, RunContext, forward_pass
+from engine.loss import compute_losses, mean_score
+from engine.methods.base import Method, UpdateSample
+
+REJECTED_SHOWN = 3
+
+
+@dataclass
+class OptimizerConfig:
+    steps: int = 4
+    failures_per_step: int = 2
+    gate: bool = True
+    update_mode: str = "all"  # all | one
+    seed: int = 0
+
+
+@dataclass
+class OptimizerState:
+    """Everything the next step depends on; rebuilt from the run log on resume."""
+
+    step: int
+    prompts: Prompts
+    val_score: float | None
+    train_score: float | None = None
+    next_version: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, list[str]] = field(default_factory=dict)
+
+
+async def evaluate(ctx: RunContext, prompts: Prompts, examples: list[Example], split: str
+                   ) -> tuple[float | None, list[ExampleTrace], list[LossRecord]]:
+    traces = await forward_pass(ctx, prompts, examples, split)
+    losses = await compute_losses(ctx, traces, split)
+    return mean_score(losses), traces, losses
+
+
+async def initial_step(ctx: RunContext, prompts: Prompts, splits: Splits) -> OptimizerState:
+    ctx = replace(ctx, step=0)
+    started = time.time()
+    for node in ctx.graph.nodes:
+        ctx.emit(PromptVersion(ctx.run_id, node.id, 0, prompts.text[node.id], 0, True))
+    (train, _, _), (val, _, _) = await asyncio.gather(
+        evaluate(ctx, prompts, splits.train, "train"), evaluate(ctx, prompts, splits.val, "val"))
+    ctx.emit(StepFinished(ctx.run_id, 0, train, val, False, started, time.time()))
+    return OptimizerState(0, prompts, val, train, {n.id: 1 for n in ctx.graph.nodes},
+                          {n: [] for n in ctx.graph.node_ids})
+
+
+def sample_failures(losses: list[LossRecord], k: int, seed: int, step: int) -> list[int]:
+    """Indices of up to k failing examples (score < 1, forward succeeded), seeded by
+    (seed, step) so that a resumed run samples exactly what the original would have."""
+    failing = [i for i, loss in enumerate(losses) if loss.score < 1.0 and not loss.error]
+    rng = random.Random(f"{seed}:{step}")
+    return sorted(rng.sample(failing, min(k, len(failing))))
+
+
+def nodes_to_update(trainable: list[str], mode: str, step: int) -> list[str]:
+    if mode == "one" and trainable:
+        return [trainable[(step - 1) % len(trainable)]]
+    return list(trainable)
+
+
+async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
+                            state: OptimizerState, config: OptimizerConfig) -> OptimizerState:
+    step = state.step + 1
+    ctx = replace(ctx, step=step)
+    started = time.time()
+    prompts = state.prompts
+    train_score, traces, losses = await evaluate(ctx, prompts, splits.train, "train")
+    chosen = sample_failures(losses, config.failures_per_step, config.seed, step)
+    feedback = await asyncio.gather(*(method.backward(ctx, prompts, traces[i], losses[i])
+                                      for i in chosen))
+    nodes = nodes_to_update(ctx.graph.trainable_nodes, config.update_mode, step) if chosen else []
+
+    def samples(node_id: str) -> list[UpdateSample]:
+        return [UpdateSample(traces[i].example.id, traces[i].activations[node_id].input_text,
+                             traces[i].output(node_id), fb.get(node_id, ""))
+                for i, fb in zip(chosen, feedback)]
+
+    proposals = await asyncio.gather(*(
+        method.propose_update(ctx, prompts, n, samples(n), state.rejected[n][-REJECTED_SHOWN:])
+        for n in nodes))
+    changes = {n: (state.next_version[n], p.new_prompt) for n, p in zip(nodes, proposals)
+               if p.new_prompt.strip() and p.new_prompt.strip() != prompts.text[n].strip()}
+    val_before, val_after, accepted = state.val_score, None, False
+    if changes:
+        candidate = prompts.updated(changes)
+        val_after, _, _ = await evaluate(ctx, candidate, splits.val, "val")
+        accepted = (not config.gate) or (
+            val_after is not None and (val_before is None or val_after > val_before))
+    for n, p in zip(nodes, proposals):
+        changed = n in changes
+        problem = p.error or p.parse_error or (None if changed else "proposal left the prompt unchanged")
+        ctx.emit(Proposal(ctx.run_id, step, n, prompts.text[n], p.new_prompt,
+                          accepted and changed, val_before, val_after, p.call_id, problem,
+                          p.reasoning))
+        if changed:
+            ctx.emit(PromptVersion(ctx.run_id, n, changes[n][0], changes[n][1], step, accepted))
+    next_version = {n: v + (1 if n in changes else 0) for n, v in state.next_version.items()}
+    rejected = {n: list(r) for n, r in state.rejected.items()}
+    if accepted:
+        prompts, val_score = prompts.updated(changes), val_after
+    else:
+        val_score = state.val_score
+        for n in changes:
+            rejected[n].append(changes[n][1])
+    ctx.emit(StepFinished(ctx.run_id, step, train_score, val_score, accepted, started,
+                          time.time(), metrics={
+                              "failing_train": float(sum(1 for x in losses if x.score < 1)),
+                              "sampled": float(len(chosen)),
+                              "proposals_changed": float(len(changes)),
+                              **({"val_candidate": val_after} if val_after is not None else {}),
+                          }))
+    return OptimizerState(step, prompts, val_score, train_score, next_version, rejected)
+
+
+async def optimize(ctx: RunContext, method: Method, splits: Splits, config: OptimizerConfig,
+                   state: OptimizerState | None = None) -> OptimizerState:
+    """Run (or continue) the optimization until `config.steps` steps are complete."""
+    if state is None:
+        state = await initial_step(ctx, Prompts.initial(ctx.graph), splits)
+    while state.step < config.steps:
+        state = await optimization_step(ctx, method, splits, state, config)
+    return state

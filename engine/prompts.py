@@ -1,0 +1,292 @@
+"""Every prompt template the engine sends, named by role, and the parsers of their replies.
+
+Templates are plain `str.format` strings so they are easy to read and to diff. Parsers
+never drop content silently: when a reply ignores the requested format they fall back
+to a documented rule and say so in the returned `parse_error`.
+"""
+
+from __future__ import annotations
+
+import re
+
+# --- forward ---------------------------------------------------------------------------
+
+FORWARD_SYSTEM = (
+    "You are one step in a pipeline of language-model calls. Do exactly the task you are "
+    "given, using the inputs provided."
+)
+
+FORWARD_USER = """## Task
+{prompt}
+
+## Inputs
+{inputs}
+
+Think briefly, then write the result of this step between <output> and </output>.{answer_format}"""
+
+INPUT_BLOCK = '<input name="{name}">\n{value}\n</input>'
+
+
+def render_inputs(values: dict[str, str]) -> str:
+    return "\n".join(INPUT_BLOCK.format(name=k, value=v) for k, v in values.items())
+
+
+def forward_messages(prompt: str, inputs: dict[str, str], answer_format: str = ""
+                     ) -> list[tuple[str, str]]:
+    fmt = f"\n{answer_format}" if answer_format else ""
+    return [("system", FORWARD_SYSTEM),
+            ("user", FORWARD_USER.format(prompt=prompt, inputs=render_inputs(inputs),
+                                         answer_format=fmt))]
+
+
+def parse_output(reply: str) -> tuple[str, str | None]:
+    """Text inside the last <output> block. Fallbacks, in order: the text after an
+    unclosed <output> tag; the whole reply. Returns (output, parse_error or None)."""
+    blocks = re.findall(r"<output>(.*?)</output>", reply, flags=re.S | re.I)
+    if blocks and blocks[-1].strip():
+        return blocks[-1].strip(), None
+    opened = re.split(r"<output>", reply, flags=re.I)
+    if len(opened) > 1 and opened[-1].strip():
+        return opened[-1].strip(), "unclosed <output> tag: used the text after it"
+    return reply.strip(), "no <output> tags: used the whole reply"
+
+
+# --- loss ------------------------------------------------------------------------------
+
+OUTPUT_GRADIENT = 'The expected output is: "{target}".'
+
+JUDGE_SYSTEM = "You grade answers strictly and fairly against a rubric."
+
+JUDGE_USER = """Grade the answer against the rubric.
+
+<rubric>
+{rubric}
+</rubric>
+
+{inputs}
+
+<answer>
+{prediction}
+</answer>
+
+<reference>
+{target}
+</reference>
+
+Write a short critique saying what the answer should change, then a score from 0 to 10 as <score>N</score>."""
+
+
+def parse_judge(reply: str) -> tuple[float, str, str | None]:
+    """(score in [0, 1], critique, parse_error). Missing score: 0 and a parse error."""
+    found = re.findall(r"<score>\s*(\d+(?:\.\d+)?)\s*</score>", reply, flags=re.I)
+    critique = re.sub(r"<score>.*?</score>", "", reply, flags=re.S | re.I).strip()
+    if not found:
+        found = re.findall(r"\b(\d+(?:\.\d+)?)\s*/\s*10\b", reply)
+        if not found:
+            return 0.0, critique, "no <score> in the judge's reply: scored 0"
+        return min(1.0, float(found[-1]) / 10), critique, "no <score> tags: used 'N/10'"
+    return min(1.0, float(found[-1]) / 10), critique, None
+
+
+# --- backward --------------------------------------------------------------------------
+
+BACKWARD_SYSTEM = (
+    "You are the optimizer of a pipeline of language-model calls. Given feedback on one "
+    "step's output, you explain how that step's inputs should have been different."
+)
+
+BACKWARD_JOINT = """A step of the pipeline has this task:
+<task>
+{prompt}
+</task>
+
+For one example it received these inputs, all together:
+{inputs}
+
+It produced this output:
+<output>
+{output}
+</output>
+
+Feedback on this output:
+<feedback>
+{feedback}
+</feedback>
+
+For each input produced by an earlier step ({names}), explain how that input should change so that this step's output would satisfy the feedback. Consider the inputs together: what one input should contain depends on what the others already provide.
+Answer with one block per input, in this form:
+{blocks}"""
+
+BACKWARD_EVALUATIVE = """A step of the pipeline has this task:
+<task>
+{prompt}
+</task>
+
+For one example it received these inputs:
+{inputs}
+
+It produced this output:
+<output>
+{output}
+</output>
+
+Feedback on this output:
+<feedback>
+{feedback}
+</feedback>
+
+For each input produced by an earlier step ({names}), comment on the quality of that input: how it helped or hurt this output, given the feedback. Judge each input on its own, without referring to the other inputs.
+Answer with one block per input, in this form:
+{blocks}"""
+
+BACKWARD_SINGLE = """A step of the pipeline has this task:
+<task>
+{prompt}
+</task>
+
+One of its inputs was:
+{inputs}
+
+It produced this output:
+<output>
+{output}
+</output>
+
+Feedback on this output:
+<feedback>
+{feedback}
+</feedback>
+
+Explain how the input "{name}" should change so that the output would satisfy the feedback.
+Answer in this form:
+{blocks}"""
+
+GRADIENT_BLOCK = '<gradient input="{name}">how "{name}" should change</gradient>'
+
+
+def gradient_blocks(names: list[str]) -> str:
+    return "\n".join(GRADIENT_BLOCK.format(name=n) for n in names)
+
+
+def parse_gradients(reply: str, names: list[str]) -> tuple[dict[str, str], str | None]:
+    """Split a backward reply into one gradient per input name.
+
+    Rules, in order: `<gradient input="name">` blocks; else lines starting with the
+    input's name or "Hint i" (i = its 1-based position), up to the next such line;
+    else the whole reply goes to every input. Inputs the reply does not mention get
+    the whole reply too. Nothing is dropped: the parse error says which rule applied.
+    """
+    found: dict[str, str] = {}
+    for name, body in re.findall(r'<gradient\s+input="([^"]+)"\s*>(.*?)</gradient>', reply,
+                                 flags=re.S | re.I):
+        if name in names and body.strip():
+            found[name] = (found.get(name, "") + "\n" + body.strip()).strip()
+    problem = None
+    if not found:
+        found = _split_by_labels(reply, names)
+        if found:
+            problem = "no <gradient> blocks: split the reply by input labels"
+    if not found:
+        text = reply.strip()
+        return {n: text for n in names}, "reply not split by input: every input got the whole reply"
+    missing = [n for n in names if n not in found]
+    for n in missing:
+        found[n] = reply.strip()
+    if missing:
+        note = f"no block for {', '.join(missing)}: gave them the whole reply"
+        problem = f"{problem}; {note}" if problem else note
+    return {n: found[n] for n in names}, problem
+
+
+def _split_by_labels(reply: str, names: list[str]) -> dict[str, str]:
+    labels = []
+    for i, name in enumerate(names, start=1):
+        labels.append((name, rf"(?:{re.escape(name)}|hint\s*{i})"))
+    pattern = re.compile(r"^\W*(" + "|".join(p for _, p in labels) + r")\b\W*", re.I | re.M)
+    parts: dict[str, str] = {}
+    matches = list(pattern.finditer(reply))
+    for m, nxt in zip(matches, matches[1:] + [None]):
+        label = m.group(1).lower()
+        for (name, pat), i in zip(labels, range(1, len(labels) + 1)):
+            if re.fullmatch(pat, label, flags=re.I):
+                end = nxt.start() if nxt else len(reply)
+                body = reply[m.end():end].strip()
+                if body:
+                    parts[name] = (parts.get(name, "") + "\n" + body).strip()
+    return parts
+
+
+def aggregate_feedback(messages: list[tuple[str, str]]) -> str:
+    """Combine successors' messages in the given (fixed) order, as a numbered list; one
+    message is passed on unchanged. No summarizing call, as in the paper's code."""
+    if len(messages) == 1:
+        return messages[0][1]
+    return "\n".join(f"{i}. (from {src}) {text}" for i, (src, text) in
+                     enumerate(messages, start=1))
+
+
+# --- update ----------------------------------------------------------------------------
+
+UPDATE_SYSTEM = "You improve the instructions (prompts) of the steps of a language-model pipeline."
+
+UPDATE_USER = """You are improving the prompt of the step "{node}" of a pipeline.
+
+Current prompt:
+<prompt>
+{prompt}
+</prompt>
+
+How the step behaved on examples where the pipeline failed{with_feedback}:
+{examples}
+{rejected}
+Write an improved prompt for this step. It must stay general: do not mention the specific examples, numbers or answers above. Explain your reasoning in a few sentences, then give the complete new prompt between <prompt> and </prompt>."""
+
+UPDATE_EXAMPLE = """<example index="{index}">
+<input>
+{input}
+</input>
+<output>
+{output}
+</output>{feedback}
+</example>"""
+
+UPDATE_REJECTED = """
+These earlier proposals for this prompt were tried and did not improve the validation score; propose something different:
+{items}
+"""
+
+
+def update_messages(node: str, prompt: str, examples: list[dict[str, str]],
+                    rejected: list[str]) -> list[tuple[str, str]]:
+    rendered = []
+    for i, ex in enumerate(examples, start=1):
+        fb = f"\n<feedback>\n{ex['feedback']}\n</feedback>" if ex.get("feedback") else ""
+        rendered.append(UPDATE_EXAMPLE.format(index=i, input=ex["input"], output=ex["output"],
+                                              feedback=fb))
+    with_feedback = " and feedback on what should change" if any(
+        ex.get("feedback") for ex in examples) else ""
+    rej = UPDATE_REJECTED.format(items="\n".join(f"- {r}" for r in rejected)) if rejected else ""
+    return [("system", UPDATE_SYSTEM),
+            ("user", UPDATE_USER.format(node=node, prompt=prompt, examples="\n".join(rendered),
+                                        rejected=rej, with_feedback=with_feedback))]
+
+
+def parse_prompt(reply: str) -> tuple[str, str, str | None]:
+    """(new prompt, reasoning, parse_error). Rules: the last non-empty <prompt> block;
+    else the text after an unclosed <prompt> tag; else the text after a line starting
+    "New prompt:"/"Prompt:"; else the reply's last paragraph."""
+    blocks = [b.strip() for b in re.findall(r"<prompt>(.*?)</prompt>", reply, flags=re.S | re.I)]
+    blocks = [b for b in blocks if b]
+    if blocks:
+        reasoning = reply[: reply.lower().rfind("<prompt>")].strip()
+        return blocks[-1], reasoning, None
+    opened = re.split(r"<prompt>", reply, flags=re.I)
+    if len(opened) > 1 and opened[-1].strip():
+        return opened[-1].strip(), opened[0].strip(), "unclosed <prompt> tag: used the text after it"
+    labelled = re.split(r"^\W*(?:new |improved )?prompt\s*:", reply, flags=re.I | re.M)
+    if len(labelled) > 1 and labelled[-1].strip():
+        return labelled[-1].strip(), labelled[0].strip(), "no <prompt> tags: used the text after 'Prompt:'"
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", reply) if p.strip()]
+    if not paragraphs:
+        return "", "", "empty reply: no new prompt"
+    return paragraphs[-1], "\n\n".join(paragraphs[:-1]), "no <prompt> tags: used the last paragraph"

@@ -1,0 +1,246 @@
+"""Putting a run together: configuration, data, backends, run log, and resume.
+
+`execute(config)` starts a run; `resume(db, run_id)` continues one from its last complete
+step. Both write through `RunLogWriter` and return a `RunResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from engine.data.datasets import load_examples, with_target
+from engine.data.examples import Example, Splits, split_examples
+from engine.events import Collector, EventBus, StepFinished
+from engine.forward import RunContext
+from engine.graph import Graph, load_graph, parse_graph
+from engine.llm.base import Backend
+from engine.llm.client import CallStats, LLMClient, RetryPolicy
+from engine.methods import make_method
+from engine.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
+from engine.runlog.schema import RunLogError
+from engine.runlog.state import load_cache, load_resume_state
+from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
+
+DEFAULT_SPLITS = {"train": 20, "val": 20, "test": 0}
+
+
+@dataclass
+class RunConfig:
+    graph: str
+    method: str = "semantic"
+    backend: str = "scripted"
+    model: str | None = None
+    optimizer_backend: str | None = None
+    optimizer_model: str | None = None
+    steps: int = 4
+    train: int | None = None
+    val: int | None = None
+    test: int | None = None
+    seed: int = 0
+    db: str = "runs.duckdb"
+    data_dir: str | None = None
+    dataset: str | None = None
+    cache: str = "readwrite"
+    concurrency: int = 16
+    failures_per_step: int = 2
+    gate: bool = True
+    update_mode: str = "all"
+    temperature: float = 0.0
+    max_tokens: int | None = None
+    optimizer_max_tokens: int | None = None
+    base_url: str | None = None
+    timeout: float = 120.0
+    max_retries: int = 4
+    run_id: str | None = None
+    method_options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The config as stored in the run log: never an API key; a base URL loses any
+        user:password part."""
+        data = asdict(self)
+        if data.get("base_url"):
+            parts = urlsplit(data["base_url"])
+            data["base_url"] = urlunsplit(parts._replace(netloc=parts.hostname or "")) \
+                if parts.username or parts.password else data["base_url"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str
+    state: OptimizerState | None
+    test_score: float | None
+    stats: CallStats
+    events: Collector
+
+
+def new_run_id(graph: Graph, method: str) -> str:
+    return f"{graph.name}-{method}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def sizes(config: RunConfig, graph: Graph) -> tuple[int, int, int]:
+    def pick(key: str) -> int:
+        value = getattr(config, key)
+        return int(value if value is not None else graph.splits.get(key, DEFAULT_SPLITS[key]))
+    return pick("train"), pick("val"), pick("test")
+
+
+def load_splits(config: RunConfig, graph: Graph) -> Splits:
+    dataset = config.dataset or graph.dataset
+    if not dataset:
+        raise ValueError(f"{graph.path}: no dataset: set 'dataset' in the graph or pass --dataset")
+    examples = with_target(load_examples(dataset, data_dir=config.data_dir,
+                                         graph_dir=str(Path(graph.path).parent)),
+                           graph.target_field)
+    missing = [f for f in graph.input_fields if examples and f not in examples[0].fields]
+    if missing:
+        raise ValueError(f"dataset '{dataset}' has no field {missing[0]!r} "
+                         f"(fields: {', '.join(sorted(examples[0].fields))})")
+    n_train, n_val, n_test = sizes(config, graph)
+    return split_examples(examples, config.seed, n_train, n_val, n_test)
+
+
+def make_client(config: RunConfig, cache, forward_backend: Backend | None,
+                optimizer_backend: Backend | None) -> LLMClient:
+    from engine.llm.factory import default_model, make_backend
+
+    forward = forward_backend or make_backend(config.backend, base_url=config.base_url,
+                                              timeout=config.timeout)
+    opt_kind = config.optimizer_backend or config.backend
+    optimizer = optimizer_backend or (
+        forward if opt_kind == config.backend else
+        make_backend(opt_kind, base_url=config.base_url, timeout=config.timeout))
+    model = config.model or default_model(config.backend)
+    optimizer_model = config.optimizer_model or (
+        model if opt_kind == config.backend else default_model(opt_kind))
+    return LLMClient(
+        forward_backend=forward, forward_model=model, optimizer_backend=optimizer,
+        optimizer_model=optimizer_model, cache=cache, concurrency=config.concurrency,
+        retry=RetryPolicy(max_retries=config.max_retries, timeout=config.timeout),
+        temperature=config.temperature, seed=config.seed)
+
+
+def default_max_tokens(config: RunConfig) -> tuple[int, int]:
+    small = config.backend == "local"
+    return (config.max_tokens or (128 if small else 512),
+            config.optimizer_max_tokens or (256 if small else 1024))
+
+
+def _example_rows(run_id: str, splits: Splits) -> list[dict]:
+    return [{"run_id": run_id, "split": name, "example_id": ex.id, "position": i,
+             "fields": json.dumps(ex.fields, ensure_ascii=False), "target": ex.target}
+            for name, items in splits.by_name().items() for i, ex in enumerate(items)]
+
+
+async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
+                  optimizer_backend: Backend | None = None,
+                  listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
+    """Validate, load, and run an optimization, logging every event to `config.db`."""
+    graph = load_graph(config.graph)
+    make_method(config.method, **config.method_options)  # fail fast on a bad method
+    splits = load_splits(config, graph)
+    if config.gate and config.steps > 0 and not splits.val:
+        raise ValueError("the validation gate needs validation examples: set --val above 0 "
+                         "or pass --no-gate")
+    open_for_writing(config.db)
+    config.run_id = config.run_id or new_run_id(graph, config.method)
+    return await _drive(config, graph, splits, None, forward_backend, optimizer_backend,
+                        listeners, new=True)
+
+
+async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None,
+                 optimizer_backend: Backend | None = None,
+                 listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
+    """Continue `run_id` from its last complete step with its accepted prompts."""
+    config_json, status, state, example_rows, has_test = load_resume_state(db, run_id)
+    config = RunConfig.from_json(config_json)
+    config.db, config.run_id = db, run_id
+    graph = parse_graph(load_graph_text(db, run_id), config.graph)
+    splits = Splits(*(_examples_of(example_rows, s) for s in ("train", "val", "test")))
+    if status == "finished":
+        raise RunLogError(f"run '{run_id}' has already finished")
+    return await _drive(config, graph, splits, state, forward_backend, optimizer_backend,
+                        listeners, new=False, test_done=has_test)
+
+
+def load_graph_text(db: str, run_id: str) -> str:
+    from engine.runlog.schema import connect
+
+    with connect(db, read_only=True) as con:
+        return con.execute("SELECT graph_yaml FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+
+
+def _examples_of(rows: list[dict], split: str) -> list[Example]:
+    return [Example(r["example_id"], json.loads(r["fields"]), r["target"])
+            for r in sorted(rows, key=lambda r: r["position"]) if r["split"] == split]
+
+
+async def _drive(config: RunConfig, graph: Graph, splits: Splits,
+                 state: OptimizerState | None, forward_backend, optimizer_backend, listeners,
+                 *, new: bool, test_done: bool = False) -> RunResult:
+    method = make_method(config.method, **config.method_options)
+    cache = load_cache(config.db, config.cache)
+    client = make_client(config, cache, forward_backend, optimizer_backend)
+    writer = RunLogWriter(config.db, config.run_id, cache)
+    collector = Collector()
+    bus = EventBus([writer, collector, *listeners])
+    client.on_call, client.run_id = bus.emit, config.run_id
+    if new:
+        writer.start_run(run_row(config.run_id, graph, config.to_json(), client.forward_backend.name,
+                                 client.forward_model, client.optimizer_model),
+                         _example_rows(config.run_id, splits))
+    else:
+        writer.set_status("running")
+    max_tokens, optimizer_max_tokens = default_max_tokens(config)
+    ctx = RunContext(graph, client, bus.emit, config.run_id, 0, max_tokens, optimizer_max_tokens)
+    opt = OptimizerConfig(config.steps, config.failures_per_step, config.gate,
+                          config.update_mode, config.seed)
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+    try:
+        loop.add_signal_handler(signal.SIGTERM, current.cancel)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass
+    test_score = None
+    try:
+        state = await optimize(ctx, method, splits, opt, state)
+        if splits.test and not test_done:
+            test_ctx = RunContext(graph, client, bus.emit, config.run_id, state.step,
+                                  max_tokens, optimizer_max_tokens)
+            test_score, _, _ = await evaluate(test_ctx, state.prompts, splits.test, "test")
+            writer.flush(metrics={"test_score": test_score} if test_score is not None else {})
+        writer.finish("finished")
+        status = "finished"
+    except asyncio.CancelledError:
+        writer.finish("stopped", "stopped by the user")
+        status = "stopped"
+    except BaseException as exc:
+        writer.finish("failed" if isinstance(exc, Exception) else "stopped",
+                      f"{exc.__class__.__name__}: {exc}")
+        raise
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGTERM)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+        await client.aclose()
+    return RunResult(config.run_id, status, state, test_score, client.stats, collector)
+
+
+def step_rows(result: RunResult) -> list[StepFinished]:
+    return result.events.of(StepFinished)

@@ -1,0 +1,141 @@
+"""The run-log schema (documented column by column in docs/runlog.md), its version, and
+connections that tolerate the single-writer lock of DuckDB.
+
+Protocol: neither the writer nor a reader keeps a connection open. A writer connects,
+writes one step in one transaction and disconnects; a reader connects read-only, runs
+its queries and disconnects. Both retry with backoff while the other holds the lock.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+
+SCHEMA_VERSION = 1
+
+TABLES: dict[str, str] = {
+    "schema_version": "version INTEGER, applied_at DOUBLE",
+    "runs": """run_id VARCHAR, graph_name VARCHAR, graph_yaml VARCHAR, method VARCHAR,
+        backend VARCHAR, model VARCHAR, optimizer_model VARCHAR, seed BIGINT, config JSON,
+        status VARCHAR, started_at DOUBLE, ended_at DOUBLE, error VARCHAR""",
+    "steps": """run_id VARCHAR, step INTEGER, train_score DOUBLE, val_score DOUBLE,
+        accepted BOOLEAN, started_at DOUBLE, ended_at DOUBLE""",
+    "examples": """run_id VARCHAR, split VARCHAR, example_id VARCHAR, position INTEGER,
+        fields JSON, target VARCHAR""",
+    "prompt_versions": """run_id VARCHAR, node_id VARCHAR, version INTEGER, prompt VARCHAR,
+        step INTEGER, accepted BOOLEAN""",
+    "node_outputs": """run_id VARCHAR, step INTEGER, split VARCHAR, example_id VARCHAR,
+        node_id VARCHAR, prompt_version INTEGER, input_text VARCHAR, output_text VARCHAR,
+        error VARCHAR, raw_text VARCHAR, parse_error VARCHAR, call_id VARCHAR""",
+    "losses": """run_id VARCHAR, step INTEGER, split VARCHAR, example_id VARCHAR,
+        prediction VARCHAR, target VARCHAR, score DOUBLE, feedback VARCHAR, error VARCHAR,
+        call_id VARCHAR""",
+    "gradients": """run_id VARCHAR, step INTEGER, example_id VARCHAR, node_id VARCHAR,
+        from_node_id VARCHAR, method VARCHAR, content VARCHAR, call_id VARCHAR,
+        kind VARCHAR, parse_error VARCHAR""",
+    "updates": """run_id VARCHAR, step INTEGER, node_id VARCHAR, old_prompt VARCHAR,
+        new_prompt VARCHAR, accepted BOOLEAN, val_before DOUBLE, val_after DOUBLE,
+        call_id VARCHAR, parse_error VARCHAR, reasoning VARCHAR""",
+    "llm_calls": """call_id VARCHAR, run_id VARCHAR, step INTEGER, example_id VARCHAR,
+        node_id VARCHAR, purpose VARCHAR, backend VARCHAR, model VARCHAR, messages JSON,
+        response VARCHAR, prompt_tokens INTEGER, completion_tokens INTEGER,
+        latency_ms DOUBLE, cache_hit BOOLEAN, retries INTEGER, error VARCHAR,
+        started_at DOUBLE, cost_usd DOUBLE, cache_key VARCHAR, temperature DOUBLE,
+        max_tokens INTEGER""",
+    "metrics": "run_id VARCHAR, step INTEGER, key VARCHAR, value DOUBLE",
+    "llm_cache": """key VARCHAR, backend VARCHAR, model VARCHAR, request JSON, response VARCHAR,
+        prompt_tokens INTEGER, completion_tokens INTEGER, created_at DOUBLE""",
+}
+
+# version -> list of statements that bring a database from version-1 to version.
+MIGRATIONS: dict[int, list[str]] = {}
+
+
+class RunLogError(Exception):
+    """A run-log problem worth one clear line: not a DuckDB file, newer schema, no run."""
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "lock" in text or "conflicting" in text or "being used by another" in text
+
+
+@contextmanager
+def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
+            ) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A short-lived connection, retried with jittered backoff while another process holds
+    the file. Read-only connections to a missing file raise RunLogError."""
+    path = str(path)
+    if read_only and not Path(path).exists():
+        raise RunLogError(f"{path}: no such run log")
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        try:
+            con = duckdb.connect(path, read_only=read_only)
+            break
+        except duckdb.Error as exc:
+            if not _is_lock_error(exc):
+                raise RunLogError(f"{path}: not a readable DuckDB run log ({_first_line(exc)})"
+                                  ) from None
+            if time.monotonic() > deadline:
+                raise RunLogError(f"{path}: still locked by another process after "
+                                  f"{timeout:g} s") from None
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 1.6, 0.2)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection, path: str = "") -> None:
+    """Create missing tables and apply migrations; refuse a newer schema."""
+    existing = {r[0] for r in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
+    ).fetchall()}
+    if "schema_version" in existing:
+        row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+        version = int(row[0] or 0)
+        if version > SCHEMA_VERSION:
+            raise RunLogError(f"{path}: run log schema version {version} is newer than this "
+                              f"engine's ({SCHEMA_VERSION}); upgrade the engine")
+        if version == SCHEMA_VERSION and existing >= set(TABLES):
+            return
+    else:
+        version = 0
+    con.execute("BEGIN TRANSACTION")
+    for name, columns in TABLES.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
+    for v in range(max(version, 1), SCHEMA_VERSION + 1):
+        for statement in MIGRATIONS.get(v, []):
+            con.execute(statement)
+    if version < SCHEMA_VERSION:
+        con.execute("INSERT INTO schema_version VALUES (?, ?)", [SCHEMA_VERSION, time.time()])
+    con.execute("COMMIT")
+
+
+def check_readable(path: str | Path) -> None:
+    """Raise RunLogError unless `path` is a run log this engine can read."""
+    with connect(path, read_only=True) as con:
+        tables = {r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}
+        if "schema_version" not in tables:
+            raise RunLogError(f"{path}: a DuckDB file, but not a run log (no schema_version)")
+        version = con.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
+        if version > SCHEMA_VERSION:
+            raise RunLogError(f"{path}: run log schema version {version} is newer than this "
+                              f"engine's ({SCHEMA_VERSION}); upgrade the engine")
+
+
+def column_names(table: str) -> list[str]:
+    return [part.split()[0] for part in " ".join(TABLES[table].split()).split(", ")]

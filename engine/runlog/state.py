@@ -1,0 +1,70 @@
+"""What a run needs back from the log: the reply cache, and the state to resume from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.forward import Prompts
+from engine.llm.base import LLMReply
+from engine.llm.cache import Cache
+from engine.optimizer import OptimizerState
+from engine.runlog.schema import RunLogError, check_readable, connect
+
+
+def load_cache(path: str, mode: str) -> Cache:
+    cache = Cache(mode)
+    if mode == "off" or not Path(path).exists():
+        return cache
+    with connect(path, read_only=True) as con:
+        rows = con.execute("SELECT key, response, prompt_tokens, completion_tokens, model "
+                           "FROM llm_cache").fetchall()
+    cache.entries = {k: LLMReply(r, p or 0, c or 0, m or "") for k, r, p, c, m in rows}
+    return cache
+
+
+def load_resume_state(path: str, run_id: str
+                      ) -> tuple[dict[str, Any], str, OptimizerState | None, list[dict], bool]:
+    """(config, status, state after the last complete step or None, example rows,
+    whether the test evaluation is already logged)."""
+    check_readable(path)
+    with connect(path, read_only=True) as con:
+        run = con.execute("SELECT config, status FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        if run is None:
+            raise RunLogError(f"{path}: no run '{run_id}' (see: python -m engine runs --db {path})")
+        config, status = json.loads(run[0]), run[1]
+        examples = _dicts(con, "SELECT split, example_id, position, fields, target FROM examples "
+                               "WHERE run_id = ?", [run_id])
+        last = con.execute("SELECT step, val_score, train_score FROM steps WHERE run_id = ? "
+                           "ORDER BY step DESC LIMIT 1", [run_id]).fetchone()
+        if last is None:
+            return config, status, None, examples, False
+        versions = _dicts(con, "SELECT node_id, version, prompt, accepted FROM prompt_versions "
+                               "WHERE run_id = ? AND step <= ? ORDER BY version",
+                          [run_id, last[0]])
+        rejected_rows = con.execute(
+            "SELECT node_id, new_prompt FROM updates WHERE run_id = ? AND step <= ? AND NOT "
+            "accepted AND new_prompt <> old_prompt ORDER BY step", [run_id, last[0]]).fetchall()
+        has_test = con.execute("SELECT count(*) FROM metrics WHERE run_id = ? AND key = "
+                               "'test_score'", [run_id]).fetchone()[0] > 0
+    text: dict[str, str] = {}
+    version: dict[str, int] = {}
+    next_version: dict[str, int] = {}
+    for row in versions:
+        node = row["node_id"]
+        next_version[node] = max(next_version.get(node, 0), row["version"] + 1)
+        if row["accepted"]:
+            text[node], version[node] = row["prompt"], row["version"]
+    rejected: dict[str, list[str]] = {n: [] for n in text}
+    for node, prompt in rejected_rows:
+        rejected.setdefault(node, []).append(prompt)
+    state = OptimizerState(int(last[0]), Prompts(text, version), last[1], last[2], next_version,
+                           rejected)
+    return config, status, state, examples, has_test
+
+
+def _dicts(con: Any, sql: str, params: list) -> list[dict]:
+    cursor = con.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]

@@ -1,0 +1,121 @@
+"""Writes a run into the DuckDB run log, one transaction per step.
+
+The writer is an event listener: it buffers every record of the step in progress and,
+when `StepFinished` arrives, inserts them in bulk (DataFrames) inside one transaction
+together with the step row and the new cache entries. A crash therefore leaves whole
+steps only, which is what `engine resume` relies on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from engine.events import (Activation, CallRecord, Gradient, LossRecord, PromptVersion,
+                           Proposal, RunFinished, StepFinished)
+from engine.llm.cache import Cache
+from engine.runlog.schema import column_names, connect, ensure_schema
+
+TABLE_OF = {
+    CallRecord: "llm_calls",
+    Activation: "node_outputs",
+    LossRecord: "losses",
+    Gradient: "gradients",
+    Proposal: "updates",
+    PromptVersion: "prompt_versions",
+}
+
+
+def open_for_writing(path: str | Path) -> None:
+    """Create the file and schema if needed (raises RunLogError on a bad file)."""
+    with connect(path) as con:
+        ensure_schema(con, str(path))
+
+
+def insert_rows(con: Any, table: str, rows: list[dict]) -> None:
+    """Bulk insert through a DataFrame; columns missing from a row are NULL."""
+    if not rows:
+        return
+    columns = column_names(table)
+    frame = pd.DataFrame([{c: row.get(c) for c in columns} for row in rows], columns=columns)
+    con.register("_rows", frame)
+    try:
+        con.execute(f"INSERT INTO {table} SELECT {', '.join(columns)} FROM _rows")
+    finally:
+        con.unregister("_rows")
+
+
+class RunLogWriter:
+    """Listener that persists a run. Use `start_run`, pass events, then `finish`."""
+
+    def __init__(self, path: str | Path, run_id: str, cache: Cache | None = None):
+        self.path, self.run_id, self.cache = str(path), run_id, cache
+        self._buffer: dict[str, list[dict]] = defaultdict(list)
+
+    def start_run(self, run_row: dict, examples: list[dict]) -> None:
+        with connect(self.path) as con:
+            ensure_schema(con, self.path)
+            con.execute("BEGIN TRANSACTION")
+            insert_rows(con, "runs", [run_row])
+            insert_rows(con, "examples", examples)
+            con.execute("COMMIT")
+
+    def __call__(self, event: Any) -> None:
+        table = TABLE_OF.get(type(event))
+        if table is not None:
+            self._buffer[table].append(asdict(event))
+        elif isinstance(event, StepFinished):
+            self.flush(event)
+        elif isinstance(event, RunFinished):
+            self.finish(event.status, event.error)
+
+    def flush(self, step: StepFinished | None = None, metrics: dict[str, float] | None = None
+              ) -> None:
+        """Write everything buffered, plus the step row, in one transaction."""
+        buffered, self._buffer = self._buffer, defaultdict(list)
+        cache_rows = self.cache.drain() if self.cache else []
+        with connect(self.path) as con:
+            con.execute("BEGIN TRANSACTION")
+            for table, rows in buffered.items():
+                insert_rows(con, table, rows)
+            insert_rows(con, "llm_cache", cache_rows)
+            if step is not None:
+                insert_rows(con, "steps", [{
+                    "run_id": self.run_id, "step": step.step, "train_score": step.train_score,
+                    "val_score": step.val_score, "accepted": step.accepted,
+                    "started_at": step.started_at, "ended_at": step.ended_at,
+                }])
+                metrics = {**step.metrics, **(metrics or {})}
+            number = step.step if step is not None else None
+            insert_rows(con, "metrics", [
+                {"run_id": self.run_id, "step": number, "key": k, "value": float(v)}
+                for k, v in (metrics or {}).items()
+            ])
+            con.execute("COMMIT")
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        with connect(self.path) as con:
+            con.execute("UPDATE runs SET status = ?, ended_at = ?, error = ? WHERE run_id = ?",
+                        [status, time.time(), error, self.run_id])
+
+    def set_status(self, status: str) -> None:
+        with connect(self.path) as con:
+            con.execute("UPDATE runs SET status = ?, ended_at = NULL, error = NULL "
+                        "WHERE run_id = ?", [status, self.run_id])
+
+
+def run_row(run_id: str, graph: Any, config: dict, backend: str, model: str,
+            optimizer_model: str) -> dict:
+    return {
+        "run_id": run_id, "graph_name": graph.name, "graph_yaml": graph.yaml_text,
+        "method": config["method"], "backend": backend, "model": model,
+        "optimizer_model": optimizer_model, "seed": config["seed"],
+        "config": json.dumps(config, sort_keys=True), "status": "running",
+        "started_at": time.time(), "ended_at": None, "error": None,
+    }
