@@ -31,7 +31,8 @@ CASES = (
     _cases("numeric", "1200", [
         "1200", "1,200", "$1,200", "The answer is $1,200.00.", "1200.0", "1200 dollars",
         "Total: 1,200 dollars.", "First 3 then 5, so 1200", "#### 1200", "Answer: **1200**",
-        "<answer>1200</answer> and later 7", "The answer is 1200 because 3 x 400",
+        "<answer>1200</answer> and later 7", "The answer is 1200 because 3 x 400 = 1200",
+        "The answer is $1,200 (3 x 400).",
         "The answer is 1200.\nCheck: 1200 / 3 = 400 ok",
     ], [
         "120", "12000", "1200.5", "I think 1200 is wrong, it is 1300", "", "no number here",
@@ -70,8 +71,8 @@ CASES = (
     + _cases("auto", "False", ["False", "not True evaluates to False", "false."],
              ["True", "The answer is True."])
     + _cases("auto", "-11520", ["-11520", "So the result is -11,520."], ["11520"])
-    + _cases("auto", ") ] }", [") ] }", "The answer is ) ] }.", "the sequence closes: ) ] }"],
-             [") ]", "] ) }"])
+    + _cases("auto", ") ] }", [") ] }", "The answer is ) ] }.", "Closing it:\n) ] }"],
+             [") ]", "] ) }", "the sequence closes: ) ] }"])
     + _cases("auto", "apple banana cherry", ["Apple banana cherry.",
                                               "Sorted:\napple banana cherry"],
              ["banana apple cherry"])

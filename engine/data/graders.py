@@ -3,8 +3,9 @@ the target (never by a task name).
 
 A prediction may be a long model reply. The answer is looked for, in order: inside the
 last <answer>...</answer> or <output>...</output> tags; after the last answer marker
-("the answer is", "answer:", "####") on its line; then anywhere in the text, where the
-last matching number or label wins.
+("the answer is", "answer:", "####"), where the first number or label on that line wins;
+then anywhere in the text, where the last matching number or label wins. Free text
+(exact_match) is the rest of the marker's line, else the reply's last non-empty line.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def extract_answer(metric: str, text: str, target: str = "") -> str:
     region = _answer_region(text)
     segment = _after_marker(region)
     if family == "numeric":
-        return _extract_number(segment) or _extract_number(region)
+        return _extract_number(segment, first=True) or _extract_number(region)
     if family == "choice":
         return _extract_choice(segment, region)
     if family in _BINARY:
@@ -125,11 +126,13 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _extract_number(text: str | None) -> str:
+def _extract_number(text: str | None, first: bool = False) -> str:
+    """The last number in `text` (the first when `first`), canonical: no commas, no
+    trailing zeros after the point."""
     found = _NUMBER.findall((text or "").replace("**", ""))
     if not found:
         return ""
-    raw = found[-1].replace(",", "").replace("\u2212", "-")
+    raw = found[0 if first else -1].replace(",", "").replace("\u2212", "-")
     try:
         value = Decimal(raw)
     except InvalidOperation:

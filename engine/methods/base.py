@@ -67,7 +67,8 @@ class Method:
         async def visit(node_id: str) -> None:
             for successor in graph.successors(node_id):
                 await done[successor].wait()
-            messages = received[node_id]
+            rank = {s: i for i, s in enumerate(["loss", *graph.successors(node_id)])}
+            messages = sorted(received[node_id], key=lambda m: rank[m[0]])  # fixed order
             feedback = P.aggregate_feedback(messages) if messages else ""
             aggregated[node_id] = feedback
             ctx.emit(self._gradient(ctx, trace, node_id, None, NodeGradient(feedback), None,
