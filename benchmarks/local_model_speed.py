@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.llm.base import LLMError, LLMRequest  # noqa: E402
-from engine.llm.local import MODEL_NAME, LocalBackend, local_model_path  # noqa: E402
+from engine.llm.base import LLMError, LLMRequest
+from engine.llm.local import MODEL_NAME, LocalBackend, local_model_path
 
 PROMPTS = [
     "Explain in two sentences why the sky is blue.",

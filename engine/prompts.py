@@ -161,7 +161,7 @@ Explain how the input "{name}" should change so that the output would satisfy th
 Answer in this form:
 {blocks}"""
 
-GRADIENT_BLOCK = '<gradient input="{name}">how "{name}" should change</gradient>'
+GRADIENT_BLOCK = '<gradient input="{name}">your feedback on {name}</gradient>'
 
 
 def gradient_blocks(names: list[str]) -> str:
@@ -207,7 +207,7 @@ def _split_by_labels(reply: str, names: list[str]) -> dict[str, str]:
     matches = list(pattern.finditer(reply))
     for m, nxt in zip(matches, matches[1:] + [None]):
         label = m.group(1).lower()
-        for (name, pat), i in zip(labels, range(1, len(labels) + 1)):
+        for name, pat in labels:
             if re.fullmatch(pat, label, flags=re.I):
                 end = nxt.start() if nxt else len(reply)
                 body = reply[m.end():end].strip()

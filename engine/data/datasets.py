@@ -223,7 +223,7 @@ def _tsv_rows(path: Path) -> list[tuple[int, list[str]]]:
         elif not cells:
             pending[-1] += "\n"
         else:
-            pending = pending[:-1] + [pending[-1] + "\n" + cells[0]] + cells[1:]
+            pending = [*pending[:-1], pending[-1] + "\n" + cells[0], *cells[1:]]
         if len(pending) >= len(LIAR_COLUMNS) or not any(c.strip() for c in pending):
             rows.append((start, pending))
             pending = None
@@ -310,7 +310,7 @@ def _load_from_hub(spec: str, name: str, part: str) -> list[Example] | None:
         parts = [part] if part else list(_HUB_SPLITS[name])
         loaded = [(p, hf.load_dataset(repo, config, split=_HUB_SPLITS[name][p]))
                   for p in parts]
-    except Exception as exc:  # the hub raises many types (offline, missing, auth)
+    except Exception as exc:  # noqa: BLE001 - the hub raises many types (offline, auth, ...)
         reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
         raise DatasetError(f"dataset '{spec}' is not in the data directory and the Hugging "
                            f"Face hub failed: {reason}") from None

@@ -153,7 +153,7 @@ class LLMClient:
         self.stats.network_calls += 1
         try:
             return await asyncio.wait_for(backend.complete(request), self.retry.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TransientLLMError(f"timed out after {self.retry.timeout:g} s") from None
 
     def _account(self, record: CallRecord) -> None:

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 Fault = tuple[Any, ...]
 Responder = Callable[[dict], str]
@@ -83,7 +83,7 @@ class FakeOpenAIServer:
             self._thread.join(timeout=5)
         self._httpd = None
 
-    def __enter__(self) -> FakeOpenAIServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -139,7 +139,7 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # keep test output clean
 
         def _send_json(self, status: int, payload: dict,
@@ -156,14 +156,14 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client gave up (timeout); fine
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path.rstrip("/") == "/v1/models":
                 self._send_json(200, {"object": "list", "data": [
                     {"id": "fake", "object": "model", "created": 0, "owned_by": "fake"}]})
             else:
                 self._send_json(404, _error("not found", "invalid_request_error"))
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             if self.path.rstrip("/") != "/v1/chat/completions":

@@ -29,7 +29,6 @@ ELLIPSIS = "[…]"
 # template's default system prompt when none is given, and the assistant header.
 _TOKENS_PER_MESSAGE = 8
 _TEMPLATE_TOKENS = 40
-_MARKER_TOKENS = 4  # what an inserted "[…]" may cost
 
 
 def local_model_path() -> Path | None:
@@ -162,7 +161,8 @@ def fit_messages(llama: Any, messages: tuple[tuple[str, str], ...],
     overflow = sum(len(t) for t in tokens) + _TOKENS_PER_MESSAGE * len(messages) - budget
     if overflow <= 0:
         return [{"role": role, "content": content} for role, content in messages]
-    overflow += _MARKER_TOKENS * len(messages)
+    # Room for a marker in every message; +1 because tokens can merge differently at a cut.
+    overflow += (len(_tokenize(llama, ELLIPSIS + " ")) + 1) * len(messages)
     contents = [content for _, content in messages]
     for i in range(len(messages) - 1):
         if overflow <= 0:

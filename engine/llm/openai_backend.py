@@ -13,7 +13,13 @@ import os
 import time
 from typing import Any
 
-from engine.llm.base import LLMError, LLMReply, LLMRequest, TransientLLMError, estimate_tokens
+from engine.llm.base import (
+    LLMError,
+    LLMReply,
+    LLMRequest,
+    TransientLLMError,
+    estimate_tokens,
+)
 
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers ignore the key
 MISSING_CREDENTIALS = (
@@ -36,12 +42,13 @@ class OpenAIBackend:
         if not api_key and not base_url:
             raise LLMError(MISSING_CREDENTIALS)
         try:
-            from openai import AsyncOpenAI
+            import openai
         except ImportError:
             raise LLMError("the openai package is missing: pip install openai") from None
+        self._sdk = openai
         self.base_url = base_url
         self._secret = api_key or ""
-        self._client = AsyncOpenAI(
+        self._client = openai.AsyncOpenAI(
             api_key=api_key or PLACEHOLDER_KEY, base_url=base_url, timeout=timeout,
             max_retries=0, default_headers=extra_headers,
         )
@@ -64,7 +71,8 @@ class OpenAIBackend:
             kwargs["stop"] = list(request.stop)
         try:
             response = await self._client.chat.completions.create(**kwargs)
-        except Exception as exc:  # noqa: BLE001 - every SDK error is mapped below
+        except self._sdk.OpenAIError as exc:
+            # `from None`: the SDK error holds the request, which holds the key.
             raise self._map_error(exc) from None
         return self._reply(request, response)
 
@@ -85,8 +93,7 @@ class OpenAIBackend:
                         model=getattr(response, "model", None) or request.model)
 
     def _map_error(self, exc: Exception) -> LLMError:
-        import openai
-
+        openai = self._sdk
         message = self._one_line(exc)
         if isinstance(exc, openai.APITimeoutError):
             return TransientLLMError(f"openai: request timed out ({message})")

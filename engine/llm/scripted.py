@@ -98,8 +98,7 @@ class ScriptedBackend:
             return self._backward(meta, seed)
         if request.purpose == "update":
             if meta.get("role") == "gtbp_update":
-                return "<claims>\n" + "\n".join(f"- {c}" for c in meta.get("claims", [])) + \
-                    f"\n- {REFINEMENTS[seed % len(REFINEMENTS)]}\n</claims>"
+                return self._gtbp_update(meta, seed)
             prompt = meta.get("prompt", "")
             extra = REFINEMENTS[seed % len(REFINEMENTS)]
             if extra in prompt:
@@ -126,12 +125,28 @@ class ScriptedBackend:
         role = meta.get("role", "")
         names = meta.get("inputs", [])
         if role.startswith("gtbp"):
-            target = meta.get("target", "")
-            if role == "gtbp_combine":
-                return f"<target>{target}</target>"
-            return "\n".join(f'<input name="{n}">\nA version of {n} that leads to: {target}\n'
-                             "</input>" for n in names)
+            if role == "gtbp_combine":  # one target that keeps every successor's, in order
+                return "<target>" + " / ".join(meta.get("targets", [])) + "</target>"
+            target, fields, values = meta.get("target", ""), meta.get("fields", []), \
+                meta.get("values", {})
+            return "\n".join(
+                f'<input name="{n}">\n'
+                + (values.get(n, "") if n in fields else f"A version of {n} that leads to: {target}")
+                + "\n</input>" for n in names)
         word = NOTE_WORDS[seed % len(NOTE_WORDS)]
         return "\n".join(
             f'<gradient input="{n}">The input {n} should {word} the quantities the task needs '
             f"and state them plainly.</gradient>" for n in names)
+
+    def _gtbp_update(self, meta: dict[str, Any], seed: int) -> str:
+        """One change, always within budget: add a refinement when the step allows a new
+        claim, else extend the last claim with one."""
+        claims = list(meta.get("claims", []))
+        fresh = [r for r in REFINEMENTS if not any(r in c for c in claims)] or list(REFINEMENTS)
+        extra = fresh[seed % len(fresh)]
+        if meta.get("may_add") or not claims:
+            claims.append(extra)
+        else:
+            claims[-1] = f"{claims[-1]} {extra}"
+        return "Adjusting one claim.\n<claims>\n" + "\n".join(f"- {c}" for c in claims) + \
+            "\n</claims>"

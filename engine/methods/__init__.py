@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engine.methods.base import Method
 from engine.methods.evaluative import SemanticEvaluative
+from engine.methods.gtbp import GTBP
 from engine.methods.none import NoGradients
 from engine.methods.nosibling import SemanticNoSibling
 from engine.methods.semantic import SemanticBackprop
@@ -11,7 +12,7 @@ from engine.methods.textgrad import TextGrad
 
 METHODS: dict[str, type[Method]] = {
     m.name: m for m in (SemanticBackprop, SemanticEvaluative, TextGrad, NoGradients,
-                        SemanticNoSibling)
+                        SemanticNoSibling, GTBP)
 }
 
 

@@ -17,8 +17,16 @@ from typing import Any
 
 import pandas as pd
 
-from engine.events import (Activation, CallRecord, Gradient, LossRecord, PromptVersion,
-                           Proposal, RunFinished, StepFinished)
+from engine.events import (
+    Activation,
+    CallRecord,
+    Gradient,
+    LossRecord,
+    PromptVersion,
+    Proposal,
+    RunFinished,
+    StepFinished,
+)
 from engine.llm.cache import Cache
 from engine.runlog.schema import column_names, connect, ensure_schema
 

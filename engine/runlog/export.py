@@ -1,0 +1,379 @@
+"""Export a whole run (JSON, Parquet, OpenTelemetry spans) and import a JSON export back.
+
+CLI (registered by `register_cli`, picked up by engine.cli):
+
+    python -m engine export RUN_ID --db PATH --format json|parquet|otel [--out PATH]
+    python -m engine import FILE --db PATH [--as NEW_ID]
+
+A JSON export holds every run-log row of the run (see docs/runlog.md) plus the reply-cache
+entries its calls used, so an imported run can be inspected and resumed. Problems raise
+RunLogError, which the CLI prints as one line with status 2; nothing is written then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from engine.runlog.schema import (
+    SCHEMA_VERSION,
+    RunLogError,
+    check_readable,
+    column_names,
+    connect,
+    ensure_schema,
+)
+from engine.runlog.writer import insert_rows
+
+EXPORT_FORMAT = "semback-run"
+EXPORT_VERSION = 1
+
+# Tables keyed by run_id, in insertion order, with a stable ordering for the export.
+RUN_TABLES: dict[str, str] = {
+    "runs": "run_id",
+    "examples": "split, position",
+    "steps": "step",
+    "prompt_versions": "node_id, version",
+    "node_outputs": "step, split, example_id, node_id",
+    "losses": "step, split, example_id",
+    "gradients": "step, example_id, node_id, kind, from_node_id",
+    "updates": "step, node_id",
+    "llm_calls": "started_at, call_id",
+    "metrics": "step NULLS LAST, key",
+}
+CALL_ID_TABLES = ("node_outputs", "losses", "gradients", "updates", "llm_calls")
+FORMATS = ("json", "parquet", "otel")
+
+
+# --- reading a run ---------------------------------------------------------------------
+
+
+def read_run(db: str | Path, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    """Every row of `run_id`, table by table, plus the llm_cache rows its calls used."""
+    check_readable(db)
+    with connect(db, read_only=True) as con:
+        _require_run(con, db, run_id)
+        tables = {name: _rows(con, f"SELECT {', '.join(column_names(name))} FROM {name} "
+                                   f"WHERE run_id = ? ORDER BY {order}", [run_id])
+                  for name, order in RUN_TABLES.items()}
+        tables["llm_cache"] = _rows(con, (
+            f"SELECT {', '.join(column_names('llm_cache'))} FROM llm_cache WHERE key IN "
+            "(SELECT cache_key FROM llm_calls WHERE run_id = ?) ORDER BY key"), [run_id])
+    return tables
+
+
+def _require_run(con: Any, db: str | Path, run_id: str) -> None:
+    if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] == 0:
+        raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
+
+
+def _rows(con: Any, sql: str, params: list) -> list[dict[str, Any]]:
+    cursor = con.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+# --- json and parquet ------------------------------------------------------------------
+
+
+def export_json(db: str | Path, run_id: str, out: str | Path | None = None) -> Path:
+    tables = read_run(db, run_id)
+    path = Path(out or f"{_file_stem(run_id)}.json")
+    document = {"format": EXPORT_FORMAT, "format_version": EXPORT_VERSION,
+                "schema_version": SCHEMA_VERSION, "run_id": run_id,
+                "exported_at": time.time(), "tables": tables}
+    _write_atomically(path, json.dumps(document, ensure_ascii=False) + "\n")
+    return path
+
+
+def export_parquet(db: str | Path, run_id: str, out: str | Path | None = None) -> Path:
+    """A folder with one Parquet file per table (`<table>.parquet`), empty tables too."""
+    check_readable(db)
+    folder = Path(out or f"{_file_stem(run_id)}_parquet")
+    with connect(db, read_only=True) as con:
+        _require_run(con, db, run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, order in RUN_TABLES.items():
+            con.sql(f"SELECT * FROM {name} WHERE run_id = $run_id ORDER BY {order}",
+                    params={"run_id": run_id}).write_parquet(str(folder / f"{name}.parquet"))
+        con.sql("SELECT * FROM llm_cache WHERE key IN (SELECT cache_key FROM llm_calls "
+                "WHERE run_id = $run_id) ORDER BY key", params={"run_id": run_id}
+                ).write_parquet(str(folder / "llm_cache.parquet"))
+    return folder
+
+
+def _file_stem(run_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+# --- OpenTelemetry ---------------------------------------------------------------------
+
+SPAN_KIND_INTERNAL, SPAN_KIND_CLIENT = 1, 3
+STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
+
+
+def export_otel(db: str | Path, run_id: str, out: str | Path | None = None) -> Path:
+    """OTLP/JSON lines: one `TracesData` object per line (the OpenTelemetry Collector's
+    file format), the run span first, then one line per step with its call spans."""
+    lines = otel_lines(read_run(db, run_id))
+    path = Path(out or f"{_file_stem(run_id)}.otel.jsonl")
+    _write_atomically(path, "".join(json.dumps(line, ensure_ascii=False) + "\n"
+                                    for line in lines))
+    return path
+
+
+def otel_lines(tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Spans of one run: trace id per run, a root span for the run, a span per step, and
+    a GenAI client span (gen_ai.* attributes) per call under its step's span."""
+    run = tables["runs"][0]
+    run_id = run["run_id"]
+    trace_id = _hex_id(f"trace:{run_id}", 32)
+    run_span_id = _hex_id(f"run:{run_id}", 16)
+    step_ids = {s["step"]: _hex_id(f"step:{run_id}:{s['step']}", 16) for s in tables["steps"]}
+    calls_by_step: dict[int, list[dict]] = {}
+    for call in tables["llm_calls"]:
+        calls_by_step.setdefault(call["step"], []).append(call)
+    call_spans = {step: [_call_span(c, trace_id, step_ids.get(step, run_span_id))
+                         for c in calls] for step, calls in calls_by_step.items()}
+    ends = [int(s["endTimeUnixNano"]) for spans in call_spans.values() for s in spans]
+    run_end = run["ended_at"] and _ns(run["ended_at"])
+    lines = [_traces_data(run, [_span(
+        trace_id, run_span_id, None, f"run {run_id}", SPAN_KIND_INTERNAL,
+        _ns(run["started_at"]), run_end or max(ends, default=_ns(run["started_at"])),
+        {"semback.run_id": run_id, "semback.graph": run["graph_name"],
+         "semback.method": run["method"], "semback.status": run["status"],
+         "gen_ai.provider.name": run["backend"], "gen_ai.request.model": run["model"]},
+        {"finished": STATUS_OK, "failed": STATUS_ERROR}.get(run["status"], STATUS_UNSET),
+        run["error"])])]
+    for step in tables["steps"]:
+        spans = [_span(trace_id, step_ids[step["step"]], run_span_id, f"step {step['step']}",
+                       SPAN_KIND_INTERNAL, _ns(step["started_at"]), _ns(step["ended_at"]),
+                       {"semback.step": step["step"], "semback.train_score": step["train_score"],
+                        "semback.val_score": step["val_score"],
+                        "semback.accepted": step["accepted"]}, STATUS_OK, None)]
+        lines.append(_traces_data(run, spans + call_spans.pop(step["step"], [])))
+    for step in sorted(call_spans):  # calls of a step without a step row (none expected)
+        lines.append(_traces_data(run, call_spans[step]))
+    return lines
+
+
+def _call_span(call: dict[str, Any], trace_id: str, parent_id: str) -> dict[str, Any]:
+    start = _ns(call["started_at"])
+    end = start + int(round((call["latency_ms"] or 0.0) * 1e6))
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": call["backend"],
+        "gen_ai.request.model": call["model"],
+        "gen_ai.response.model": call["model"],
+        "gen_ai.usage.input_tokens": call["prompt_tokens"],
+        "gen_ai.usage.output_tokens": call["completion_tokens"],
+        "gen_ai.request.temperature": call["temperature"],
+        "gen_ai.request.max_tokens": call["max_tokens"],
+        "gen_ai.input.messages": _input_messages(call["messages"]),
+        "gen_ai.output.messages": json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": call["response"]}]}],
+            ensure_ascii=False) if call["response"] else None,
+        "error.type": "llm_error" if call["error"] else None,
+        "semback.call_id": call["call_id"],
+        "semback.step": call["step"],
+        "semback.purpose": call["purpose"],
+        "semback.node_id": call["node_id"],
+        "semback.example_id": call["example_id"],
+        "semback.cache_hit": call["cache_hit"],
+        "semback.retries": call["retries"],
+        "semback.cost_usd": call["cost_usd"],
+    }
+    return _span(trace_id, _hex_id(f"call:{call['call_id']}", 16), parent_id,
+                 f"chat {call['model']}", SPAN_KIND_CLIENT, start, end, attributes,
+                 STATUS_ERROR if call["error"] else STATUS_OK, call["error"])
+
+
+def _input_messages(messages: str | None) -> str | None:
+    if not messages:
+        return None
+    return json.dumps([{"role": m.get("role"), "parts": [{"type": "text",
+                                                          "content": m.get("content")}]}
+                       for m in json.loads(messages)], ensure_ascii=False)
+
+
+def _span(trace_id: str, span_id: str, parent_id: str | None, name: str, kind: int,
+          start_ns: int, end_ns: int, attributes: dict[str, Any], status: int,
+          message: str | None) -> dict[str, Any]:
+    span = {"traceId": trace_id, "spanId": span_id, "name": name, "kind": kind,
+            "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(max(end_ns, start_ns)),
+            "attributes": _attributes(attributes), "status": {"code": status}}
+    if parent_id:
+        span["parentSpanId"] = parent_id
+    if message and status == STATUS_ERROR:
+        span["status"]["message"] = message
+    return span
+
+
+def _traces_data(run: dict[str, Any], spans: list[dict[str, Any]]) -> dict[str, Any]:
+    resource = {"service.name": "semback", "semback.run_id": run["run_id"]}
+    return {"resourceSpans": [{
+        "resource": {"attributes": _attributes(resource)},
+        "scopeSpans": [{"scope": {"name": "engine.runlog.export"}, "spans": spans}],
+    }]}
+
+
+def _attributes(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """OTLP/JSON key-value list; None values are left out, int64 is a decimal string."""
+    out = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            typed = {"boolValue": value}
+        elif isinstance(value, int):
+            typed = {"intValue": str(value)}
+        elif isinstance(value, float):
+            typed = {"doubleValue": value}
+        else:
+            typed = {"stringValue": str(value)}
+        out.append({"key": key, "value": typed})
+    return out
+
+
+def _hex_id(seed: str, length: int) -> str:
+    return hashlib.sha256(seed.encode("utf-8")).hexdigest()[:length]
+
+
+def _ns(seconds: float | None) -> int:
+    return int(round((seconds or 0.0) * 1e9))
+
+
+# --- import ----------------------------------------------------------------------------
+
+
+def import_json(path: str | Path, db: str | Path, new_id: str | None = None) -> str:
+    """Insert a JSON export into `db` in one transaction; returns the run id written.
+    Refuses (RunLogError) a run id that already exists in `db`."""
+    tables = load_export(path)
+    run_id = tables["runs"][0]["run_id"]
+    if new_id and new_id != run_id:
+        tables = renamed(tables, new_id)
+        run_id = new_id
+    if Path(db).exists():
+        check_readable(db)  # read-only first: a bad file is refused untouched
+    with connect(db) as con:
+        ensure_schema(con, str(db))
+        con.execute("BEGIN TRANSACTION")
+        if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]:
+            con.execute("ROLLBACK")
+            raise RunLogError(f"{db}: run '{run_id}' already exists; import it under "
+                              "another id with --as NEW_ID")
+        for name in RUN_TABLES:
+            insert_rows(con, name, tables.get(name, []))
+        cache = tables.get("llm_cache", [])
+        if cache:
+            keys = [row["key"] for row in cache]
+            present = {r[0] for r in con.execute(
+                "SELECT key FROM llm_cache WHERE list_contains(?, key)", [keys]).fetchall()}
+            insert_rows(con, "llm_cache", [r for r in cache if r["key"] not in present])
+        con.execute("COMMIT")
+    return run_id
+
+
+def load_export(path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """The tables of a JSON export, checked for the shape `import_json` needs."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunLogError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunLogError(f"{path}: not a run export (not JSON: {exc})") from None
+    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+        raise RunLogError(f"{path}: not a run export (expected format '{EXPORT_FORMAT}', "
+                          "made by: python -m engine export RUN_ID --format json)")
+    version = document.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise RunLogError(f"{path}: export schema version {version} is newer than this "
+                          f"engine's ({SCHEMA_VERSION}); upgrade the engine")
+    tables = document.get("tables")
+    if not isinstance(tables, dict) or not isinstance(tables.get("runs"), list) \
+            or len(tables["runs"]) != 1:
+        raise RunLogError(f"{path}: not a run export (it must hold exactly one run)")
+    run_id = tables["runs"][0].get("run_id")
+    for name, rows in tables.items():
+        if name not in RUN_TABLES and name != "llm_cache":
+            raise RunLogError(f"{path}: unknown table '{name}'")
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise RunLogError(f"{path}: table '{name}' is not a list of rows")
+        if name in RUN_TABLES and any(r.get("run_id") != run_id for r in rows):
+            raise RunLogError(f"{path}: table '{name}' has rows of another run than "
+                              f"'{run_id}'")
+    return tables
+
+
+def renamed(tables: dict[str, list[dict]], new_id: str) -> dict[str, list[dict]]:
+    """A copy of an export's tables under `new_id`. Call ids are derived from the new id,
+    so that a copy imported next to its original keeps every call id unique."""
+    def call_id(old: str | None) -> str | None:
+        return None if old is None else uuid.uuid5(uuid.NAMESPACE_URL, f"{new_id}/{old}").hex
+
+    out: dict[str, list[dict]] = {}
+    for name, rows in tables.items():
+        if name not in RUN_TABLES:
+            out[name] = [dict(r) for r in rows]
+            continue
+        out[name] = [{**r, "run_id": new_id} for r in rows]
+        if name in CALL_ID_TABLES:
+            for row in out[name]:
+                row["call_id"] = call_id(row.get("call_id"))
+    for row in out["runs"]:
+        try:
+            config = json.loads(row.get("config") or "null")
+        except json.JSONDecodeError:
+            continue
+        if isinstance(config, dict) and "run_id" in config:
+            config["run_id"] = new_id
+            row["config"] = json.dumps(config, sort_keys=True)
+    return out
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    write = {"json": export_json, "parquet": export_parquet, "otel": export_otel}[args.format]
+    path = write(args.db, args.run_id, args.out)
+    print(f"exported run '{args.run_id}' as {args.format} to {path}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    run_id = import_json(args.file, args.db, args.as_id)
+    print(f"imported run '{run_id}' into {args.db}")
+    return 0
+
+
+def register_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser("export", help="write a whole run as JSON, Parquet or "
+                                             "OpenTelemetry spans")
+    p.add_argument("run_id")
+    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--format", choices=FORMATS, default="json")
+    p.add_argument("--out", help="file (json, otel) or folder (parquet); default: "
+                                 "<run_id>.json, <run_id>_parquet/, <run_id>.otel.jsonl")
+    p.set_defaults(func=cmd_export)
+
+    p = subparsers.add_parser("import", help="read a JSON export into a run log")
+    p.add_argument("file")
+    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--as", dest="as_id", metavar="NEW_ID",
+                   help="store the run under another id (when its id already exists)")
+    p.set_defaults(func=cmd_import)
