@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import itertools
 import re
 
 from engine import prompts as P
@@ -230,7 +231,8 @@ def parse_claims_reply(reply: str) -> tuple[list[str] | None, str, str | None]:
                 "unclosed <claims> tag: used the text after it")
     items = [ln for ln in reply.splitlines() if _ITEM.match(ln)]
     if items:
-        return split_claims("\n".join(items)), reply.strip(), "no <claims> tags: used the list lines"
+        return (split_claims("\n".join(items)), reply.strip(),
+                "no <claims> tags: used the list lines")
     return None, reply.strip(), "no claims in the reply: prompt left unchanged"
 
 
@@ -248,38 +250,29 @@ def enforce_budget(current: list[str], proposed: list[str], budget: int, may_add
     matcher = difflib.SequenceMatcher(a=[_norm(c) for c in current],
                                       b=[_norm(c) for c in proposed], autojunk=False)
     out: list[str] = []
-    kept = added = 0
-    over: dict[str, int] = {"budget": 0, "add": 0}
+    kept = added = dropped_adds = over_budget = 0
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        olds, news = current[i1:i2], proposed[j1:j2]
         if tag == "equal":
-            out.extend(olds)
+            out.extend(current[i1:i2])
             continue
-        for k in range(max(len(olds), len(news))):
-            old = olds[k] if k < len(olds) else None
-            new = news[k] if k < len(news) else None
-            if old is None:  # an addition
-                if not (may_add and added == 0 and len(current) < max_claims):
-                    over["add"] += 1
-                    continue
-                if kept >= budget:
-                    over["budget"] += 1
-                    continue
-                added += 1
+        for old, new in itertools.zip_longest(current[i1:i2], proposed[j1:j2]):
+            if old is None and not (may_add and added == 0 and len(current) < max_claims):
+                dropped_adds += 1  # an addition this step does not allow
             elif kept >= budget:
-                over["budget"] += 1
-                out.append(old)
-                continue
-            kept += 1
-            if new is not None:
-                out.append(new)
+                over_budget += 1
+                if old is not None:
+                    out.append(old)  # revert the edit or removal
+            else:
+                kept, added = kept + 1, added + (old is None)
+                if new is not None:
+                    out.append(new)
     notes = []
-    if over["add"]:
-        notes.append(f"dropped {over['add']} new claim(s): "
-                     + ("at most one may be added" if may_add else "no claim may be added")
-                     + f" this step (max {max_claims} claims)")
-    if over["budget"]:
-        notes.append(f"{kept + over['budget']} changes over the edit budget of {budget}: "
+    if dropped_adds:
+        rule = "at most one may be added" if may_add else "no claim may be added"
+        notes.append(f"dropped {dropped_adds} new claim(s): {rule} this step "
+                     f"(max {max_claims} claims)")
+    if over_budget:
+        notes.append(f"{kept + over_budget} changes over the edit budget of {budget}: "
                      f"kept the first {budget} in claim order")
     return out, kept, "; ".join(notes) or None
 
@@ -436,11 +429,11 @@ class GTBP(Method):
             return UpdateProposal(current_text, reasoning, record.call_id, problem)
         claims, changed, over = enforce_budget(current, proposed, budget, may_add,
                                                self.max_claims)
-        problem = "; ".join(p for p in (problem, over) if p) or None
         if changed and not claims:
-            problem = "; ".join(p for p in (problem, "the proposal removed every claim: "
-                                            "prompt left unchanged") if p)
-        if not changed or not claims:
+            changed, over = 0, "; ".join(p for p in (over, "the proposal removed every claim: "
+                                                     "prompt left unchanged") if p)
+        problem = "; ".join(p for p in (problem, over) if p) or None
+        if not changed:
             return UpdateProposal(current_text, reasoning, record.call_id, problem)
         return UpdateProposal(render_claims(claims), reasoning, record.call_id, problem)
 
@@ -450,8 +443,9 @@ class GTBP(Method):
             GTBP_EXAMPLE.format(index=i, input=s.input_text, output=s.output_text,
                                 target=s.feedback or "(no target reached this step)")
             for i, s in enumerate(samples, start=1))
-        rej = P.UPDATE_REJECTED.format(items="\n".join(f"- {r}" for r in rejected)) \
-            if rejected else ""
+        rej = P.UPDATE_REJECTED.format(items="\n".join(
+            f'<rejected index="{i}">\n{r}\n</rejected>' for i, r in enumerate(rejected, 1))
+        ) if rejected else ""
         numbered = "\n".join(f"{i}. {c}" for i, c in enumerate(claims, start=1))
         add_rule = (ADD_ALLOWED.format(max_claims=self.max_claims) if may_add
                     else ADD_FORBIDDEN)

@@ -69,7 +69,9 @@ def read_run(db: str | Path, run_id: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def _require_run(con: Any, db: str | Path, run_id: str) -> None:
-    if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] == 0:
+    # fetchall, not fetchone: DuckDB keeps a half-read result open and then refuses
+    # register() and sql() on the same connection.
+    if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0] == 0:
         raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
 
 
@@ -149,10 +151,11 @@ def otel_lines(tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     call_spans = {step: [_call_span(c, trace_id, step_ids.get(step, run_span_id))
                          for c in calls] for step, calls in calls_by_step.items()}
     ends = [int(s["endTimeUnixNano"]) for spans in call_spans.values() for s in spans]
-    run_end = run["ended_at"] and _ns(run["ended_at"])
+    run_start = _ns(run["started_at"])
+    run_end = _ns(run["ended_at"]) if run["ended_at"] else max(ends, default=run_start)
     lines = [_traces_data(run, [_span(
         trace_id, run_span_id, None, f"run {run_id}", SPAN_KIND_INTERNAL,
-        _ns(run["started_at"]), run_end or max(ends, default=_ns(run["started_at"])),
+        run_start, run_end,
         {"semback.run_id": run_id, "semback.graph": run["graph_name"],
          "semback.method": run["method"], "semback.status": run["status"],
          "gen_ai.provider.name": run["backend"], "gen_ai.request.model": run["model"]},
@@ -272,7 +275,7 @@ def import_json(path: str | Path, db: str | Path, new_id: str | None = None) -> 
     with connect(db) as con:
         ensure_schema(con, str(db))
         con.execute("BEGIN TRANSACTION")
-        if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]:
+        if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]:
             con.execute("ROLLBACK")
             raise RunLogError(f"{db}: run '{run_id}' already exists; import it under "
                               "another id with --as NEW_ID")

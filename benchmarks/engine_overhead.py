@@ -1,0 +1,89 @@
+"""Engine overhead: node executions per second with the scripted backend at zero latency.
+
+Measures (1) the forward pass alone (no run log) and (2) whole optimization steps with the
+run log written, on the teaching diamond shape (three nodes feeding one).
+
+    .venv/bin/python benchmarks/engine_overhead.py [--examples 500] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.data.examples import Example  # noqa: E402
+from engine.forward import Prompts, RunContext, forward_pass  # noqa: E402
+from engine.graph import parse_graph  # noqa: E402
+from engine.llm.client import LLMClient  # noqa: E402
+from engine.llm.scripted import ScriptedBackend  # noqa: E402
+from engine.run import RunConfig, execute  # noqa: E402
+
+GRAPH = """
+name: overhead
+dataset: data.jsonl
+input_fields: [question]
+target_field: answer
+metric: numeric
+nodes:
+  - {id: a, prompt: Find the first quantity., inputs: [question]}
+  - {id: b, prompt: Find the second quantity., inputs: [question]}
+  - {id: c, prompt: Find the operation., inputs: [question]}
+  - {id: final, prompt: Solve the problem., inputs: [question, a, b, c], output: true}
+"""
+
+
+def examples(n: int) -> list[Example]:
+    return [Example(f"q{i}", {"question": f"Tom has {i} apples and buys {i + 3} more."},
+                    str(2 * i + 3)) for i in range(n)]
+
+
+async def forward_only(n: int) -> float:
+    graph = parse_graph(GRAPH)
+    client = LLMClient(forward_backend=ScriptedBackend(), forward_model="scripted",
+                       concurrency=16)
+    ctx = RunContext(graph, client, lambda event: None, "bench", 0)
+    started = time.perf_counter()
+    await forward_pass(ctx, Prompts.initial(graph), examples(n), "train")
+    return len(graph.nodes) * n / (time.perf_counter() - started)
+
+
+def full_run(n: int) -> tuple[float, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        graph = Path(tmp) / "graph.yaml"
+        graph.write_text(GRAPH)
+        with open(Path(tmp) / "data.jsonl", "w") as fh:
+            for ex in examples(2 * n):
+                fh.write(json.dumps({"id": ex.id, **ex.fields, "answer": ex.target}) + "\n")
+        config = RunConfig(graph=str(graph), backend="scripted", steps=2, train=n, val=n,
+                           db=str(Path(tmp) / "runs.duckdb"), cache="off")
+        started = time.perf_counter()
+        result = asyncio.run(execute(config))
+        elapsed = time.perf_counter() - started
+        activations = sum(1 for e in result.events.events if type(e).__name__ == "Activation")
+        return activations / elapsed, activations
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    rates = [asyncio.run(forward_only(args.examples)) for _ in range(args.repeats)]
+    print(f"forward pass only: {statistics.median(rates):,.0f} node executions/s "
+          f"(median of {args.repeats}, {4 * args.examples} activations each)")
+    rate, count = full_run(args.examples // 2)
+    print(f"full run with run log (2 steps, train=val={args.examples // 2}): "
+          f"{rate:,.0f} node executions/s ({count} activations, incl. backward, updates, "
+          "DuckDB writes)")
+
+
+if __name__ == "__main__":
+    main()
