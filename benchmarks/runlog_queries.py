@@ -147,18 +147,24 @@ def main() -> int:
                         help="smaller runs (a tenth of the steps) in the same file")
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--db", help="where to build the log (default: a temporary file)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="time the queries on an existing --db built by an earlier run")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(args.db or Path(tmp) / "bench.duckdb")
-        if db.exists():
-            db.unlink()
-        open_for_writing(db)
-        started = time.perf_counter()
-        for i in range(args.other_runs):
-            build(db, f"other-{i}", max(1, args.steps // 10), args.examples, args.nodes, i + 1)
-        writes = build(db, "bench", args.steps, args.examples, args.nodes, 0)
-        built = time.perf_counter() - started
+        if args.reuse and db.exists():
+            writes, built = [], 0.0
+        else:
+            if db.exists():
+                db.unlink()
+            open_for_writing(db)
+            started = time.perf_counter()
+            for i in range(args.other_runs):
+                build(db, f"other-{i}", max(1, args.steps // 10), args.examples, args.nodes,
+                      i + 1)
+            writes = build(db, "bench", args.steps, args.examples, args.nodes, 0)
+            built = time.perf_counter() - started
         with connect(db, read_only=True) as con:
             counts = {t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = 'bench'"
                                      ).fetchall()[0][0]
@@ -167,8 +173,10 @@ def main() -> int:
         print(f"log: {args.steps} steps x {args.examples} examples x {args.nodes} nodes; "
               + ", ".join(f"{t} {n}" for t, n in counts.items())
               + f"; {args.other_runs} other runs; file {size_mb:.0f} MB; built in {built:.1f} s")
-        print(f"write one step (one transaction, bulk): median "
-              f"{statistics.median(writes) * 1000:.1f} ms, worst {max(writes) * 1000:.1f} ms")
+        if writes:
+            print(f"write one step (one transaction, bulk): median "
+                  f"{statistics.median(writes) * 1000:.1f} ms, worst "
+                  f"{max(writes) * 1000:.1f} ms")
 
         middle = args.steps // 2
         queries = {

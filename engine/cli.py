@@ -246,21 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default="runs.duckdb")
     p.set_defaults(func=cmd_runs)
 
-    for register in _extensions():
-        register(sub)
+    from engine import experiment
+    from engine.runlog import export
+
+    export.register_cli(sub)
+    experiment.register_cli(sub)
     return parser
-
-
-def _extensions() -> list[Callable[[Any], None]]:
-    """Subcommands that live next to their code (export/import, experiment)."""
-    found = []
-    for module, name in (("engine.runlog.export", "register_cli"),
-                         ("engine.experiment", "register_cli")):
-        try:
-            found.append(getattr(__import__(module, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            continue
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,7 @@ from engine.data.examples import SplitError, Splits, split_examples
 from engine.events import CallRecord, StepFinished
 from engine.graph import Graph, GraphError, load_graph
 from engine.llm.base import LLMError
-from engine.methods import METHODS
+from engine.methods import METHODS, make_method
 from engine.run import RunConfig, RunResult, execute, load_splits, sizes
 from engine.runlog.schema import RunLogError
 
@@ -50,7 +50,7 @@ PLAN_KEYS = ("name", "description", "entries")
 ENTRY_KEYS = ("name", "description", "graph", "dataset", "test_dataset", "tasks", "methods",
               "variants", "steps", "train", "val", "test", "seeds", "failures", "update_mode",
               "gate", "paper")
-VARIANT_KEYS = ("name", "method", "update_mode", "gate")
+VARIANT_KEYS = ("name", "method", "update_mode", "gate", "options")
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 GROUPS = {"nlp": ("BBH NLP", BBH_NLP_TASKS), "algorithmic": ("BBH algorithmic",
                                                           BBH_ALGORITHMIC_TASKS)}
@@ -82,9 +82,11 @@ class Variant:
     method: str
     update_mode: str = "all"
     gate: bool = True
+    options: tuple[tuple[str, Any], ...] = ()  # method options, e.g. (("m0", 2),) for gtbp
 
     def describe(self) -> str:
-        flags = [self.method] + (["one prompt at a time"] if self.update_mode == "one" else []) \
+        flags = [self.method] + [f"{k}={v}" for k, v in self.options] \
+            + (["one prompt at a time"] if self.update_mode == "one" else []) \
             + ([] if self.gate else ["no gate"])
         return self.name if flags == [self.name] else f"{self.name} ({', '.join(flags)})"
 
@@ -176,6 +178,11 @@ def _parse_entry(item: Any, index: int, path: Path) -> Entry:
         if v.method not in METHODS:
             raise PlanError(f"{where}: unknown method '{v.method}' "
                             f"(known: {', '.join(sorted(METHODS))})")
+        try:
+            make_method(v.method, **dict(v.options))
+        except (TypeError, ValueError) as exc:
+            raise PlanError(f"{where}: variant '{v.name}': bad options for '{v.method}': "
+                            f"{exc}") from None
         if [w.name for w in variants].count(v.name) > 1:
             raise PlanError(f"{where}: variant or method '{v.name}' appears twice")
     tasks = item.get("tasks")
@@ -197,7 +204,10 @@ def _parse_entry(item: Any, index: int, path: Path) -> Entry:
         tasks=tuple(tasks) if tasks else None, steps=_count(item, "steps", where, 4),
         train=_count(item, "train", where), val=_count(item, "val", where),
         test=_count(item, "test", where), seeds=tuple(seeds),
-        failures=_count(item, "failures", where, 2) or 2, paper=_paper(item, where))
+        failures=_count(item, "failures", where, 2), paper=_paper(item, where))
+    if entry.failures < 1:
+        raise PlanError(f"{where}: 'failures' (examples back-propagated per step) must be "
+                        f"at least 1")
     _check_paper_labels(entry, where)
     return entry
 
@@ -210,9 +220,12 @@ def _parse_variant(item: Any, default: Variant, where: str) -> Variant:
         raise PlanError(f"{where}: variant name '{item['name']}' may only use letters, "
                         f"digits, _ and -")
     vwhere = f"{where}: variant '{item['name']}'"
+    options = item.get("options") or {}
+    if not isinstance(options, dict):
+        raise PlanError(f"{vwhere}: 'options' must map option names to values")
     return Variant(str(item["name"]), str(item["method"]),
                    _choice(item, "update_mode", ("all", "one"), default.update_mode, vwhere),
-                   _flag(item, "gate", default.gate, vwhere))
+                   _flag(item, "gate", default.gate, vwhere), tuple(sorted(options.items())))
 
 
 def _find_graph(text: str, plan_path: Path, where: str) -> str:
@@ -338,7 +351,7 @@ def prepare(cells: list[Cell], base: RunConfig) -> None:
                          train=entry.train, val=entry.val, test=0, seed=cell.seed,
                          dataset=dataset, failures_per_step=entry.failures,
                          gate=cell.variant.gate, update_mode=cell.variant.update_mode,
-                         method_options={}, run_id=None)
+                         method_options=dict(cell.variant.options), run_id=None)
         key = (entry.graph, dataset, entry.test_dataset, cell.seed, entry.train, entry.val,
                entry.test)
         try:
@@ -401,8 +414,9 @@ class Estimate:
 
 
 def backward_calls_per_example(graph: Graph, method: str) -> int:
-    """Backward calls for one example: one per LLM node with node inputs (semantic), one
-    per (node, input) pair (textgrad, no-sibling), none without gradients."""
+    """Backward calls for one example: one per (node, input) pair for textgrad and its
+    subclasses, none without gradients, else one per LLM node with node inputs (semantic;
+    an approximation for other methods such as gtbp)."""
     from engine.methods.textgrad import TextGrad
 
     cls = METHODS[method]
@@ -452,19 +466,23 @@ def estimate_table(cells: list[Cell], pending: list[Cell]) -> tuple[Table, Estim
         est = estimate_run(graph, cell.config, len(s.train), len(s.val), len(s.test),
                            resolved_models(cell.config), prices)
         per_entry.setdefault(cell.entry.name, Estimate()).add(est)
-    table = Table("entry", "runs to do", "already done", "forward calls", "optimizer calls",
-                  "tokens", "cost $", title="Estimate (upper bound; cached replies are free)")
+    table = Table("entry", "to run", "done", "forward calls", "optimizer calls", "tokens",
+                  "cost $", title="Estimate (upper bound; cached replies cost nothing)")
     total = Estimate()
     for name in dict.fromkeys(c.entry.name for c in cells):
         est = per_entry.get(name, Estimate())
         done = sum(1 for c in cells if c.entry.name == name and c.run_id)
         table.add_row(name, str(est.runs), str(done), f"{est.forward_calls:,}",
-                      f"{est.optimizer_calls:,}", f"{est.tokens:,}", _money(est.cost))
+                      f"{est.optimizer_calls:,}", _compact(est.tokens), _money(est.cost))
         total.add(est)
     table.add_row("total", str(total.runs), str(sum(1 for c in cells if c.run_id)),
                   f"{total.forward_calls:,}", f"{total.optimizer_calls:,}",
-                  f"{total.tokens:,}", _money(total.cost), style="bold")
+                  _compact(total.tokens), _money(total.cost), style="bold")
     return table, total
+
+
+def _compact(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e4 else str(n)
 
 
 def _money(value: float | None) -> str:
@@ -515,15 +533,8 @@ async def run_cell(cell: Cell, listeners: tuple) -> RunResult:
                      f".{secrets.token_hex(2)}")
     if not cell.entry.test_dataset:
         return await execute(config, listeners=listeners)
-    # execute() cuts train, validation and test from one dataset; a benchmark's own test
-    # split (GSM8K, LIAR) needs the splits prepared here, so this mirrors execute().
-    from engine import run as engine_run
-    from engine.runlog.writer import open_for_writing
-
-    graph = load_graph(config.graph)
-    open_for_writing(config.db)
-    return await engine_run._drive(config, graph, cell.splits, None, None, None, listeners,
-                                   new=True)
+    # a benchmark's own test split (GSM8K, LIAR): the cell prepared the splits
+    return await execute(config, listeners=listeners, splits=cell.splits)
 
 
 def run_cells(pending: list[Cell], console: Any) -> list[str]:
@@ -571,9 +582,9 @@ def run_cells(pending: list[Cell], console: Any) -> list[str]:
 
 # --- results --------------------------------------------------------------------------
 
-COLUMNS = ("entry", "level", "set", "variant", "method", "update_mode", "gate", "test_pct",
-           "paper_pct", "val_pct", "steps", "accepted_edits", "calls", "tokens", "cost_usd",
-           "runs_finished", "runs_planned", "run_ids")
+COLUMNS = ("entry", "level", "set", "variant", "method", "options", "update_mode", "gate",
+           "test_pct", "paper_pct", "val_pct", "steps", "accepted_edits", "calls", "tokens",
+           "cost_usd", "runs_finished", "runs_planned", "run_ids")
 
 
 def run_metrics(db: str, run_ids: list[str]) -> dict[str, dict]:
@@ -619,7 +630,8 @@ def _row(entry: Entry, level: str, label: str, variant: Variant, cells: list[Cel
                  "algorithmic": f"algorithmic/{variant.name}"}.get(level)
     return {
         "entry": entry.name, "level": level, "set": label, "variant": variant.name,
-        "method": variant.method, "update_mode": variant.update_mode, "gate": variant.gate,
+        "method": variant.method, "options": " ".join(f"{k}={v}" for k, v in variant.options),
+        "update_mode": variant.update_mode, "gate": variant.gate, "label": variant.describe(),
         "test_pct": _pct(_mean(scores if scores is not None else (m["test"] for m in found))),
         "paper_pct": entry.paper.get(paper_key) if paper_key else None,
         "val_pct": _pct(_mean(m["val"] for m in found)),
@@ -650,22 +662,27 @@ def result_rows(cells: list[Cell], metrics: dict[str, dict]) -> list[dict]:
                 label = entry.test_dataset or entry.dataset or "graph's dataset"
                 rows.append(_row(entry, "entry", label, variant, vcells, metrics))
                 continue
-            per_task = {}
-            for task in dict.fromkeys(c.task for c in vcells):
-                per_task[task] = _row(entry, "task", task, variant,
-                                      [c for c in vcells if c.task == task], metrics)
-                task_rows.append(per_task[task])
+            per_task = {t: [c for c in vcells if c.task == t]
+                        for t in dict.fromkeys(c.task for c in vcells)}
+            task_rows += [_row(entry, "task", t, variant, tc, metrics)
+                          for t, tc in per_task.items()]
             grouped = {g: [t for t in per_task if t in names] for g, (_, names) in GROUPS.items()}
             grouped["other"] = [t for t in per_task
                                 if not any(t in ts for ts in grouped.values())]
             for group, tasks in grouped.items():
-                if tasks:
-                    title = GROUPS[group][0] if group in GROUPS else "BBH other"
-                    scores = [None if per_task[t]["test_pct"] is None
-                              else per_task[t]["test_pct"] / 100 for t in tasks]
-                    rows.append(_row(entry, group, f"{title} ({len(tasks)} tasks)", variant,
-                                     [c for c in vcells if c.task in tasks], metrics, scores))
+                if not tasks:
+                    continue
+                title = GROUPS[group][0] if group in GROUPS else "BBH other"
+                scores = [_mean(metrics[c.run_id]["test"] for c in per_task[t]
+                                if c.run_id in metrics) for t in tasks]
+                rows.append(_row(entry, group, f"{title} ({_plural(len(tasks), 'task')})",
+                                 variant, [c for t in tasks for c in per_task[t]], metrics,
+                                 scores))
     return rows + task_rows
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def write_results(out_dir: Path, plan: Plan, rows: list[dict], metrics: dict[str, dict],
@@ -673,7 +690,7 @@ def write_results(out_dir: Path, plan: Plan, rows: list[dict], metrics: dict[str
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "results.csv", out_dir / "results.md"
     with csv_path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
     md_path.write_text(results_markdown(plan, rows, metrics, db), encoding="utf-8")
@@ -702,13 +719,12 @@ def _md_table(rows: list[dict], group_ids: bool) -> list[str]:
             "calls", "tokens", "cost $", "runs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        variant = Variant(r["variant"], r["method"], r["update_mode"], r["gate"]).describe()
         done = f"{r['runs_finished']}/{r['runs_planned']}"
         runs = r["run_ids"] if r["runs_planned"] == 1 or not group_ids else \
             f"{done} (ids in results.csv)"
         if r["runs_finished"] < r["runs_planned"] and r["runs_planned"] == 1:
             runs = "not run"
-        cells = [r["entry"], r["set"], variant, _num(r["test_pct"]), _num(r["paper_pct"]),
+        cells = [r["entry"], r["set"], r["label"], _num(r["test_pct"]), _num(r["paper_pct"]),
                  _num(r["val_pct"]), _num(r["steps"]), str(r["accepted_edits"]),
                  f"{r['calls']:,}", f"{r['tokens']:,}",
                  "" if r["cost_usd"] is None else f"{r['cost_usd']:.2f}", runs]

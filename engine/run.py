@@ -149,11 +149,21 @@ def _example_rows(run_id: str, splits: Splits) -> list[dict]:
 
 async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
                   optimizer_backend: Backend | None = None,
-                  listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
-    """Validate, load, and run an optimization, logging every event to `config.db`."""
+                  listeners: tuple[Callable[[Any], None], ...] = (),
+                  splits: Splits | None = None) -> RunResult:
+    """Validate, load, and run an optimization, logging every event to `config.db`.
+
+    `splits` replaces the seeded cut of the graph's dataset, for benchmarks with a test
+    split of their own (GSM8K, LIAR); it must be disjoint, which is checked."""
     graph = load_graph(config.graph)
     make_method(config.method, **config.method_options)  # fail fast on a bad method
-    splits = load_splits(config, graph)
+    if splits is None:
+        splits = load_splits(config, graph)
+    else:
+        ids = [e.id for part in (splits.train, splits.val, splits.test) for e in part]
+        if len(ids) != len(set(ids)):
+            raise ValueError("the given splits share examples; train, val and test must be "
+                             "disjoint")
     if config.gate and config.steps > 0 and not splits.val:
         raise ValueError("the validation gate needs validation examples: set --val above 0 "
                          "or pass --no-gate")

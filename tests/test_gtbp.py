@@ -321,8 +321,8 @@ def test_claim_budget_is_enforced_each_step(tmp_path):
 
 
 def test_default_scripted_replies_are_well_formed_and_deterministic(tmp_path):
-    _, db1 = _run(tmp_path, FAN_OUT, responder=None, steps=3, db="a.duckdb", cache="readwrite")
-    _, db2 = _run(tmp_path, FAN_OUT, responder=None, steps=3, db="b.duckdb", cache="readwrite")
+    _, db1 = _run(tmp_path, FAN_OUT, responder=None, steps=2, db="a.duckdb", cache="readwrite")
+    _, db2 = _run(tmp_path, FAN_OUT, responder=None, steps=2, db="b.duckdb", cache="readwrite")
     grads = _gradients(db1)
     assert grads == _gradients(db2)
     assert {r[4] for r in grads} == {"target", "aggregate", "inferred_input"}

@@ -84,3 +84,186 @@ def token_totals(db: str | Path, run_id: str) -> pd.DataFrame:
                avg(latency_ms) AS mean_latency_ms
         FROM llm_calls WHERE run_id = ?
         GROUP BY ALL ORDER BY node_id, purpose""", [run_id])
+
+
+# --- queries the dashboard pages need ---------------------------------------------------
+# Each takes the database path (never a connection, so callers may cache on it) and
+# filters in the database: pages receive only the rows they show.
+
+
+def run_record(db: str | Path, run_id: str) -> dict | None:
+    """The run's row (graph YAML and config included), or None when there is no such run."""
+    frame = query(db, "SELECT * FROM runs WHERE run_id = ?", [run_id])
+    return None if frame.empty else frame.iloc[0].to_dict()
+
+
+def step_examples(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
+    """Examples evaluated at `step` with their score and how many gradients they received.
+
+    Back-propagated examples come first, then train before val, then dataset order."""
+    return query(db, """
+        SELECT l.example_id, l.split, l.score, l.prediction, l.target, l.error,
+               coalesce(g.gradients, 0) AS gradients, e.position
+        FROM losses l
+        LEFT JOIN (SELECT example_id, count(*) AS gradients FROM gradients
+                   WHERE run_id = ? AND step = ? AND kind = 'gradient'
+                   GROUP BY example_id) g USING (example_id)
+        LEFT JOIN (SELECT example_id, min(position) AS position FROM examples
+                   WHERE run_id = ? GROUP BY example_id) e USING (example_id)
+        WHERE l.run_id = ? AND l.step = ?
+        ORDER BY (coalesce(g.gradients, 0) = 0), (l.split <> 'train'), e.position,
+                 l.example_id""", [run_id, step, run_id, run_id, step])
+
+
+def node_step_stats(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
+    """Per node at one step: share of failing train examples, mean length of the
+    aggregated gradient, the fate of its proposed edit, and its calls and tokens.
+
+    edit: 'accepted', 'rejected' (changed but the gate said no), 'unchanged' (the update
+    call kept the prompt) or NULL (no update call at this step)."""
+    return query(db, """
+        WITH acts AS (
+            SELECT a.node_id, a.split, a.error, l.score
+            FROM node_outputs a
+            LEFT JOIN losses l ON l.run_id = a.run_id AND l.step = a.step
+                 AND l.split = a.split AND l.example_id = a.example_id
+            WHERE a.run_id = ? AND a.step = ?),
+        chosen AS (  -- train examples when the step has any, else every split
+            SELECT * FROM acts
+            WHERE split = 'train' OR NOT EXISTS (SELECT 1 FROM acts WHERE split = 'train')),
+        fail AS (
+            SELECT node_id, count(*) AS activations,
+                   avg(CASE WHEN error IS NOT NULL OR coalesce(score, 0) < 1 THEN 1.0
+                            ELSE 0.0 END) AS fail_share,
+                   count(error) AS errors
+            FROM chosen GROUP BY node_id),
+        grads AS (
+            SELECT node_id,
+                   avg(length(content)) FILTER (WHERE kind = 'aggregate' AND content <> '')
+                       AS grad_chars,
+                   count(*) FILTER (WHERE kind = 'gradient') AS gradients
+            FROM gradients WHERE run_id = ? AND step = ? GROUP BY node_id),
+        edits AS (
+            SELECT node_id,
+                   CASE WHEN bool_or(accepted) THEN 'accepted'
+                        WHEN bool_or(new_prompt <> old_prompt) THEN 'rejected'
+                        ELSE 'unchanged' END AS edit
+            FROM updates WHERE run_id = ? AND step = ? GROUP BY node_id),
+        calls AS (
+            SELECT node_id, count(*) AS calls,
+                   sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd
+            FROM llm_calls WHERE run_id = ? AND step = ? AND node_id IS NOT NULL
+            GROUP BY node_id)
+        SELECT node_id, f.activations, f.fail_share, f.errors, g.grad_chars,
+               coalesce(g.gradients, 0) AS gradients, e.edit,
+               coalesce(c.calls, 0) AS calls, coalesce(c.tokens, 0) AS tokens, c.cost_usd
+        FROM fail f
+        FULL JOIN grads g USING (node_id)
+        FULL JOIN edits e USING (node_id)
+        FULL JOIN calls c USING (node_id)
+        ORDER BY node_id""", [run_id, step] * 4)
+
+
+def gradient_flows(db: str | Path, run_id: str, step: int, example_id: str | None = None
+                   ) -> pd.DataFrame:
+    """Which gradients flowed at a step: one row per (from_node_id -> node_id) with the
+    number of messages and their mean length; one example's flows when given."""
+    where = "run_id = ? AND step = ? AND kind = 'gradient' AND from_node_id IS NOT NULL"
+    params: list = [run_id, step]
+    if example_id is not None:
+        where += " AND example_id = ?"
+        params.append(example_id)
+    return query(db, f"""
+        SELECT from_node_id, node_id, count(*) AS messages,
+               avg(length(content)) AS mean_chars
+        FROM gradients WHERE {where}
+        GROUP BY from_node_id, node_id ORDER BY from_node_id, node_id""", params)
+
+
+def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: str
+              ) -> dict[str, pd.DataFrame]:
+    """Everything about one node for one example at one step, in one connection.
+
+    activation: the node's activation joined with its forward call (messages, tokens,
+    latency, cost, cache hit) and the prompt text of the version it ran with.
+    received: gradients rows for the node (every kind), each joined with the call that
+    produced it (the exact backward prompt and reply).
+    sent: gradients the node's own backward call wrote for its predecessors.
+    update: the update proposed for the node at this step, with its call.
+    loss: the example's loss rows at this step."""
+    key = [run_id, step, example_id]
+    with connect(db, read_only=True) as con:
+        return {
+            "activation": con.execute("""
+                SELECT a.*, p.prompt, c.messages, c.response, c.prompt_tokens,
+                       c.completion_tokens, c.latency_ms, c.cost_usd, c.cache_hit,
+                       c.retries, c.model
+                FROM node_outputs a
+                LEFT JOIN prompt_versions p ON p.run_id = a.run_id
+                     AND p.node_id = a.node_id AND p.version = a.prompt_version
+                LEFT JOIN llm_calls c ON c.call_id = a.call_id
+                WHERE a.run_id = ? AND a.step = ? AND a.example_id = ? AND a.node_id = ?
+                ORDER BY (a.split <> 'train'), a.split LIMIT 1""", [*key, node_id]).df(),
+            "received": con.execute("""
+                SELECT g.from_node_id, g.kind, g.method, g.content, g.parse_error, g.call_id,
+                       c.node_id AS call_node_id, c.purpose, c.messages, c.response,
+                       c.prompt_tokens, c.completion_tokens, c.latency_ms, c.cost_usd,
+                       c.cache_hit
+                FROM gradients g LEFT JOIN llm_calls c ON c.call_id = g.call_id
+                WHERE g.run_id = ? AND g.step = ? AND g.example_id = ? AND g.node_id = ?
+                ORDER BY CASE g.kind WHEN 'gradient' THEN 0 WHEN 'aggregate' THEN 1
+                              WHEN 'target' THEN 2 ELSE 3 END, g.from_node_id""",
+                [*key, node_id]).df(),
+            "sent": con.execute("""
+                SELECT g.node_id, g.kind, g.content, g.parse_error, g.call_id,
+                       c.messages, c.response
+                FROM gradients g LEFT JOIN llm_calls c ON c.call_id = g.call_id
+                WHERE g.run_id = ? AND g.step = ? AND g.example_id = ?
+                  AND g.from_node_id = ? ORDER BY g.node_id""", [*key, node_id]).df(),
+            "update": con.execute("""
+                SELECT u.*, c.messages, c.response AS call_response, c.prompt_tokens,
+                       c.completion_tokens, c.latency_ms, c.cost_usd, c.cache_hit
+                FROM updates u LEFT JOIN llm_calls c ON c.call_id = u.call_id
+                WHERE u.run_id = ? AND u.step = ? AND u.node_id = ?""",
+                [run_id, step, node_id]).df(),
+            "loss": con.execute("""
+                SELECT * FROM losses WHERE run_id = ? AND step = ? AND example_id = ?
+                ORDER BY (split <> 'train'), split""", key).df(),
+        }
+
+
+def step_updates(db: str | Path, run_id: str, step: int | None = None) -> pd.DataFrame:
+    """Proposed updates (one row per node and step), oldest first."""
+    where, params = "run_id = ?", [run_id]
+    if step is not None:
+        where += " AND step = ?"
+        params.append(step)
+    return query(db, f"""
+        SELECT step, node_id, old_prompt, new_prompt, accepted, val_before, val_after,
+               parse_error, reasoning, call_id
+        FROM updates WHERE {where} ORDER BY step, node_id""", params)
+
+
+def prompt_history(db: str | Path, run_id: str) -> pd.DataFrame:
+    """Every prompt version of every node: (node_id, version, prompt, step, accepted)."""
+    return query(db, """
+        SELECT node_id, version, prompt, step, accepted FROM prompt_versions
+        WHERE run_id = ? ORDER BY node_id, version""", [run_id])
+
+
+def example_gradients(db: str | Path, run_id: str, step: int, example_id: str
+                      ) -> pd.DataFrame:
+    """One example's gradients at one step (every kind), for side-by-side comparison."""
+    return query(db, """
+        SELECT node_id, from_node_id, kind, content, method FROM gradients
+        WHERE run_id = ? AND step = ? AND example_id = ?
+        ORDER BY node_id, CASE kind WHEN 'gradient' THEN 0 WHEN 'aggregate' THEN 1
+                                    ELSE 2 END, from_node_id""", [run_id, step, example_id])
+
+
+def step_totals(db: str | Path, run_id: str) -> pd.DataFrame:
+    """Calls, tokens and cost per step and phase (purpose)."""
+    return query(db, """
+        SELECT step, purpose, count(*) AS calls,
+               sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd
+        FROM llm_calls WHERE run_id = ? GROUP BY ALL ORDER BY step, purpose""", [run_id])

@@ -1,0 +1,132 @@
+"""Entry point of the dashboard: navigation and the selectors every page shares.
+
+    streamlit run dashboard/app.py
+
+The sidebar chooses the run log (default `runs.duckdb` in the working directory, or
+$SEMBACK_DB), the run, the step, the example and the node. The last four are bound to
+the query parameters `run`, `step`, `example` and `node`, so a URL such as
+`/inspect?run=R&step=1&example=E&node=N` opens that exact view. Pages read the choice
+with `dashboard.pages.selection()`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `streamlit run` puts only dashboard/ on the path
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from dashboard import data  # noqa: E402
+from dashboard.pages import NODE_KEY, SELECTION_KEY, Selection, md  # noqa: E402
+
+PAGES = [
+    st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs",
+            default=True),
+    st.Page("pages/graph.py", title="Graph", icon=":material/account_tree:", url_path="graph"),
+    st.Page("pages/step.py", title="Step through", icon=":material/footprint:",
+            url_path="step"),
+    st.Page("pages/inspect.py", title="Node inspector", icon=":material/search:",
+            url_path="inspect"),
+    st.Page("pages/curves.py", title="Curves", icon=":material/show_chart:", url_path="curves"),
+    st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:",
+            url_path="compare"),
+    st.Page("pages/learn.py", title="Learn", icon=":material/school:", url_path="learn"),
+]
+
+
+def default_db() -> str:
+    return os.environ.get("SEMBACK_DB") or "runs.duckdb"
+
+
+def keep_valid(key: str, options: list, default, cast=str) -> None:
+    """Before a picker bound to a query parameter is drawn: keep its value when still
+    valid, else take the URL's value (first load of a deep link), else `default`."""
+    if st.session_state.get(key) in options:
+        return
+    wanted = st.query_params.get(key)
+    try:
+        wanted = cast(wanted) if wanted is not None else None
+    except (TypeError, ValueError):
+        wanted = None
+    st.session_state[key] = wanted if wanted in options else default
+
+
+def default_step(steps: pd.DataFrame, db: str, run: str) -> int | None:
+    """The latest step that back-propagated something, else the latest step."""
+    if steps.empty:
+        return None
+    with_edits = steps[steps["proposed"] > 0]
+    return int((with_edits if not with_edits.empty else steps)["step"].iloc[-1])
+
+
+def sidebar() -> Selection:
+    db = st.text_input("Run log (DuckDB file)", value=default_db(), key="db",
+                       help="Default: runs.duckdb in the working directory, or $SEMBACK_DB")
+    try:
+        runs = data.runs(db)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file: say so in one line
+        st.error(f"Cannot read {db}: {exc}")
+        return Selection(db=db)
+    run_ids = list(runs["run_id"])
+    if not run_ids:
+        st.caption("No runs in this run log yet.")
+        return Selection(db=db)
+    keep_valid("run", run_ids, run_ids[0])
+    run = st.selectbox("Run", run_ids, index=None, key="run", bind="query-params")
+    if run is None:
+        return Selection(db=db)
+    row = runs[runs["run_id"] == run].iloc[0]
+    st.caption(f"{md(row['graph_name'])} · {md(row['method'])} · **{md(row['status'])}**")
+    steps = data.steps(db, run)
+    step_ids = [int(s) for s in steps["step"]]
+    step = example = node = None
+    if step_ids:
+        keep_valid("step", step_ids, default_step(steps, db, run), int)
+        step = st.selectbox("Step", step_ids, index=None, key="step", bind="query-params")
+    if step is not None:
+        examples = data.step_examples(db, run, step)
+        example_ids = list(dict.fromkeys(examples["example_id"]))
+        if example_ids:
+            keep_valid("example", example_ids, example_ids[0])
+            example = st.selectbox("Example", example_ids, index=None, key="example",
+                                   bind="query-params",
+                                   help="Back-propagated examples first, then train, val")
+            match = examples[examples["example_id"] == example]
+            if not match.empty:
+                r = match.iloc[0]
+                st.caption(f"{md(r['split'])} · score {r['score']:.2f} · "
+                           f"{int(r['gradients'])} gradients")
+    graph = data.graph(db, run)
+    if graph is not None:
+        order = list(graph.model.order)
+        keep_valid(NODE_KEY, order, graph.model.output)
+        node = st.selectbox("Node", order, index=None, key=NODE_KEY, bind="query-params",
+                            help="Also set by clicking the node chart on the Graph page")
+        st.session_state["selected_node"] = node
+    if row["status"] == "running":
+        live_refresh(db, data.stamp(db))
+    return Selection(db=db, run=run, step=step, example=example, node=node,
+                     status=row["status"], method=row["method"])
+
+
+@st.fragment(run_every=2.0)
+def live_refresh(db: str, seen: tuple) -> None:
+    """While the selected run is running: rerun the whole app when the run log changes
+    (the engine writes one transaction per step)."""
+    if data.stamp(db) != seen:
+        st.rerun(scope="app")
+    st.caption(":material/sync: live: this view refreshes as steps are written")
+
+
+st.set_page_config(page_title="Semantic backprop workbench", page_icon=":material/hub:",
+                   layout="wide")
+navigation = st.navigation(PAGES)
+with st.sidebar:
+    st.session_state[SELECTION_KEY] = sidebar()
+navigation.run()

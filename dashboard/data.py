@@ -1,0 +1,210 @@
+"""Cached access to the run log for the pages (pages write no SQL).
+
+Every cached function takes the database path, the run, and the file's stamp (mtime and
+size of the database and its WAL) as arguments, never a connection: a new write changes
+the stamp, so a live run is re-read, and an unchanged file is served from memory. The
+reader underneath opens short-lived read-only connections that retry while the engine
+holds the write lock.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.views import graph_html as gh
+from engine.runlog import reader
+
+Stamp = tuple[int, ...]
+_CACHE = dict(show_spinner=False, max_entries=256, ttl=3600)
+
+
+def stamp(db: str) -> Stamp:
+    """Changes whenever the engine writes: (mtime_ns, size) of the file and its WAL."""
+    out: list[int] = []
+    for path in (Path(db), Path(f"{db}.wal")):
+        try:
+            info = path.stat()
+            out += [info.st_mtime_ns, info.st_size]
+        except OSError:
+            out += [0, 0]
+    return tuple(out)
+
+
+def exists(db: str) -> bool:
+    return bool(db) and os.path.isfile(db)
+
+
+@dataclass(frozen=True)
+class RunGraph:
+    model: gh.GraphModel
+    trainable: tuple[str, ...]
+    description: str
+    metric: str
+    prompts: tuple[tuple[str, str], ...]  # initial prompt per node
+
+
+# --- cached queries ---------------------------------------------------------------------
+
+
+@st.cache_data(**_CACHE)
+def _runs(db: str, version: Stamp) -> pd.DataFrame:
+    return reader.list_runs(db)
+
+
+def runs(db: str) -> pd.DataFrame:
+    """One row per run (see reader.list_runs); empty when the file does not exist yet."""
+    if not exists(db):
+        return pd.DataFrame(columns=["run_id", "graph_name", "method", "status"])
+    return _runs(db, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _run(db: str, run_id: str, version: Stamp) -> dict | None:
+    return reader.run_record(db, run_id)
+
+
+def run(db: str, run_id: str) -> dict | None:
+    return _run(db, run_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _graph(db: str, run_id: str, version: Stamp) -> RunGraph | None:
+    from engine.graph import parse_graph
+
+    record = reader.run_record(db, run_id)
+    if record is None or not record.get("graph_yaml"):
+        return None
+    graph = parse_graph(record["graph_yaml"], f"<run {run_id}>")
+    return RunGraph(gh.GraphModel.from_graph(graph), tuple(graph.trainable_nodes),
+                    graph.description, graph.metric, tuple((n.id, n.prompt) for n in graph.nodes))
+
+
+def graph(db: str, run_id: str) -> RunGraph | None:
+    """The run's graph as logged when it started (not the file on disk today)."""
+    return _graph(db, run_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _steps(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+    return reader.step_table(db, run_id)
+
+
+def steps(db: str, run_id: str) -> pd.DataFrame:
+    return _steps(db, run_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _step_examples(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
+    return reader.step_examples(db, run_id, step)
+
+
+def step_examples(db: str, run_id: str, step: int) -> pd.DataFrame:
+    return _step_examples(db, run_id, int(step), stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _node_stats(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
+    return reader.node_step_stats(db, run_id, step)
+
+
+def node_stats(db: str, run_id: str, step: int) -> pd.DataFrame:
+    return _node_stats(db, run_id, int(step), stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _flows(db: str, run_id: str, step: int, example_id: str | None, version: Stamp
+           ) -> pd.DataFrame:
+    return reader.gradient_flows(db, run_id, step, example_id)
+
+
+def flows(db: str, run_id: str, step: int, example_id: str | None = None) -> pd.DataFrame:
+    return _flows(db, run_id, int(step), example_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _node_view(db: str, run_id: str, step: int, example_id: str, node_id: str,
+               version: Stamp) -> dict[str, pd.DataFrame]:
+    return reader.node_view(db, run_id, step, example_id, node_id)
+
+
+def node_view(db: str, run_id: str, step: int, example_id: str, node_id: str
+              ) -> dict[str, pd.DataFrame]:
+    return _node_view(db, run_id, int(step), example_id, node_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _example_trace(db: str, run_id: str, step: int, example_id: str, version: Stamp
+                   ) -> dict[str, pd.DataFrame]:
+    return reader.example_trace(db, run_id, step, example_id)
+
+
+def example_trace(db: str, run_id: str, step: int, example_id: str) -> dict[str, pd.DataFrame]:
+    return _example_trace(db, run_id, int(step), example_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _updates(db: str, run_id: str, step: int | None, version: Stamp) -> pd.DataFrame:
+    return reader.step_updates(db, run_id, step)
+
+
+def updates(db: str, run_id: str, step: int | None = None) -> pd.DataFrame:
+    return _updates(db, run_id, None if step is None else int(step), stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _prompt_history(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+    return reader.prompt_history(db, run_id)
+
+
+def prompt_history(db: str, run_id: str) -> pd.DataFrame:
+    return _prompt_history(db, run_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _example_gradients(db: str, run_id: str, step: int, example_id: str, version: Stamp
+                       ) -> pd.DataFrame:
+    return reader.example_gradients(db, run_id, step, example_id)
+
+
+def example_gradients(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
+    return _example_gradients(db, run_id, int(step), example_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _token_totals(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+    return reader.token_totals(db, run_id)
+
+
+def token_totals(db: str, run_id: str) -> pd.DataFrame:
+    return _token_totals(db, run_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _step_totals(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+    return reader.step_totals(db, run_id)
+
+
+def step_totals(db: str, run_id: str) -> pd.DataFrame:
+    return _step_totals(db, run_id, stamp(db))
+
+
+# --- derived values ---------------------------------------------------------------------
+
+
+def current_prompts(db: str, run_id: str) -> dict[str, str]:
+    """Each node's latest accepted prompt (the initial one when no edit was accepted)."""
+    history = prompt_history(db, run_id)
+    accepted = history[history["accepted"].fillna(False).astype(bool)]
+    latest = accepted.sort_values("version").groupby("node_id").tail(1)
+    return dict(zip(latest["node_id"], latest["prompt"]))
+
+
+@st.cache_data(show_spinner=False, max_entries=48)
+def graph_page(model: gh.GraphModel, deco: gh.Decoration) -> str:
+    """The pyvis HTML (about 0.7 MB with vis-network inlined), cached per drawing."""
+    return gh.graph_html(model, deco)

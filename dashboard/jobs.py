@@ -1,0 +1,208 @@
+"""Background runs: each is a `python -m engine run ...` subprocess with its own log file.
+
+Streamlit must not run the engine in its own threads, so the dashboard starts a process,
+watches the run log it writes (steps appear one transaction at a time) and its log
+file, and stops it with SIGTERM (the engine then marks the run 'stopped'). A small JSON
+record per job, kept next to its log, lets a reloaded page or a restarted server find
+the jobs again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_GRAPH = ROOT / "sample_graphs" / "demo.yaml"
+# Sized so the demo finishes in under two minutes on two cores with the embedded model.
+DEMO_OPTIONS = {"backend": "local", "steps": 2, "train": 4, "val": 4, "test": 0}
+_PROCESSES: dict[int, subprocess.Popen] = {}  # children of this server, to reap them
+
+
+@dataclass
+class RunSpec:
+    """What the New run form asks for; maps one-to-one onto `python -m engine run` flags."""
+
+    graph: str
+    db: str
+    method: str = "semantic"
+    backend: str = "scripted"
+    model: str | None = None
+    optimizer_model: str | None = None
+    steps: int = 4
+    train: int | None = None
+    val: int | None = None
+    test: int | None = None
+    seed: int = 0
+    dataset: str | None = None
+    run_id: str | None = None
+    extra: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Job:
+    run_id: str
+    db: str
+    pid: int
+    log: str
+    command: list[str]
+    started_at: float
+    steps: int
+    returncode: int | None = None
+    stopped: bool = False
+
+    @property
+    def record(self) -> Path:
+        return Path(self.log).with_suffix(".json")
+
+
+def jobs_dir(db: str | Path) -> Path:
+    """Where the jobs of one run log keep their logs (outside the working tree)."""
+    base = Path(os.environ.get("SEMBACK_JOBS_DIR") or Path(tempfile.gettempdir()) / "semback-jobs")
+    digest = hashlib.sha256(str(Path(db).resolve()).encode()).hexdigest()[:12]
+    folder = base / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def new_run_id(graph_name: str, method: str) -> str:
+    return f"{graph_name}-{method}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def build_command(spec: RunSpec) -> list[str]:
+    """The engine command line for a spec (run id included)."""
+    cmd = [sys.executable, "-m", "engine", "run", str(spec.graph), "--db", str(spec.db),
+           "--method", spec.method, "--backend", spec.backend, "--steps", str(spec.steps),
+           "--seed", str(spec.seed)]
+    for flag, value in (("--model", spec.model), ("--optimizer-model", spec.optimizer_model),
+                        ("--train", spec.train), ("--val", spec.val), ("--test", spec.test),
+                        ("--dataset", spec.dataset), ("--run-id", spec.run_id)):
+        if value not in (None, ""):
+            cmd += [flag, str(value)]
+    return cmd + list(spec.extra)
+
+
+def start(spec: RunSpec) -> Job:
+    """Validate the graph, then start the run in a new process group. Raises
+    engine.graph.GraphError for a bad graph file."""
+    from engine.graph import load_graph
+
+    graph = load_graph(spec.graph)
+    spec.run_id = spec.run_id or new_run_id(graph.name, spec.method)
+    spec.db = str(Path(spec.db).resolve())
+    folder = jobs_dir(spec.db)
+    log_path = folder / f"{spec.run_id}.log"
+    cmd = build_command(spec)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    _PROCESSES[proc.pid] = proc
+    job = Job(spec.run_id, spec.db, proc.pid, str(log_path), cmd, time.time(), spec.steps)
+    _save(job)
+    return job
+
+
+def _save(job: Job) -> None:
+    job.record.write_text(json.dumps(asdict(job)), encoding="utf-8")
+
+
+def list_jobs(db: str | Path) -> list[Job]:
+    """Jobs started for this run log, newest first, with their exit codes refreshed."""
+    jobs = []
+    for record in jobs_dir(db).glob("*.json"):
+        try:
+            job = Job(**json.loads(record.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            continue
+        poll(job)
+        jobs.append(job)
+    return sorted(jobs, key=lambda j: j.started_at, reverse=True)
+
+
+def find(db: str | Path, run_id: str) -> Job | None:
+    return next((j for j in list_jobs(db) if j.run_id == run_id), None)
+
+
+def poll(job: Job) -> bool:
+    """True while the job's process runs; records its exit code once it has ended."""
+    if job.returncode is not None:
+        return False
+    proc = _PROCESSES.get(job.pid)
+    if proc is not None:
+        code = proc.poll()
+        if code is None:
+            return True
+        _PROCESSES.pop(job.pid, None)
+    elif _alive(job.pid):
+        return True
+    else:
+        code = -1  # ended while no one of this process watched it: exit code unknown
+    job.returncode = code
+    _save(job)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def stop(job: Job) -> None:
+    """Ask the engine to stop (SIGTERM): it finishes no further step and marks the run
+    'stopped' in the run log."""
+    if poll(job):
+        try:
+            os.kill(job.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        job.stopped = True
+        _save(job)
+
+
+def wait(job: Job, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for the job to end; True when it has."""
+    deadline = time.monotonic() + timeout
+    while poll(job):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def log_tail(job: Job, lines: int = 15) -> str:
+    try:
+        text = Path(job.log).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    # rich redraws its progress bar with carriage returns: keep the last state of a line
+    rows = [row.rsplit("\r", 1)[-1] for row in text.splitlines()]
+    return "\n".join(rows[-lines:])
+
+
+def forget(job: Job) -> None:
+    """Remove a finished job's record and log."""
+    if not poll(job):
+        for path in (job.record, Path(job.log)):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,210 @@
+"""Helpers the pages share: the selection made in the sidebar, safe text display, the
+clickable node chart and the graph fragment.
+
+Model-produced text is shown with `st.code` (plain text) or, for diffs, as HTML built by
+`dashboard.views.diff`, which escapes every piece; never through Markdown, which would
+follow links and load images from a reply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data
+from dashboard.views import graph_html as gh
+from dashboard.views.colors import color_nodes
+from dashboard.views.diff import diff_html
+from dashboard.views.figures import node_chart
+
+SELECTION_KEY = "_selection"
+NODE_KEY = "node"  # the sidebar node picker, bound to the `node` query parameter
+COLLAPSE_AT = 400  # characters: longer texts start collapsed
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the sidebar selectors (in app.py) chose for this script run."""
+
+    db: str
+    run: str | None = None
+    step: int | None = None
+    example: str | None = None
+    node: str | None = None
+    status: str | None = None
+    method: str | None = None
+
+    def link(self, **override) -> dict[str, str]:
+        """Query parameters that reopen this exact view (for st.page_link)."""
+        values = {"run": self.run, "step": self.step, "example": self.example,
+                  "node": self.node, **override}
+        return {k: str(v) for k, v in values.items() if v is not None}
+
+
+def selection() -> Selection:
+    sel = st.session_state.get(SELECTION_KEY)
+    return sel if isinstance(sel, Selection) else Selection(db="runs.duckdb")
+
+
+def need_run(sel: Selection) -> data.RunGraph:
+    """The selected run's graph, or a hint and st.stop() when no run is selected."""
+    if not sel.run:
+        st.info("No run selected. Start one on the Runs page, or pick a run log in the "
+                "sidebar.")
+        st.page_link("pages/runs.py", label="Go to Runs", icon=":material/table:")
+        st.stop()
+    graph = data.graph(sel.db, sel.run)
+    if graph is None:
+        st.error(f"Run {sel.run!r} has no graph in the run log.")
+        st.stop()
+    return graph
+
+
+def need_step(sel: Selection) -> int:
+    if sel.step is None:
+        st.info("This run has no completed step yet; the page fills in as soon as step 0 "
+                "is written.")
+        st.stop()
+    return sel.step
+
+
+def md(text: object) -> str:
+    """Escape a value for use inside Markdown (no links, images or emphasis)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~])", r"\\\1", str(text))
+
+
+def set_node(node: str | None) -> None:
+    """Select a node: the one place that writes the shared `selected_node`."""
+    if node:
+        st.session_state[NODE_KEY] = node
+        st.session_state["selected_node"] = node
+
+
+# --- text --------------------------------------------------------------------------------
+
+
+def show_text(label: str, text: object, *, collapse_at: int = COLLAPSE_AT,
+              expanded: bool = False) -> None:
+    """Show a text as plain text; long ones collapsed behind an expander."""
+    value = "" if text is None or (isinstance(text, float) and pd.isna(text)) else str(text)
+    if not value:
+        st.caption(f"{label}: (empty)")
+        return
+    if len(value) <= collapse_at:
+        st.caption(label)
+        st.code(value, language=None, wrap_lines=True)
+        return
+    with st.expander(f"{label} · {len(value):,} characters", expanded=expanded):
+        st.code(value, language=None, wrap_lines=True)
+
+
+def show_messages(label: str, messages_json: object, *, expanded: bool = False) -> None:
+    """Chat-style rendering of a call's messages (the JSON list of {role, content})."""
+    try:
+        messages = json.loads(messages_json) if isinstance(messages_json, str) else []
+    except ValueError:
+        messages = []
+    if not messages:
+        st.caption(f"{label}: not recorded")
+        return
+    total = sum(len(str(m.get("content", ""))) for m in messages)
+    with st.expander(f"{label} · {len(messages)} messages, {total:,} characters",
+                     expanded=expanded):
+        for message in messages:
+            role = str(message.get("role", "user"))
+            with st.chat_message("assistant" if role == "assistant" else
+                                 "user" if role == "user" else "ai",
+                                 avatar=":material/settings:" if role == "system" else None):
+                st.caption(role)
+                st.code(str(message.get("content", "")), language=None, wrap_lines=True)
+
+
+def show_diff(old: str, new: str, *, only_changes: bool = False) -> None:
+    st.html(diff_html(old or "", new or "", only_changes=only_changes))
+
+
+def fmt(value: object, spec: str = ".3f", empty: str = "–") -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)) or value is pd.NA:
+        return empty
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+# --- graph -------------------------------------------------------------------------------
+
+
+def decoration(sel: Selection, graph: data.RunGraph, quantity: str, *,
+               highlight: str | None = None, example_flows: bool = True,
+               height: int = 440) -> gh.Decoration:
+    """Colours, captions, tooltips and gradient flows for the graph at the selected step."""
+    stats = data.node_stats(sel.db, sel.run, sel.step).to_dict("records")
+    coloring = color_nodes(stats, quantity)
+    flows = data.flows(sel.db, sel.run, sel.step, sel.example if example_flows else None)
+    tooltips = node_tooltips(sel, graph, stats)
+    return gh.Decoration(
+        colors=tuple(coloring.colors.items()), captions=tuple(coloring.captions.items()),
+        tooltips=tuple(tooltips.items()),
+        flows=tuple((r.from_node_id, r.node_id, int(r.messages), float(r.mean_chars or 0))
+                    for r in flows.itertuples()),
+        highlight=highlight if highlight is not None else sel.node,
+        link=tuple(sel.link(node=None).items()), height=height)
+
+
+def node_tooltips(sel: Selection, graph: data.RunGraph, stats: list[dict]) -> dict[str, str]:
+    """Plain-text tooltip per node: its numbers at the step and, for the selected
+    example, the start of its output (model text: escaped by the drawing)."""
+    by_node = {r["node_id"]: r for r in stats}
+    outputs: dict[str, str] = {}
+    if sel.example:
+        acts = data.example_trace(sel.db, sel.run, sel.step, sel.example)["activations"]
+        outputs = dict(zip(acts["node_id"], acts["output_text"].fillna("")))
+    tips = {}
+    for node in graph.model.order:
+        r = by_node.get(node, {})
+        lines = [f"failing: {fmt(r.get('fail_share'), '.0%')}",
+                 f"gradients received: {r.get('gradients', 0)}",
+                 f"mean aggregated gradient: {fmt(r.get('grad_chars'), '.0f')} chars",
+                 f"edit: {r.get('edit') or 'none'}",
+                 f"calls {r.get('calls', 0)}, tokens {fmt(r.get('tokens'), '.0f')}"]
+        if node in outputs:
+            lines.append(f"output for {sel.example}: {outputs[node]}")
+        tips[node] = "\n".join(lines)
+    return tips
+
+
+def draw_graph(sel: Selection, graph: data.RunGraph, quantity: str, **kwargs) -> None:
+    deco = decoration(sel, graph, quantity, **kwargs)
+    st.iframe(data.graph_page(graph.model, deco), height=deco.height + 20)
+
+
+def _chart_clicked(chart_key: str) -> None:
+    state = st.session_state.get(chart_key)
+    points = []
+    if state is not None:
+        selection_ = state.get("selection", {}) if isinstance(state, dict) else state.selection
+        points = selection_.get("points", []) if isinstance(selection_, dict) else []
+    for point in points:
+        node = point.get("customdata")
+        if isinstance(node, list):
+            node = node[0] if node else None
+        if isinstance(node, str):
+            set_node(node)
+            return
+
+
+def clickable_node_chart(sel: Selection, graph: data.RunGraph, quantity: str,
+                         key: str = "node_chart") -> None:
+    """Plotly node chart; clicking a node selects it (pyvis cannot report clicks)."""
+    stats = data.node_stats(sel.db, sel.run, sel.step).to_dict("records")
+    coloring = color_nodes(stats, quantity)
+    hover = {n: f"{n}\n{coloring.captions.get(n, '')}" for n in graph.model.order}
+    fig = node_chart(graph.model, coloring.colors, hover, sel.node)
+    st.plotly_chart(fig, key=key, on_select=lambda: _chart_clicked(key),
+                    selection_mode="points", config={"displayModeBar": False})
+    st.caption(coloring.legend)

@@ -1,0 +1,120 @@
+"""Plotly figures: score curves, the clickable node chart, usage per node and phase."""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from dashboard.views.colors import NO_DATA
+from dashboard.views.graph_html import LOSS_ID, GraphModel, layered_positions
+
+PHASES = ("forward", "loss", "backward", "update")
+PHASE_COLORS = {"forward": "#42a5f5", "loss": "#ab47bc", "backward": "#ff7043",
+                "update": "#66bb6a"}
+
+
+def _layout(fig: go.Figure, title: str, height: int = 340) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin=dict(l=40, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def score_curves(steps: pd.DataFrame, label: str = "") -> go.Figure:
+    """Train and validation score per step; accepted steps marked on the validation line."""
+    fig = go.Figure()
+    add_score_traces(fig, steps, label)
+    fig.update_yaxes(title="score", rangemode="tozero")
+    fig.update_xaxes(title="step", dtick=1)
+    return _layout(fig, "Scores per step")
+
+
+def add_score_traces(fig: go.Figure, steps: pd.DataFrame, label: str = "",
+                     dash: str | None = None) -> None:
+    prefix = f"{label} " if label else ""
+    fig.add_trace(go.Scatter(x=steps["step"], y=steps["train_score"], mode="lines+markers",
+                             name=f"{prefix}train", line=dict(dash=dash or "dot")))
+    fig.add_trace(go.Scatter(x=steps["step"], y=steps["val_score"], mode="lines+markers",
+                             name=f"{prefix}validation", line=dict(dash=dash)))
+    accepted = steps[steps["accepted"].fillna(False).astype(bool)]
+    fig.add_trace(go.Scatter(
+        x=accepted["step"], y=accepted["val_score"], mode="markers",
+        name=f"{prefix}accepted edit", marker=dict(symbol="star", size=16, color="#2e7d32",
+                                                   line=dict(width=1, color="#1b5e20"))))
+
+
+def compare_curves(a: pd.DataFrame, b: pd.DataFrame, a_label: str, b_label: str) -> go.Figure:
+    fig = go.Figure()
+    add_score_traces(fig, a, a_label)
+    add_score_traces(fig, b, b_label, dash="dash")
+    fig.update_xaxes(title="step", dtick=1)
+    fig.update_yaxes(title="score", rangemode="tozero")
+    return _layout(fig, "Scores per step, both runs", height=380)
+
+
+def usage_by(totals: pd.DataFrame, by: str, value: str) -> go.Figure:
+    """Stacked bars of `value` (calls, tokens or cost_usd) per `by` (node_id or step),
+    one colour per phase."""
+    fig = go.Figure()
+    for phase in PHASES:
+        part = totals[totals["purpose"] == phase]
+        if part.empty:
+            continue
+        grouped = part.groupby(by, as_index=False)[value].sum()
+        x = grouped[by].replace("", "(no node)") if by == "node_id" else grouped[by]
+        fig.add_trace(go.Bar(x=x, y=grouped[value], name=phase,
+                             marker_color=PHASE_COLORS[phase]))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title=by.replace("_id", ""), type="category")
+    fig.update_yaxes(title=value.replace("_usd", " (USD)"))
+    return _layout(fig, f"{value.replace('_usd', '')} per {by.replace('_id', '')} and phase")
+
+
+def usage_by_phase(totals: pd.DataFrame) -> go.Figure:
+    grouped = totals.groupby("purpose", as_index=False)[["calls", "tokens", "cost_usd"]].sum()
+    grouped["order"] = grouped["purpose"].map({p: i for i, p in enumerate(PHASES)})
+    grouped = grouped.sort_values("order")
+    fig = go.Figure(go.Bar(x=grouped["purpose"], y=grouped["tokens"],
+                           marker_color=[PHASE_COLORS.get(p, NO_DATA) for p in grouped["purpose"]],
+                           customdata=grouped[["calls", "cost_usd"]].fillna(0).to_numpy(),
+                           hovertemplate="%{x}: %{y} tokens, %{customdata[0]} calls, "
+                                         "$%{customdata[1]:.4f}<extra></extra>"))
+    fig.update_yaxes(title="tokens")
+    return _layout(fig, "Tokens per phase")
+
+
+def node_chart(model: GraphModel, colors: dict[str, str], hover: dict[str, str],
+               selected: str | None) -> go.Figure:
+    """The graph as a plotly scatter (same layered layout as the pyvis drawing) whose
+    points can be clicked: each point's customdata is its node id. Hover texts are
+    escaped (plotly renders a subset of HTML in them)."""
+    pos = layered_positions(model)
+    fig = go.Figure()
+    for node in model.order:
+        for pred in model.predecessors(node):
+            (x0, y0), (x1, y1) = pos[pred], pos[node]
+            fig.add_trace(go.Scatter(x=[x0, x1], y=[-y0, -y1], mode="lines",
+                                     line=dict(color="#bdbdbd", width=2), hoverinfo="skip",
+                                     showlegend=False))
+    out = pos[model.output]
+    loss = pos[LOSS_ID]
+    fig.add_trace(go.Scatter(x=[out[0], loss[0]], y=[-out[1], -loss[1]], mode="lines+text",
+                             text=["", "loss"], textposition="middle right",
+                             line=dict(color="#bdbdbd", dash="dot"), hoverinfo="skip",
+                             showlegend=False))
+    nodes = list(model.order)
+    fig.add_trace(go.Scatter(
+        x=[pos[n][0] for n in nodes], y=[-pos[n][1] for n in nodes], mode="markers+text",
+        text=[html.escape(n) for n in nodes], textposition="top center", customdata=nodes,
+        hovertext=[html.escape(hover.get(n, n)).replace("\n", "<br>") for n in nodes],
+        hoverinfo="text", showlegend=False, name="nodes",
+        marker=dict(size=[34 if n == selected else 26 for n in nodes], symbol="square",
+                    color=[colors.get(n, NO_DATA) for n in nodes],
+                    line=dict(width=[4 if n == selected else 1 for n in nodes],
+                              color=["#ff6f00" if n == selected else "#555" for n in nodes]))))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, scaleanchor=None)
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), clickmode="event+select",
+                      dragmode=False, title="Click a node to select it")
+    return fig

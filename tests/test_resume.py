@@ -1,0 +1,156 @@
+"""Crash safety: a run killed with SIGKILL at random moments and then resumed with
+`python -m engine resume` ends with exactly the rows of a run that was never interrupted
+(scripted backend), and no row twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+
+from engine.run import RunConfig, execute
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPH = str(ROOT / "sample_graphs" / "diamond.yaml")
+RUN_ID = "killed"
+SIZES = {"steps": 4, "train": 16, "val": 16, "test": 8}
+KILLS = 4
+
+# The CLI has no latency option; this wrapper gives every scripted call 20 ms so that a
+# run lasts a few seconds, and touches `marker` once the run row is written.
+WRAPPER = f"""
+import asyncio, sys
+from pathlib import Path
+from engine.llm.scripted import ScriptedBackend
+from engine.run import RunConfig, execute
+
+graph, db, run_id, marker = sys.argv[1:5]
+
+def mark(event):
+    if not Path(marker).exists():
+        Path(marker).write_text("started")
+
+config = RunConfig(graph=graph, db=db, run_id=run_id, **{SIZES!r})
+asyncio.run(execute(config, forward_backend=ScriptedBackend(latency=0.02), listeners=(mark,)))
+"""
+
+# Rows that identify a run's content; volatile columns (times, call ids) are left out.
+CONTENT = {
+    "steps": "step, train_score, val_score, accepted",
+    "prompt_versions": "node_id, version, prompt, step, accepted",
+    "updates": "step, node_id, old_prompt, new_prompt, accepted, val_before, val_after, "
+               "parse_error, reasoning",
+    "gradients": "step, example_id, node_id, from_node_id, method, kind, content, parse_error",
+    "losses": "step, split, example_id, prediction, target, score, feedback, error",
+    "node_outputs": "step, split, example_id, node_id, prompt_version, input_text, "
+                    "output_text, error, parse_error",
+    "metrics": "step, key, value",
+    "llm_calls": "step, purpose, node_id, example_id, cache_key, response",
+    "examples": "split, example_id, position, fields, target",
+}
+# What makes a row unique within a run.
+KEYS = {
+    "runs": "run_id",
+    "steps": "step",
+    "examples": "split, example_id",
+    "prompt_versions": "node_id, version",
+    "updates": "step, node_id",
+    "gradients": "step, example_id, node_id, from_node_id, kind",
+    "losses": "step, split, example_id",
+    "node_outputs": "step, split, example_id, node_id",
+    "metrics": "step, key",
+    "llm_calls": "call_id",
+    "llm_cache": "key",
+}
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def run_content(db: Path) -> dict[str, Counter]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: Counter(con.execute(f"SELECT {cols} FROM {t} WHERE run_id = ?", [RUN_ID]
+                                       ).fetchall()) for t, cols in CONTENT.items()}
+    finally:
+        con.close()
+
+
+def duplicates(db: Path) -> dict[str, list]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        found = {t: con.execute(f"SELECT {key}, count(*) AS n FROM {t} GROUP BY ALL "
+                                "HAVING n > 1").fetchall() for t, key in KEYS.items()}
+    finally:
+        con.close()
+    return {t: rows for t, rows in found.items() if rows}
+
+
+def status_and_steps(db: Path) -> tuple[str, int]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        status = con.execute("SELECT status FROM runs").fetchall()[0][0]
+        steps = con.execute("SELECT count(*) FROM steps").fetchall()[0][0]
+    finally:
+        con.close()
+    return status, steps
+
+
+def start_and_kill(tmp_path: Path, trial: int, delay: float) -> Path:
+    wrapper = tmp_path / "slow_run.py"
+    wrapper.write_text(WRAPPER)
+    db, marker = tmp_path / f"killed{trial}.duckdb", tmp_path / f"started{trial}"
+    proc = subprocess.Popen([sys.executable, str(wrapper), GRAPH, str(db), RUN_ID,
+                             str(marker)], cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, f"the run exited early: {proc.stderr.read()}"
+            assert time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.01)
+        time.sleep(delay)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    return db
+
+
+def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_path):
+    reference = tmp_path / "reference.duckdb"
+    asyncio.run(execute(RunConfig(graph=GRAPH, db=str(reference), run_id=RUN_ID, **SIZES)))
+    expected = run_content(reference)
+    assert len(expected["steps"]) == SIZES["steps"] + 1 and expected["gradients"]
+
+    rng = random.Random(20240607)
+    interrupted_at = []
+    for trial in range(KILLS):
+        # One random moment in each KILLS-th of the ~2.5 s a run lasts.
+        delay = (trial + rng.random()) * 2.4 / KILLS
+        db = start_and_kill(tmp_path, trial, delay)
+        status, steps_done = status_and_steps(db)
+        if status != "finished":
+            interrupted_at.append(steps_done)
+            proc = subprocess.run([sys.executable, "-m", "engine", "resume", RUN_ID, "--db",
+                                   str(db)], cwd=ROOT, env=env(), capture_output=True,
+                                  text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+        assert status_and_steps(db) == ("finished", SIZES["steps"] + 1)
+        assert duplicates(db) == {}
+        got = run_content(db)
+        for table in CONTENT:
+            assert got[table] == expected[table], f"trial {trial}: {table} differs"
+    print("steps complete when killed:", interrupted_at)
+    # Most kills must land inside the run, and not all at the same point.
+    assert len(interrupted_at) >= KILLS - 2, interrupted_at
+    assert len(set(interrupted_at)) >= 2, interrupted_at
