@@ -8,6 +8,7 @@ the query parameters `run`, `step`, `example` and `node`, so a URL such as
 `/inspect?run=R&step=1&example=E&node=N` opens that exact view. Pages read the choice
 with `dashboard.pages.selection()`.
 """
+# ruff: noqa: E402 (the path must be set before the dashboard's imports)
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `streamlit run` puts only dashboard/ on the path
     sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
+import pandas as pd
+import streamlit as st
 
-from dashboard import data  # noqa: E402
-from dashboard.pages import NODE_KEY, SELECTION_KEY, Selection, md  # noqa: E402
+from dashboard import data
+from dashboard.pages import NODE_KEY, SELECTION_KEY, Selection, md
 
 PAGES = [
     st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs",

@@ -138,7 +138,7 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
 def default_max_tokens(config: RunConfig) -> tuple[int, int]:
     small = config.backend == "local"
     return (config.max_tokens or (128 if small else 512),
-            config.optimizer_max_tokens or (256 if small else 1024))
+            config.optimizer_max_tokens or (128 if small else 1024))
 
 
 def _example_rows(run_id: str, splits: Splits) -> list[dict]:

@@ -58,7 +58,7 @@ def read_once(db: Path) -> dict | None:
             trace = reader.example_trace(db, RUN_ID, int(first["step"].iloc[0]),
                                          first["example_id"].iloc[0])
     return {"status": runs["status"].iloc[0], "steps": len(steps),
-            "per_step": activations.groupby("step").size().to_dict(),
+            "per_step": activations.groupby(["step", "split"]).size().to_dict(),
             "calls": int(totals["calls"].sum()) if len(totals) else 0,
             "trace_rows": 0 if trace is None else len(trace["activations"])}
 
@@ -97,10 +97,11 @@ def test_a_reader_watches_a_run_in_progress_without_errors_or_lost_rows(tmp_path
     assert any(r["status"] == "running" and 0 < r["steps"] < total_steps for r in reads), reads
     for earlier, later in zip(reads, reads[1:]):
         assert later["steps"] >= earlier["steps"] and later["calls"] >= earlier["calls"]
-    # Every step the reader saw was whole: as many activations as at the end.
+    # Every step the reader saw was whole: as many activations as at the end. (The test
+    # split is logged under the last step, in its own transaction after it.)
     for r in reads:
-        for step, n in r["per_step"].items():
-            assert n == final["per_step"][step], (step, n, final["per_step"][step])
+        for key, n in r["per_step"].items():
+            assert n == final["per_step"][key], (key, n, final["per_step"][key])
         assert r["trace_rows"] > 0 or r["steps"] == 0
     # And at the end every row is there: the same counts as an unwatched run.
     assert final["status"] == "finished" and final["steps"] == total_steps

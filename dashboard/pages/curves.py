@@ -1,0 +1,49 @@
+"""Curves: train and validation score per step with accepted edits marked; calls, tokens
+and cost per node and per phase (forward, loss, backward, update)."""
+# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
+
+import streamlit as st
+from streamlit.runtime.pages_manager import PagesManager
+
+if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
+    PagesManager.uses_pages_directory = False
+    st.rerun()
+
+from dashboard import data
+from dashboard.pages import fmt, md, need_run, selection
+from dashboard.views.figures import score_curves, usage_by, usage_by_phase
+
+sel = selection()
+need_run(sel)
+st.title("Curves")
+st.caption(f"run **{md(sel.run)}**")
+steps = data.steps(sel.db, sel.run)
+if steps.empty:
+    st.info("No step written yet.")
+    st.stop()
+best = steps["val_score"].max()
+accepted = int(steps["accepted"].fillna(False).astype(bool).sum())
+c1, c2, c3, c4 = st.columns(4)
+c1.metric("steps", int(steps["step"].max()))
+c2.metric("initial validation", fmt(steps["val_score"].iloc[0]))
+c3.metric("best validation", fmt(best))
+c4.metric("steps with an accepted edit", accepted)
+st.plotly_chart(score_curves(steps), key="score_curves")
+
+totals = data.token_totals(sel.db, sel.run)
+if totals.empty:
+    st.caption("No LLM call logged yet.")
+    st.stop()
+measure = st.segmented_control("Measure", ["calls", "tokens", "cost_usd"], default="tokens",
+                               format_func={"calls": "calls", "tokens": "tokens",
+                                            "cost_usd": "cost (USD)"}.get, key="curves_measure")
+measure = measure or "tokens"
+left, right = st.columns(2)
+with left:
+    st.plotly_chart(usage_by(totals, "node_id", measure), key="usage_node")
+with right:
+    st.plotly_chart(usage_by(data.step_totals(sel.db, sel.run), "step", measure),
+                    key="usage_step")
+st.plotly_chart(usage_by_phase(totals), key="usage_phase")
+with st.expander("Calls, tokens and cost per node and phase (table)"):
+    st.dataframe(totals, hide_index=True)

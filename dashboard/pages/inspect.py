@@ -1,0 +1,61 @@
+"""Node inspector for (run, step, example, node): prompt version, input messages, output,
+the gradients received from each successor with the exact backward prompt that produced
+them, the aggregated gradient, the proposed edit as a diff, and the call's costs."""
+# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
+
+import streamlit as st
+from streamlit.runtime.pages_manager import PagesManager
+
+if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
+    PagesManager.uses_pages_directory = False
+    st.rerun()
+
+from dashboard import data
+from dashboard.pages import (
+    aggregate_pane,
+    call_metrics,
+    forward_pane,
+    gradients_received,
+    gtbp_pane,
+    md,
+    need_run,
+    need_step,
+    selection,
+    sent_pane,
+    update_pane,
+)
+
+sel = selection()
+graph = need_run(sel)
+step = need_step(sel)
+if not sel.example or not sel.node:
+    st.info("Pick an example and a node in the sidebar.")
+    st.stop()
+view = data.node_view(sel.db, sel.run, step, sel.example, sel.node)
+act = view["activation"]
+split = act.iloc[0]["split"] if not act.empty else "?"
+st.title(f"Node {sel.node}")
+kind = ("function node" if sel.node in graph.model.functions else
+        "trainable" if sel.node in graph.trainable else "frozen prompt")
+st.caption(f"run **{md(sel.run)}** · step {step} · example **{md(sel.example)}** ({md(split)})"
+           f" · {kind} · method {md(sel.method or '')}")
+if not act.empty:
+    call_metrics(act.iloc[0].to_dict())
+
+st.header("Forward", divider="gray")
+forward_pane(view)
+st.header("Gradients received", divider="gray")
+if not gradients_received(view):
+    st.caption("No gradient reached this node for this example at this step (the example "
+               "passed, was not sampled among the failures, or the method sends none).")
+st.subheader("Aggregated gradient")
+aggregate_pane(view)
+gtbp_pane(view)
+st.header("Update", divider="gray")
+updates = view["update"]
+if updates.empty:
+    st.caption("No update was proposed for this node at this step.")
+for update in updates.to_dict("records"):
+    update_pane(update, node=sel.node)
+st.header("Gradients this node sent to its predecessors", divider="gray")
+sent_pane(view)

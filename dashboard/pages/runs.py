@@ -1,0 +1,212 @@
+"""Runs: every run in the run log (filter, sort, pick one), new runs started as
+background processes with live progress and a Stop button, and the one-click demo."""
+# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
+
+import streamlit as st
+from streamlit.runtime.pages_manager import PagesManager
+
+if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
+    PagesManager.uses_pages_directory = False
+    st.rerun()
+
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+
+from dashboard import data, jobs
+from dashboard.pages import fmt, md, selection
+
+SAMPLE_GRAPHS = jobs.ROOT / "sample_graphs"
+UPLOAD = "(upload a graph file)"
+
+
+def runs_table(runs: pd.DataFrame) -> None:
+    c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
+    text = c1.text_input("Filter", placeholder="run id or graph contains…", key="runs_filter")
+    statuses = c2.multiselect("Status", sorted(runs["status"].dropna().unique()),
+                              key="runs_status")
+    methods = c3.multiselect("Method", sorted(runs["method"].dropna().unique()),
+                             key="runs_method")
+    graphs = c4.multiselect("Graph", sorted(runs["graph_name"].dropna().unique()),
+                            key="runs_graph")
+    table = pd.DataFrame({
+        "run": runs["run_id"], "graph": runs["graph_name"], "method": runs["method"],
+        "models": [m if (o is None or o == m) else f"{m} / {o}"
+                   for m, o in zip(runs["model"], runs["optimizer_model"])],
+        "backend": runs["backend"], "status": runs["status"], "steps": runs["steps"],
+        "best val": runs["best_val"], "calls": runs["calls"], "tokens": runs["tokens"],
+        "cost (USD)": runs["cost_usd"],
+        "started": [datetime.fromtimestamp(t) if pd.notna(t) else None
+                    for t in runs["started_at"]],
+    })
+    keep = pd.Series(True, index=table.index)
+    if text:
+        keep &= (table["run"].str.contains(text, case=False, regex=False)
+                 | table["graph"].fillna("").str.contains(text, case=False, regex=False))
+    for column, chosen in (("status", statuses), ("method", methods), ("graph", graphs)):
+        if chosen:
+            keep &= table[column].isin(chosen)
+    table = table[keep]
+    s1, s2 = st.columns([1, 3])
+    by = s1.selectbox("Sort by", list(table.columns), index=list(table.columns).index("started"),
+                      key="runs_sort")
+    descending = s2.toggle("Descending", value=True, key="runs_desc")
+    table = table.sort_values(by, ascending=not descending, na_position="last",
+                              kind="stable").reset_index(drop=True)
+    st.caption(f"{len(table)} of {len(runs)} runs · select a row to open it")
+    st.dataframe(
+        table, hide_index=True, key="runs_table", on_select=lambda: _pick_row(table),
+        selection_mode="single-row",
+        column_config={
+            "best val": st.column_config.NumberColumn(format="%.3f"),
+            "cost (USD)": st.column_config.NumberColumn(format="$%.4f"),
+            "tokens": st.column_config.NumberColumn(format="%d"),
+            "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
+        })
+
+
+def _pick_row(table: pd.DataFrame) -> None:
+    rows = st.session_state["runs_table"].selection.rows
+    if rows:
+        st.session_state["run"] = table.iloc[rows[0]]["run"]
+
+
+def start_demo(db: str) -> None:
+    spec = jobs.RunSpec(graph=str(jobs.DEMO_GRAPH), db=db, **jobs.DEMO_OPTIONS)
+    try:
+        job = jobs.start(spec)
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        st.error(f"Could not start the demo: {exc}")
+        return
+    st.session_state["run"] = job.run_id
+    st.toast(f"Started {job.run_id}")
+
+
+def jobs_panel(db: str) -> None:
+    listed = jobs.list_jobs(db)
+    if not listed:
+        return
+    running = any(j.returncode is None for j in listed)
+    st.fragment(_jobs_body, run_every=1.5 if running else None)(db)
+
+
+def _jobs_body(db: str) -> None:
+    st.subheader("Background runs")
+    seen = st.session_state.setdefault("_jobs_seen", {})
+    runs = data.runs(db) if data.exists(db) else pd.DataFrame()
+    changed = False
+    for job in jobs.list_jobs(db)[:8]:
+        alive = jobs.poll(job)
+        steps_done, status = 0, "starting"
+        if not runs.empty and job.run_id in set(runs["run_id"]):
+            steps_done = len(data.steps(db, job.run_id))
+            status = runs.loc[runs["run_id"] == job.run_id, "status"].iloc[0]
+        if not alive and status in ("starting", "running"):
+            status = f"ended (exit code {job.returncode})"
+        total = job.steps + 1
+        with st.container(border=True):
+            head, button = st.columns([5, 1])
+            head.markdown(f"**{md(job.run_id)}** · {md(status)} · "
+                          f"{int(datetime.now().timestamp() - job.started_at)} s")
+            head.progress(min(steps_done / total, 1.0),
+                          text=f"{steps_done} of {total} steps written")
+            if alive and button.button("Stop", key=f"stop_{job.run_id}"):
+                jobs.stop(job)
+                st.toast(f"Sent SIGTERM to {job.run_id}")
+            elif not alive and button.button("Dismiss", key=f"forget_{job.run_id}"):
+                jobs.forget(job)
+                st.rerun(scope="app")
+            with st.expander("log"):
+                st.code(jobs.log_tail(job) or "(empty)", language=None)
+        state = (status, steps_done, alive)
+        changed |= job.run_id in seen and seen[job.run_id] != state
+        seen[job.run_id] = state
+    if changed:  # a step was written or a run ended: refresh the table and the sidebar
+        st.rerun(scope="app")
+
+
+def new_run_form(db: str) -> None:
+    from engine.llm.factory import BACKENDS
+    from engine.methods import METHODS
+
+    samples = sorted(p.name for p in SAMPLE_GRAPHS.glob("*.yaml"))
+    with st.expander("New run", expanded=False, icon=":material/play_arrow:"):
+        with st.form("new_run"):
+            c1, c2 = st.columns(2)
+            choice = c1.selectbox("Graph", [*samples, UPLOAD],
+                                  index=samples.index("demo.yaml") if "demo.yaml" in samples
+                                  else 0)
+            upload = c2.file_uploader("Graph file (YAML)", type=["yaml", "yml"])
+            dataset = c2.file_uploader("Dataset (JSONL, optional)", type=["jsonl"])
+            s1, s2, s3 = st.columns(3)
+            train = s1.number_input("Train examples", min_value=0, value=None,
+                                    placeholder="graph's default")
+            val = s2.number_input("Validation examples", min_value=0, value=None,
+                                  placeholder="graph's default")
+            test = s3.number_input("Test examples", min_value=0, value=None,
+                                   placeholder="graph's default")
+            b1, b2, b3 = st.columns(3)
+            backend = b1.selectbox("Backend", BACKENDS, index=list(BACKENDS).index("local"))
+            model = b2.text_input("Model", placeholder="backend's default")
+            optimizer_model = b3.text_input("Optimizer model", placeholder="same as model")
+            m1, m2, m3 = st.columns(3)
+            method = m1.selectbox("Method", sorted(METHODS),
+                                  index=sorted(METHODS).index("semantic"))
+            steps = m2.number_input("Steps", min_value=0, value=2)
+            seed = m3.number_input("Seed", value=0, step=1)
+            submitted = st.form_submit_button("Start run", type="primary")
+    if not submitted:
+        return
+    graph_path = SAMPLE_GRAPHS / choice if choice != UPLOAD else None
+    folder = jobs.jobs_dir(db) / "uploads"
+    if upload is not None:
+        folder.mkdir(exist_ok=True)
+        graph_path = folder / Path(upload.name).name
+        graph_path.write_bytes(upload.getvalue())
+    if graph_path is None:
+        st.error("Choose a sample graph or upload a graph file.")
+        return
+    dataset_path = None
+    if dataset is not None:
+        folder.mkdir(exist_ok=True)
+        dataset_path = folder / Path(dataset.name).name
+        dataset_path.write_bytes(dataset.getvalue())
+    spec = jobs.RunSpec(graph=str(graph_path), db=db, method=method, backend=backend,
+                        model=model or None, optimizer_model=optimizer_model or None,
+                        steps=int(steps), train=train, val=val, test=test, seed=int(seed),
+                        dataset=str(dataset_path) if dataset_path else None)
+    try:
+        job = jobs.start(spec)
+    except Exception as exc:  # noqa: BLE001 - a bad graph file: one line for the user
+        st.error(f"Could not start the run: {exc}")
+        return
+    st.success(f"Started {job.run_id} (process {job.pid})")
+
+
+sel = selection()
+st.title("Runs")
+try:
+    all_runs = data.runs(sel.db)
+except Exception as exc:  # noqa: BLE001 - the sidebar already says what is wrong
+    st.error(f"Cannot read {sel.db}: {exc}")
+    st.stop()
+if all_runs.empty:
+    st.info(f"**{md(sel.db)}** has no runs yet. The demo optimizes a two-node graph "
+            "(sample_graphs/demo.yaml) with the embedded SmolLM2-135M model: no key, no "
+            "network, under two minutes on two cores.")
+    if not any(j.returncode is None for j in jobs.list_jobs(sel.db)):
+        if st.button("Run the demo", type="primary", icon=":material/rocket_launch:",
+                     key="run_demo"):
+            start_demo(sel.db)
+else:
+    runs_table(all_runs)
+    if sel.run:
+        row = all_runs[all_runs["run_id"] == sel.run]
+        if not row.empty and isinstance(row.iloc[0]["error"], str) and row.iloc[0]["error"]:
+            st.warning(f"{md(sel.run)}: {md(row.iloc[0]['error'])}")
+        if not row.empty:
+            st.caption(f"Selected: **{md(sel.run)}** · best validation "
+                       f"{fmt(row.iloc[0]['best_val'])}")
+jobs_panel(sel.db)
+new_run_form(sel.db)
