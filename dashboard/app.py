@@ -27,17 +27,17 @@ from dashboard import data
 from dashboard.pages import NODE_KEY, SELECTION_KEY, Selection, md
 
 PAGES = [
-    st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs",
+    st.Page("pages/runs.py", title="Runs", icon="📋", url_path="runs",
             default=True),
-    st.Page("pages/graph.py", title="Graph", icon=":material/account_tree:", url_path="graph"),
-    st.Page("pages/step.py", title="Step through", icon=":material/footprint:",
+    st.Page("pages/graph.py", title="Graph", icon="🕸️", url_path="graph"),
+    st.Page("pages/step.py", title="Step through", icon="👣",
             url_path="step"),
-    st.Page("pages/inspect.py", title="Node inspector", icon=":material/search:",
+    st.Page("pages/inspect.py", title="Node inspector", icon="🔍",
             url_path="inspect"),
-    st.Page("pages/curves.py", title="Curves", icon=":material/show_chart:", url_path="curves"),
-    st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:",
+    st.Page("pages/curves.py", title="Curves", icon="📈", url_path="curves"),
+    st.Page("pages/compare.py", title="Compare", icon="⚖️",
             url_path="compare"),
-    st.Page("pages/learn.py", title="Learn", icon=":material/school:", url_path="learn"),
+    st.Page("pages/learn.py", title="Learn", icon="🎓", url_path="learn"),
 ]
 
 
@@ -125,7 +125,8 @@ def live_refresh(db: str, seen: tuple) -> None:
     st.caption(":material/sync: live: this view refreshes as steps are written")
 
 
-st.set_page_config(page_title="Semantic backprop workbench", page_icon=":material/hub:",
+# Icons are emoji: a :material: icon becomes a favicon fetched from a font CDN.
+st.set_page_config(page_title="Semantic backprop workbench", page_icon="🔁",
                    layout="wide")
 navigation = st.navigation(PAGES)
 with st.sidebar:

@@ -114,9 +114,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from engine.run import RunConfig, resume
+    from engine.runlog.schema import RunLogError
     from engine.runlog.state import load_resume_state
 
-    config_json, _, state, _, _ = load_resume_state(args.db, args.run_id)
+    config_json, status, state, _, _ = load_resume_state(args.db, args.run_id)
+    if status == "finished":
+        raise RunLogError(f"run '{args.run_id}' has already finished; nothing to resume")
     steps = RunConfig.from_json(config_json).steps
     done = 0 if state is None else state.step + 1
     return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners),
@@ -145,20 +148,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0) -> int:
+    """Run with a progress bar that appears on the first event, so that input refused
+    before the run starts prints only its one error line."""
     calls = {"n": 0}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[calls]} calls"), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
-        task = progress.add_task("optimizing", total=steps + 1, completed=done, calls=0)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TextColumn("{task.fields[calls]} calls"),
+                        TimeElapsedColumn(), console=console)
+    task = progress.add_task("optimizing", total=steps + 1, completed=done, calls=0)
 
-        def listener(event: Any) -> None:
-            if isinstance(event, CallRecord):
-                calls["n"] += 1
-                progress.update(task, calls=calls["n"])
-            elif isinstance(event, StepFinished):
-                progress.update(task, advance=1, description=f"step {event.step} done")
+    def listener(event: Any) -> None:
+        if not progress.live.is_started:
+            progress.start()
+        if isinstance(event, CallRecord):
+            calls["n"] += 1
+            progress.update(task, calls=calls["n"])
+        elif isinstance(event, StepFinished):
+            progress.update(task, advance=1, description=f"step {event.step} done")
 
+    try:
         result = asyncio.run(start((listener,)))
+    finally:
+        progress.stop()
     print_summary(result)
     return 0 if result.status == "finished" else 1
 

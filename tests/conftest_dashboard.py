@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from contextlib import contextmanager
+
 from engine.llm.base import LLMRequest
 from engine.llm.scripted import ScriptedBackend
 from engine.run import RunConfig, execute
@@ -35,7 +37,7 @@ dataset: tiny.jsonl
 input_fields: [question]
 target_field: answer
 metric: exact_match
-answer_format: "Answer with a number only."
+answer_format: "Answer with the larger number only."
 splits: {train: 4, val: 4, test: 0}
 nodes:
   - id: hint_a
@@ -51,6 +53,30 @@ nodes:
 """
 
 
+DEMO_GRAPH = """\
+name: demo
+description: Same shape as sample_graphs/demo.yaml (dashboard test copy).
+dataset: reviews.jsonl
+input_fields: [review]
+target_field: positive
+metric: yes_no
+splits: {train: 4, val: 4, test: 0}
+nodes:
+  - id: mood
+    prompt: Write one word about the text.
+    inputs: [review]
+  - id: answer
+    prompt: Answer Yes or No.
+    inputs: [review, mood]
+    output: true
+"""
+REVIEWS = [("The coffee tastes amazing.", "Yes"), ("It broke after a week.", "No"),
+           ("Fast delivery, happy with it.", "Yes"), ("Too loud and too slow.", "No"),
+           ("Lovely colour and soft fabric.", "Yes"), ("The battery died at once.", "No"),
+           ("Works exactly as promised.", "Yes"), ("Never buying this again.", "No"),
+           ("Great value for the price.", "Yes"), ("Stopped charging on day two.", "No")]
+
+
 @dataclass(frozen=True)
 class RunLog:
     db: Path
@@ -58,6 +84,7 @@ class RunLog:
     semantic: str  # run ids
     textgrad: str
     gtbp_example: str  # example with target / inferred_input rows (step 1, node final)
+    demo: str
 
 
 def responder(request: LLMRequest) -> str | None:
@@ -72,11 +99,17 @@ def responder(request: LLMRequest) -> str | None:
 
 def _write_data(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"id": f"q{i:02d}", "question": f"What is {i} plus {i + 3}?", "answer": str(2 * i + 3)}
-            for i in range(12)]
+    pairs = [(3, 9), (12, 5), (7, 8), (21, 4), (6, 2), (15, 30), (11, 10), (1, 13),
+             (40, 17), (9, 16), (25, 24), (5, 50)]
+    rows = [{"id": f"q{i:02d}", "question": f"Which is larger, {a} or {b}?",
+             "answer": str(max(a, b))} for i, (a, b) in enumerate(pairs)]
     (folder / "tiny.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     graph = folder / "tiny.yaml"
     graph.write_text(GRAPH)
+    (folder / "reviews.jsonl").write_text("\n".join(
+        json.dumps({"id": f"rv{i}", "review": r, "positive": p})
+        for i, (r, p) in enumerate(REVIEWS)) + "\n")
+    (folder / "demo.yaml").write_text(DEMO_GRAPH)
     return graph
 
 
@@ -101,12 +134,38 @@ def build_run_log(folder: Path) -> RunLog:
     graph = _write_data(folder)
     db = folder / "runs.duckdb"
     ids = {}
-    for method in ("semantic", "textgrad"):
-        config = RunConfig(graph=str(graph), backend="scripted", method=method, steps=2,
+    for method, path in (("demo", folder / "demo.yaml"), ("semantic", graph),
+                         ("textgrad", graph)):
+        config = RunConfig(graph=str(path), backend="scripted",
+                           method="semantic" if method == "demo" else method, steps=2,
                            train=4, val=4, test=0, seed=0, db=str(db), cache="off",
-                           run_id=f"tiny-{method}")
+                           run_id="demo-run" if method == "demo" else f"tiny-{method}")
         result = asyncio.run(execute(config, forward_backend=ScriptedBackend(responder=responder)))
         assert result.status == "finished"
         ids[method] = result.run_id
     example = _add_gtbp_rows(db, ids["semantic"])
-    return RunLog(db, graph, ids["semantic"], ids["textgrad"], example)
+    return RunLog(db, graph, ids["semantic"], ids["textgrad"], example, ids["demo"])
+
+
+@contextmanager
+def like_a_live_server():
+    """Make AppTest run pages the way a live server does.
+
+    AppTest forgets before every run that the app uses st.navigation and, seeing the
+    `dashboard/pages/` folder, starts the run in the old folder-based multipage mode: a
+    page other than the entry file is then executed on its own first, and its guard (see
+    dashboard/pages/*.py) reruns the app, which drops a button click of that run. A live
+    server leaves that mode for good at its first st.navigation call; so does this."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    original = PagesManager.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    PagesManager.__init__ = init
+    try:
+        yield
+    finally:
+        PagesManager.__init__ = original

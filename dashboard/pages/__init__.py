@@ -183,19 +183,22 @@ def draw_graph(sel: Selection, graph: data.RunGraph, quantity: str, **kwargs) ->
     st.iframe(data.graph_page(graph.model, deco), height=deco.height + 20)
 
 
-def _chart_clicked(chart_key: str) -> None:
-    state = st.session_state.get(chart_key)
-    points = []
-    if state is not None:
-        selection_ = state.get("selection", {}) if isinstance(state, dict) else state.selection
-        points = selection_.get("points", []) if isinstance(selection_, dict) else []
+def clicked_node(state: object) -> str | None:
+    """The node id of the first point in a plotly selection state (customdata)."""
+    selection_ = state.get("selection", {}) if isinstance(state, dict) else getattr(
+        state, "selection", {})
+    points = selection_.get("points", []) if isinstance(selection_, dict) else []
     for point in points:
         node = point.get("customdata")
         if isinstance(node, list):
             node = node[0] if node else None
         if isinstance(node, str):
-            set_node(node)
-            return
+            return node
+    return None
+
+
+def _chart_clicked(chart_key: str) -> None:
+    set_node(clicked_node(st.session_state.get(chart_key) or {}))
 
 
 def clickable_node_chart(sel: Selection, graph: data.RunGraph, quantity: str,

@@ -89,7 +89,7 @@ sa, sb = data.steps(sel.db, sel.run), data.steps(sel.db, other)
 st.plotly_chart(compare_curves(sa, sb, "A", "B"), key="compare_curves")
 st.caption(f"A = {md(sel.run)} (solid) · B = {md(other)} (dashed)")
 
-st.header("Gradients per node, same example", divider="gray")
+st.subheader("Gradients per node, same example", divider="gray")
 common_steps = sorted(set(sa["step"]) & set(sb["step"]))
 if sel.step is None or not common_steps:
     st.caption("No step in common yet.")
@@ -107,6 +107,6 @@ else:
         st.caption(f"step {step} · example **{md(example)}** · A left, B right")
         gradients_side_by_side(sel, other, step, example)
 
-st.header("Prompts: A's latest accepted version → B's", divider="gray")
+st.subheader("Prompts: A's latest accepted version → B's", divider="gray")
 prompts_diff(sel, other)
 st.caption(f"Best validation: A {fmt(sa['val_score'].max())}, B {fmt(sb['val_score'].max())}")

@@ -45,10 +45,10 @@ def node_summary(sel, graph) -> None:
     stats = data.node_stats(sel.db, sel.run, sel.step)
     row = stats[stats["node_id"] == node]
     r = row.iloc[0].to_dict() if not row.empty else {}
-    c1, c2, c3 = st.columns(3)
+    c1, c2 = st.columns(2)
     c1.metric("failing", fmt(r.get("fail_share"), ".0%"))
     c2.metric("gradients in", int(r.get("gradients") or 0))
-    c3.metric("edit", r.get("edit") or "none")
+    st.markdown(f"edit at step {sel.step}: **{md(r.get('edit') or 'none proposed')}**")
     kind = "function" if node in graph.model.functions else (
         "trainable" if node in graph.trainable else "frozen")
     reads = ", ".join(md(x) for x in dict(graph.model.inputs).get(node, ()))

@@ -42,20 +42,20 @@ st.caption(f"run **{md(sel.run)}** · step {step} · example **{md(sel.example)}
 if not act.empty:
     call_metrics(act.iloc[0].to_dict())
 
-st.header("Forward", divider="gray")
+st.subheader("Forward", divider="gray")
 forward_pane(view)
-st.header("Gradients received", divider="gray")
+st.subheader("Gradients received", divider="gray")
 if not gradients_received(view):
     st.caption("No gradient reached this node for this example at this step (the example "
                "passed, was not sampled among the failures, or the method sends none).")
 st.subheader("Aggregated gradient")
 aggregate_pane(view)
 gtbp_pane(view)
-st.header("Update", divider="gray")
+st.subheader("Update", divider="gray")
 updates = view["update"]
 if updates.empty:
     st.caption("No update was proposed for this node at this step.")
 for update in updates.to_dict("records"):
     update_pane(update, node=sel.node)
-st.header("Gradients this node sent to its predecessors", divider="gray")
+st.subheader("Gradients this node sent to its predecessors", divider="gray")
 sent_pane(view)

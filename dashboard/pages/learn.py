@@ -63,7 +63,12 @@ other pages: the **Graph** colours nodes by failures, gradient length or edit fa
 through** walks one example stop by stop; the **Node inspector** shows every prompt and
 message for one node; **Curves** and **Compare** show scores and costs.""",
 }
-HIGHLIGHT = {"Forward pass": "mood", "Loss": "__loss__", "Semantic gradient": "answer"}
+
+
+def highlight(stage: str, graph) -> str | None:
+    """The node a stage is about: the first node, the loss, or the output node."""
+    return {"Forward pass": graph.model.order[0], "Loss": "__loss__",
+            "Semantic gradient": graph.model.output}.get(stage)
 
 
 def tour_run(sel: Selection) -> Selection | None:
@@ -85,7 +90,7 @@ def tour_run(sel: Selection) -> Selection | None:
     step = int((proposed if not proposed.empty else steps)["step"].iloc[-1])
     examples = data.step_examples(sel.db, run, step)
     example = examples.iloc[0]["example_id"] if not examples.empty else None
-    return replace(sel, run=run, step=step, example=example, node="answer")
+    return replace(sel, run=run, step=step, example=example, node=None)
 
 
 def _next() -> None:
@@ -94,7 +99,7 @@ def _next() -> None:
 
 
 def live(stage: str, tour: Selection, graph) -> None:
-    node = HIGHLIGHT.get(stage, "mood")
+    output = graph.model.output
     if stage in ("Forward pass", "Loss", "Semantic gradient") and not tour.example:
         return
     if stage == "Forward pass":
@@ -106,8 +111,9 @@ def live(stage: str, tour: Selection, graph) -> None:
         loss_pane(data.example_trace(tour.db, tour.run, tour.step, tour.example)["losses"],
                   graph.metric)
     elif stage == "Semantic gradient":
-        st.markdown("**What `mood` received from `answer`**")
-        view = data.node_view(tour.db, tour.run, tour.step, tour.example, "mood")
+        receivers = graph.model.predecessors(output) or [output]
+        st.markdown(f"**What {md(receivers[0])} received from {md(output)}**")
+        view = data.node_view(tour.db, tour.run, tour.step, tour.example, receivers[0])
         if not gradients_received(view, expanded=True):
             st.caption("This example was not back-propagated: pick a failing one in the "
                        "sidebar.")
@@ -119,7 +125,7 @@ def live(stage: str, tour: Selection, graph) -> None:
         for page, label in (("pages/graph.py", "Graph"), ("pages/step.py", "Step through"),
                             ("pages/inspect.py", "Node inspector"),
                             ("pages/curves.py", "Curves")):
-            st.page_link(page, label=label, query_params=tour.link(node=node))
+            st.page_link(page, label=label, query_params=tour.link(node=output))
 
 
 sel = selection()
@@ -149,5 +155,5 @@ with left:
 with right:
     quantity = "edit" if stage == "Update" else "grad_chars" if stage == "Semantic gradient" \
         else "fail_share"
-    draw_graph(tour, graph, quantity, highlight=HIGHLIGHT.get(stage), height=260)
+    draw_graph(tour, graph, quantity, highlight=highlight(stage, graph), height=260)
 live(stage, tour, graph)

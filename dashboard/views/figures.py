@@ -31,23 +31,27 @@ def score_curves(steps: pd.DataFrame, label: str = "") -> go.Figure:
 
 
 def add_score_traces(fig: go.Figure, steps: pd.DataFrame, label: str = "",
-                     dash: str | None = None) -> None:
+                     dash: str | None = None, colors: tuple[str, str] = ("#90caf9", "#1565c0")
+                     ) -> None:
+    """Train (light, dotted) and validation (dark) lines plus stars on accepted steps."""
     prefix = f"{label} " if label else ""
+    train_color, val_color = colors
     fig.add_trace(go.Scatter(x=steps["step"], y=steps["train_score"], mode="lines+markers",
-                             name=f"{prefix}train", line=dict(dash=dash or "dot")))
+                             name=f"{prefix}train",
+                             line=dict(dash="dot", color=train_color)))
     fig.add_trace(go.Scatter(x=steps["step"], y=steps["val_score"], mode="lines+markers",
-                             name=f"{prefix}validation", line=dict(dash=dash)))
+                             name=f"{prefix}validation", line=dict(dash=dash, color=val_color)))
     accepted = steps[steps["accepted"].fillna(False).astype(bool)]
     fig.add_trace(go.Scatter(
         x=accepted["step"], y=accepted["val_score"], mode="markers",
-        name=f"{prefix}accepted edit", marker=dict(symbol="star", size=16, color="#2e7d32",
-                                                   line=dict(width=1, color="#1b5e20"))))
+        name=f"{prefix}accepted edit",
+        marker=dict(symbol="star", size=16, color=val_color, line=dict(width=1, color="#222"))))
 
 
 def compare_curves(a: pd.DataFrame, b: pd.DataFrame, a_label: str, b_label: str) -> go.Figure:
     fig = go.Figure()
     add_score_traces(fig, a, a_label)
-    add_score_traces(fig, b, b_label, dash="dash")
+    add_score_traces(fig, b, b_label, dash="dash", colors=("#ffcc80", "#e65100"))
     fig.update_xaxes(title="step", dtick=1)
     fig.update_yaxes(title="score", rangemode="tozero")
     return _layout(fig, "Scores per step, both runs", height=380)

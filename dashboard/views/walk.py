@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LOSS = "loss"
+from dashboard.views.graph_html import LOSS_ID
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Stop:
     @property
     def highlighted(self) -> str | None:
         """The node the graph highlights at this stop (the loss marker for the loss)."""
-        return LOSS if self.phase == "loss" else self.node_id
+        return LOSS_ID if self.phase == "loss" else self.node_id
 
 
 def walk(order: list[str], output_node: str, trainable: list[str] | None = None

@@ -46,11 +46,18 @@ def step_table(db: str | Path, run_id: str) -> pd.DataFrame:
 
 def node_activations(db: str | Path, run_id: str, node_id: str) -> pd.DataFrame:
     """One node's activations across all steps and splits."""
-    return query(db, """
-        SELECT step, split, example_id, prompt_version, input_text, output_text, error,
-               parse_error, call_id
-        FROM node_outputs WHERE run_id = ? AND node_id = ?
-        ORDER BY step, split, example_id""", [run_id, node_id])
+    # Thousands of rows of text: fetched as Arrow and sorted there (the keys are unique),
+    # this is ~8 ms faster than ORDER BY + .df() on a 100-step run
+    # (benchmarks/runlog_queries.py). Same columns and values as .df(); a text column
+    # that is entirely NULL comes back as strings with NaN rather than objects with None.
+    with connect(db, read_only=True) as con:
+        rows = con.sql("""
+            SELECT step, split, example_id, prompt_version, input_text, output_text, error,
+                   parse_error, call_id
+            FROM node_outputs WHERE run_id = $run_id AND node_id = $node_id""",
+                       params={"run_id": run_id, "node_id": node_id}).to_arrow_table()
+    return rows.sort_by([("step", "ascending"), ("split", "ascending"),
+                         ("example_id", "ascending")]).to_pandas()
 
 
 def example_trace(db: str | Path, run_id: str, step: int, example_id: str
@@ -219,7 +226,8 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
                        c.messages, c.response
                 FROM gradients g LEFT JOIN llm_calls c ON c.call_id = g.call_id
                 WHERE g.run_id = ? AND g.step = ? AND g.example_id = ?
-                  AND g.from_node_id = ? ORDER BY g.node_id""", [*key, node_id]).df(),
+                  AND g.from_node_id = ? AND g.kind = 'gradient'
+                ORDER BY g.node_id""", [*key, node_id]).df(),
             "update": con.execute("""
                 SELECT u.*, c.messages, c.response AS call_response, c.prompt_tokens,
                        c.completion_tokens, c.latency_ms, c.cost_usd, c.cache_hit

@@ -44,8 +44,8 @@ def load_resume_state(path: str, run_id: str
                                "WHERE run_id = ? AND step <= ? ORDER BY version",
                           [run_id, last[0]])
         rejected_rows = con.execute(
-            "SELECT node_id, new_prompt FROM updates WHERE run_id = ? AND step <= ? AND NOT "
-            "accepted AND new_prompt <> old_prompt ORDER BY step", [run_id, last[0]]).fetchall()
+            "SELECT node_id, prompt FROM prompt_versions WHERE run_id = ? AND step BETWEEN 1 "
+            "AND ? AND NOT accepted ORDER BY step, version", [run_id, last[0]]).fetchall()
         has_test = con.execute("SELECT count(*) FROM metrics WHERE run_id = ? AND key = "
                                "'test_score'", [run_id]).fetchone()[0] > 0
     text: dict[str, str] = {}

@@ -1,0 +1,404 @@
+"""Every dashboard page under Streamlit's AppTest, on a run log built by the real engine
+(see conftest_dashboard.py), driven through query parameters (deep links) and the
+sidebar pickers. Assertions are on content: numbers, gradient texts, diff words."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1.element_tree import UnknownElement
+
+from conftest_dashboard import (ADDED_WORDS, GTBP_INFERRED, GTBP_TARGET, HINT_A_OUTPUT,
+                                XSS, build_run_log, like_a_live_server)
+
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory):
+    return build_run_log(tmp_path_factory.mktemp("dashboard"))
+
+
+@pytest.fixture
+def open_page(log, monkeypatch, tmp_path):
+    """open_page(page, db=None, **query) -> AppTest showing that page."""
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    with like_a_live_server():
+        yield _opener(log, monkeypatch)
+
+
+def _opener(log, monkeypatch):
+
+    def run(page: str | None = None, db: Path | None = None, **query) -> AppTest:
+        monkeypatch.setenv("SEMBACK_DB", str(db or log.db))
+        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+        at.query_params.update({k: str(v) for k, v in query.items()})
+        at.run()
+        if page:
+            at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+
+    return run
+
+
+def test_a_deep_link_works_on_a_fresh_server(log, monkeypatch):
+    """Without the shim: the first request of a fresh server runs the page file alone;
+    its guard reruns the app through st.navigation, so the sidebar and the page appear."""
+    monkeypatch.setenv("SEMBACK_DB", str(log.db))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.query_params.update(run=log.semantic, step="1", example=log.gtbp_example, node="hint_a")
+    at.run()
+    at.switch_page("pages/inspect.py").run()
+    assert not at.exception
+    assert at.title[0].value == "Node hint_a"
+    assert at.selectbox(key="run").value == log.semantic
+
+
+def texts(at: AppTest) -> str:
+    """Every text the page shows (markdown, captions, code blocks, plain text, metrics)."""
+    parts = [e.value for kind in ("markdown", "caption", "code", "text", "title", "subheader",
+                                  "header", "info", "warning", "success", "error")
+             for e in getattr(at, kind)]
+    parts += [f"{m.label}={m.value}" for m in at.metric]
+    return re.sub(r"\\(.)", r"\1", "\n".join(str(p) for p in parts))  # undo Markdown escapes
+
+
+def unknown(at: AppTest, kind: str) -> list:
+    found: list = []
+
+    def walk(node) -> None:
+        for child in getattr(node, "children", {}).values():
+            if isinstance(child, UnknownElement) and child.type == kind:
+                found.append(child.proto)
+            walk(child)
+
+    walk(at._tree)
+    return found
+
+
+def values(array) -> list:
+    """A plotly JSON array: a plain list, or a typed array {dtype, bdata}."""
+    if isinstance(array, dict) and "bdata" in array:
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).tolist()
+    return list(array)
+
+
+def html_blocks(at: AppTest) -> str:
+    return "\n".join(h.proto.body for h in at.get("html"))
+
+
+def code_blocks(at: AppTest) -> list[str]:
+    return [c.value for c in at.code]
+
+
+# --- Runs ------------------------------------------------------------------------------------
+
+
+def test_runs_table_shows_the_numbers_in_the_run_log(open_page, log):
+    at = open_page()
+    assert at.title[0].value == "Runs"
+    table = at.dataframe[0].value.set_index("run")
+    assert set(table.index) == {log.semantic, log.textgrad, log.demo}
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        truth = dict(con.execute(
+            "SELECT run_id, [count(*), sum(prompt_tokens + completion_tokens)] "
+            "FROM llm_calls GROUP BY run_id").fetchall())
+        best = dict(con.execute("SELECT run_id, max(val_score) FROM steps GROUP BY run_id"
+                                ).fetchall())
+    for run_id, (calls, tokens) in truth.items():
+        assert table.loc[run_id, "calls"] == calls
+        assert table.loc[run_id, "tokens"] == tokens
+        assert table.loc[run_id, "best val"] == pytest.approx(best[run_id])
+    assert table.loc[log.semantic, "method"] == "semantic"
+    assert table.loc[log.textgrad, "status"] == "finished"
+    assert table.loc[log.semantic, "steps"] == 2
+    assert table.loc[log.semantic, "models"] == "scripted"
+
+
+def test_runs_filter_and_sort(open_page, log):
+    at = open_page()
+    at.multiselect(key="runs_method").select("textgrad").run()
+    assert list(at.dataframe[0].value["run"]) == [log.textgrad]
+    at.multiselect(key="runs_method").unselect("textgrad").run()
+    at.text_input(key="runs_filter").input("tiny").run()
+    assert set(at.dataframe[0].value["run"]) == {log.semantic, log.textgrad}
+    at.text_input(key="runs_filter").input("").run()
+    at.selectbox(key="runs_sort").select("calls").run()
+    at.toggle(key="runs_desc").set_value(False).run()
+    calls = list(at.dataframe[0].value["calls"])
+    assert calls == sorted(calls) and len(calls) == 3
+
+
+def test_empty_run_log_offers_the_demo(open_page, tmp_path, monkeypatch):
+    from dashboard import jobs
+
+    started = []
+    monkeypatch.setattr(jobs, "start", lambda spec: started.append(spec) or jobs.Job(
+        "demo-x", spec.db, 0, str(tmp_path / "x.log"), [], 0.0, spec.steps, returncode=0))
+    at = open_page(db=tmp_path / "empty.duckdb")
+    assert "has no runs yet" in texts(at)
+    at.button(key="run_demo").click().run()
+    assert len(started) == 1
+    spec = started[0]
+    assert Path(spec.graph).name == "demo.yaml" and spec.backend == "local"
+    assert spec.db == str(tmp_path / "empty.duckdb")
+
+
+def test_new_run_form_builds_the_engine_command(open_page, log, monkeypatch, tmp_path):
+    from dashboard import jobs
+
+    started = []
+    monkeypatch.setattr(jobs, "start", lambda spec: started.append(spec) or jobs.Job(
+        "r", spec.db, 1, str(tmp_path / "r.log"), [], 0.0, spec.steps, returncode=0))
+    at = open_page()
+    form = at.get("form")[0]
+    selects = {s.label: s for s in form.selectbox}
+    numbers = {n.label: n for n in form.number_input}
+    uploads = {u.label: u for u in form.file_uploader}
+    uploads["Graph file (YAML)"].upload("tiny.yaml", log.graph.read_bytes(), "text/yaml")
+    data_file = log.graph.with_name("tiny.jsonl")
+    uploads["Dataset (JSONL, optional)"].upload("tiny.jsonl", data_file.read_bytes(),
+                                                "application/jsonl")
+    selects["Backend"].select("scripted")
+    selects["Method"].select("textgrad")
+    numbers["Steps"].set_value(3)
+    numbers["Train examples"].set_value(6)
+    numbers["Seed"].set_value(5)
+    at.button(key="FormSubmitter:new_run-Start run").click().run()
+    assert len(started) == 1
+    spec = started[0]
+    assert (spec.method, spec.backend, spec.steps, spec.train, spec.seed) == (
+        "textgrad", "scripted", 3, 6, 5)
+    assert spec.val is None and Path(spec.graph).read_text() == log.graph.read_text()
+    assert Path(spec.dataset).read_bytes() == data_file.read_bytes()
+    cmd = jobs.build_command(spec)
+    assert cmd[cmd.index("--method") + 1] == "textgrad" and "--val" not in cmd
+
+
+def test_a_live_run_refreshes_itself(open_page, log, tmp_path):
+    db = tmp_path / "live.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", [log.semantic])
+    at = open_page("curves", db=db, run=log.semantic)
+    assert "live: this view refreshes" in texts(at)
+    assert "running" in texts(at)
+
+
+def test_an_unreadable_file_is_reported(open_page, tmp_path):
+    bad = tmp_path / "not-a-db.duckdb"
+    bad.write_text("hello")
+    at = open_page(db=bad)
+    assert any("Cannot read" in e.value for e in at.error)
+
+
+# --- Node inspector --------------------------------------------------------------------------
+
+
+def test_deep_link_opens_the_inspector_with_gradients_prompt_and_diff(open_page, log):
+    at = open_page("inspect", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    assert at.title[0].value == "Node hint_a"
+    assert at.selectbox(key="node").value == "hint_a"
+    assert at.selectbox(key="example").value == log.gtbp_example
+    codes = code_blocks(at)
+    # the node's output is shown as text, payload included, never as HTML
+    assert HINT_A_OUTPUT in codes
+    # the gradient received from its successor `final`, and the backward prompt that
+    # produced it: the successor's other input (the sibling hint_b) is visible in it
+    shown = texts(at)
+    assert "Gradient from successor final" in shown
+    assert any(c.startswith("The input hint_a should") for c in codes)
+    backward_prompt = next(c for c in codes if "For each input produced by an earlier step" in c)
+    assert '<input name="hint_b">' in backward_prompt and '<input name="hint_a">' in backward_prompt
+    # the aggregated gradient and the edit as a word-level diff
+    assert "aggregated gradient" in shown
+    diff = html_blocks(at)
+    for word in ADDED_WORDS.split():
+        assert word in diff
+    assert "<ins" in diff
+    assert "validation before" in shown and "validation after (candidate)" in shown
+    assert "prompt tokens" in shown and "cache hit" in shown
+    assert "<img" not in diff
+
+
+def test_node_picker_switches_the_inspector_and_shows_gtbp_rows(open_page, log):
+    at = open_page("inspect", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    at.selectbox(key="node").select("final").run()
+    assert at.title[0].value == "Node final"
+    assert at.session_state["selected_node"] == "final"
+    codes = code_blocks(at)
+    assert GTBP_TARGET in codes and GTBP_INFERRED in codes
+    assert "Target and inferred inputs (gtbp)" in texts(at)
+    assert any("from the loss" in m.value for m in at.markdown)
+    assert "The expected output is" in "\n".join(codes)
+    assert "<ins" in html_blocks(at)  # actual output -> target
+
+
+def test_example_and_step_pickers_change_the_view(open_page, log):
+    at = open_page("inspect", run=log.semantic, step=1, example=log.gtbp_example, node="final")
+    at.selectbox(key="step").select(0).run()
+    assert "step 0" in at.caption[0].value or "step 0" in texts(at)
+    assert "No update was proposed for this node at this step." in texts(at)
+
+
+# --- Graph -----------------------------------------------------------------------------------
+
+
+def test_graph_page_draws_an_escaped_offline_graph_and_a_clickable_chart(open_page, log):
+    at = open_page("graph", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    frames = unknown(at, "iframe")
+    assert len(frames) == 1
+    page = frames[0].srcdoc
+    assert "vis.Network" in page and "<img src=x" not in page
+    assert "\\u0026lt;img src=x onerror=" in page  # escaped, then JSON-encoded
+    assert "cdn.jsdelivr" not in page
+    chart = json.loads(unknown(at, "plotly_chart")[0].spec)
+    nodes = next(t for t in chart["data"] if t.get("name") == "nodes")
+    assert nodes["customdata"] == ["hint_a", "hint_b", "final"]
+    sizes = dict(zip(nodes["customdata"], values(nodes["marker"]["size"])))
+    assert sizes["hint_a"] > sizes["final"]  # the selected node stands out
+    assert "Node hint_a" in texts(at)
+    assert HINT_A_OUTPUT in code_blocks(at)
+
+
+def test_graph_selection_follows_the_picker_and_the_colour_choice(open_page, log):
+    at = open_page("graph", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    at.selectbox(key="node").select("final").run()
+    chart = json.loads(unknown(at, "plotly_chart")[0].spec)
+    nodes = next(t for t in chart["data"] if t.get("name") == "nodes")
+    sizes = dict(zip(nodes["customdata"], values(nodes["marker"]["size"])))
+    assert sizes["final"] > sizes["hint_a"]
+    assert "Node final" in texts(at)
+    at.radio(key="graph_quantity").set_value("edit").run()
+    assert "edit accepted" in unknown(at, "iframe")[0].srcdoc
+    at.radio(key="graph_quantity").set_value("grad_chars").run()
+    assert "chars" in unknown(at, "iframe")[0].srcdoc
+
+
+def test_a_chart_click_selects_the_node(open_page, log):
+    """Plotly clicks cannot be simulated: check the callback's reading of a click's state,
+    then give the node picker the value the callback writes."""
+    from dashboard.pages import clicked_node
+
+    click = {"selection": {"points": [{"x": 190, "y": 95, "customdata": "hint_b"}],
+                           "point_indices": [1]}}
+    assert clicked_node(click) == "hint_b"
+    assert clicked_node({"selection": {"points": []}}) is None
+    at = open_page("graph", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    at.session_state["node"] = clicked_node(click)
+    at.run()
+    assert "Node hint_b" in texts(at)
+    assert at.session_state["selected_node"] == "hint_b"
+
+
+# --- Step through ----------------------------------------------------------------------------
+
+
+def test_step_through_walks_forward_loss_backward_update(open_page, log):
+    at = open_page("step", run=log.semantic, step=1, example=log.gtbp_example, node="final")
+    assert "1 / 8: Forward: hint_a" in texts(at)
+    assert HINT_A_OUTPUT in code_blocks(at)
+    frame = unknown(at, "iframe")[0].srcdoc
+    assert '"borderWidth": 5, "color": {"background"' in frame  # one node outlined
+    for _ in range(3):
+        at.button(key="walk_next").click().run()
+    shown = texts(at)
+    assert "4 / 8: Loss on final's output" in shown
+    assert "score=0.00" in shown and "The expected output is" in "\n".join(code_blocks(at))
+    at.button(key="walk_next").click().run()
+    assert "5 / 8: Backward: final" in texts(at)
+    assert any(c.startswith("The input hint_a should") for c in code_blocks(at))
+    assert at.session_state["node"] == "final"  # the sidebar follows the walk
+    for _ in range(3):
+        at.button(key="walk_next").click().run()
+    assert "8 / 8: Update" in texts(at)
+    diff = html_blocks(at)
+    assert all(word in diff for word in ADDED_WORDS.split())
+    at.button(key="walk_prev").click().run()
+    assert "7 / 8: Backward: hint_a" in texts(at)
+
+
+def test_step_through_radio_jumps_to_a_stop(open_page, log):
+    at = open_page("step", run=log.semantic, step=1, example=log.gtbp_example)
+    at.radio(key="walk").set_value(6).run()
+    assert "7 / 8: Backward: hint_a" in texts(at)
+    assert at.session_state["node"] == "hint_a"
+
+
+# --- Curves, Compare, Learn ---------------------------------------------------------------
+
+
+def test_curves_show_scores_and_usage(open_page, log):
+    at = open_page("curves", run=log.semantic)
+    figures = [json.loads(p.spec) for p in unknown(at, "plotly_chart")]
+    scores = figures[0]
+    val = next(t for t in scores["data"] if t["name"] == "validation")
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        truth = [r[0] for r in con.execute(
+            "SELECT val_score FROM steps WHERE run_id = ? ORDER BY step", [log.semantic]
+        ).fetchall()]
+        accepted = [r[0] for r in con.execute(
+            "SELECT step FROM steps WHERE run_id = ? AND accepted ORDER BY step",
+            [log.semantic]).fetchall()]
+        forward = con.execute("SELECT sum(prompt_tokens + completion_tokens) FROM llm_calls "
+                              "WHERE run_id = ? AND purpose = 'forward'", [log.semantic]
+                              ).fetchone()[0]
+    assert values(val["y"]) == pytest.approx(truth)
+    stars = next(t for t in scores["data"] if t["name"] == "accepted edit")
+    assert values(stars["x"]) == accepted
+    by_node = figures[1]
+    assert {t["name"] for t in by_node["data"]} >= {"forward", "backward", "update"}
+    per_phase = figures[3]
+    phases = dict(zip(values(per_phase["data"][0]["x"]), values(per_phase["data"][0]["y"])))
+    assert phases["forward"] == forward
+    at.segmented_control(key="curves_measure").set_value("calls").run()
+    assert "calls per node" in json.dumps(json.loads(unknown(at, "plotly_chart")[1].spec))
+
+
+def test_compare_two_runs(open_page, log):
+    at = open_page("compare", run=log.semantic, step=1, example=log.gtbp_example)
+    assert at.selectbox(key="other").value == log.textgrad  # same graph and seed
+    summary = at.dataframe[0].value
+    assert list(summary["method"]) == ["semantic", "textgrad"]
+    curves = json.loads(unknown(at, "plotly_chart")[0].spec)
+    assert {"A validation", "B validation"} <= {t["name"] for t in curves["data"]}
+    shown = texts(at)
+    assert f"{log.semantic} · gradient from final" in shown
+    assert f"{log.textgrad} · gradient from final" in shown
+    assert "Prompts: A's latest accepted version" in shown
+    assert "semback-diff" in html_blocks(at)
+
+
+def test_learn_tour_uses_the_demo_run(open_page, log):
+    at = open_page("learn", run=log.semantic)
+    assert "Showing demo run" in texts(at) and log.demo in texts(at)
+    assert at.segmented_control(key="tour").value == "The graph"
+    at.button(key="tour_next").click().run()
+    assert at.segmented_control(key="tour").value == "Forward pass"
+    assert "forward pass" in texts(at)
+    at.segmented_control(key="tour").set_value("Semantic gradient").run()
+    shown = texts(at)
+    assert "What mood received from answer" in shown.replace("\\", "")
+    prompts = "\n".join(code_blocks(at))
+    assert '<input name="review">' in prompts and '<input name="mood">' in prompts
+    at.segmented_control(key="tour").set_value("Update").run()
+    assert "semback-diff" in html_blocks(at)
+
+
+def test_no_page_renders_model_text_as_html(open_page, log):
+    for page in ("graph", "step", "inspect", "curves", "compare", "learn"):
+        at = open_page(page, run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+        assert XSS not in html_blocks(at), page
+        for md in at.markdown:
+            assert XSS not in md.value or md.proto.allow_html is False, page

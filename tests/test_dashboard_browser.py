@@ -1,0 +1,232 @@
+"""The dashboard in a real browser: Debian's chromium driven by Playwright against
+`streamlit run dashboard/app.py` on a free localhost port.
+
+Opens a deep link, clicks a node in the node chart, follows it to the inspector, sees the
+gradient and the diff, and checks that the HTML payload in a model reply did not run
+(`window.__xss` stays undefined in the page and in the graph's iframe) while its literal
+text is visible. Saves a screenshot of every page under test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest_dashboard import ADDED_WORDS, HINT_A_OUTPUT, XSS, build_run_log
+
+CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "test-artifacts" / "screenshots"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # pragma: no cover - depends on the machine
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no browser: /usr/bin/chromium is missing "
+                       "(apt-get install chromium)"),
+    pytest.mark.skipif(sync_playwright is None, reason="the playwright package is not installed"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("browser")
+    log = build_run_log(folder)
+    port = free_port()
+    streamlit = Path(sys.executable).with_name("streamlit")
+    cmd = [str(streamlit)] if streamlit.exists() else [sys.executable, "-m", "streamlit"]
+    cmd += ["run", "dashboard/app.py", "--server.headless", "true", "--server.port", str(port),
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    env = {**os.environ, "SEMBACK_DB": str(log.db), "SEMBACK_JOBS_DIR": str(folder / "jobs")}
+    out = open(folder / "server.log", "w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://localhost:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as reply:
+                if reply.read().decode().strip() == "ok":
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("streamlit did not start:\n" + (folder / "server.log").read_text())
+        time.sleep(0.2)
+    yield base, log
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    out.close()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1800})
+    tab = context.new_page()
+    tab.on("dialog", lambda d: d.dismiss())  # an alert() would mean the payload ran
+    yield tab
+    context.close()
+
+
+def settle(page, timeout: float = 30_000) -> None:
+    """Wait until the script finished and no placeholder is left."""
+    page.wait_for_selector("[data-test-script-state='notRunning']", timeout=timeout)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stSkeleton\"]')",
+                           timeout=timeout)
+    page.wait_for_timeout(300)
+
+
+def no_script_ran(page) -> None:
+    for frame in page.frames:
+        assert frame.evaluate("typeof window.__xss") == "undefined", frame.url
+
+
+def test_deep_link_click_a_node_and_read_its_gradient_and_diff(server, page):
+    base, log = server
+    page.goto(f"{base}/graph?run={log.semantic}&step=1&example={log.gtbp_example}&node=hint_a")
+    settle(page)
+    expect(page.get_by_text("Node hint_a", exact=True)).to_be_visible()
+    page.screenshot(path=str(SHOTS / "graph.png"))
+
+    # click `final` in the node chart (its third point): the sidebar picker follows
+    chart = page.locator("[data-testid='stPlotlyChart']").first
+    chart.scroll_into_view_if_needed()
+    points = chart.locator(".scatterlayer .trace").last.locator("path.point")
+    expect(points).to_have_count(3)
+    points.nth(2).click(force=True)
+    expect(page.get_by_text("Node final", exact=True)).to_be_visible(timeout=30_000)
+    settle(page)
+    picker = page.locator("[data-testid='stSidebar']").get_by_role("combobox", name="Node")
+    expect(picker).to_have_value("final")
+    assert "node=final" in page.url  # the picker is bound to the query parameter
+
+    # follow the link to the inspector: the gradient from the loss and the diff
+    page.get_by_text("Open in the node inspector").click()
+    expect(page.get_by_text("Node final", exact=True)).to_be_visible(timeout=30_000)
+    settle(page)
+    assert "node=final" in page.url and f"run={log.semantic}" in page.url
+    main = page.locator("[data-testid='stMain']")
+    expect(main.get_by_text("Gradient from the loss (output gradient)")).to_be_visible()
+    expect(main.get_by_text("The expected output is", exact=False).first).to_be_visible()
+    expect(main.locator(".semback-diff ins").first).to_be_visible()
+    no_script_ran(page)
+
+
+def test_inspector_deep_link_shows_the_payload_as_text(server, page):
+    base, log = server
+    page.goto(f"{base}/inspect?run={log.semantic}&step=1&example={log.gtbp_example}"
+              "&node=hint_a")
+    settle(page)
+    main = page.locator("[data-testid='stMain']")
+    expect(main.get_by_text("Node hint_a", exact=True)).to_be_visible()
+    body = main.inner_text()
+    assert HINT_A_OUTPUT in body  # the literal text, tags and all
+    assert "The input hint_a should" in body  # the gradient from `final`
+    added = main.locator(".semback-diff ins")
+    expect(added.first).to_be_visible()
+    assert ADDED_WORDS.split()[0] in " ".join(added.all_inner_texts())
+    assert main.locator("img[src='x']").count() == 0
+    page.wait_for_timeout(500)  # an onerror handler would have fired by now
+    no_script_ran(page)
+    page.screenshot(path=str(SHOTS / "inspect.png"))
+
+
+def test_graph_tooltip_shows_the_payload_as_text(server, page):
+    base, log = server
+    page.goto(f"{base}/graph?run={log.semantic}&step=1&example={log.gtbp_example}&node=hint_a")
+    settle(page)
+    frame = next(f for f in page.frames if f.evaluate("typeof network") == "object")
+    # hover hint_a on the canvas: the tooltip is built from its escaped title
+    box = page.locator("iframe").first.bounding_box()
+    x, y = frame.evaluate("""() => { const p = network.getPositions(['hint_a']).hint_a;
+                                      const d = network.canvasToDOM(p); return [d.x, d.y]; }""")
+    page.mouse.move(box["x"] + x, box["y"] + y)
+    popup = frame.locator("div.popup")
+    expect(popup).to_be_visible(timeout=10_000)
+    text = popup.inner_text()
+    assert XSS in text  # shown literally
+    assert popup.locator("img").count() == 0
+    page.wait_for_timeout(500)
+    no_script_ran(page)
+
+
+def test_step_through_next_and_previous(server, page):
+    base, log = server
+    page.goto(f"{base}/step?run={log.semantic}&step=1&example={log.gtbp_example}")
+    settle(page)
+    main = page.locator("[data-testid='stMain']")
+    expect(main.get_by_text("1 / 8: Forward: hint_a")).to_be_visible()
+    for label in ("2 / 8: Forward: hint_b", "3 / 8: Forward: final",
+                  "4 / 8: Loss on final's output"):
+        main.get_by_role("button", name="Next ▶").click()
+        expect(main.get_by_text(label)).to_be_visible(timeout=30_000)
+        settle(page)
+    page.screenshot(path=str(SHOTS / "step.png"))
+    main.get_by_role("button", name="◀ Previous").click()
+    expect(main.get_by_text("3 / 8: Forward: final")).to_be_visible(timeout=30_000)
+    no_script_ran(page)
+
+
+@pytest.mark.parametrize("name,path", [
+    ("runs", "/"), ("curves", "/curves"), ("compare", "/compare"), ("learn", "/learn"),
+])
+def test_page_screenshots(server, page, name, path):
+    base, log = server
+    page.goto(f"{base}{path}?run={log.semantic}&step=1&example={log.gtbp_example}&node=hint_a")
+    settle(page)
+    expect(page.locator("[data-testid='stMain'] h1").first).to_be_visible()
+    assert not page.locator("[data-testid='stException']").count()
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+    no_script_ran(page)
+
+
+def test_no_request_leaves_the_machine(server, browser):
+    base, log = server
+    context = browser.new_context()
+    tab = context.new_page()
+    outside = []
+    tab.on("request", lambda r: r.url.startswith(("http://localhost", "data:", "blob:",
+                                                  "about:")) or outside.append(r.url))
+    for path in ("/graph", "/inspect", "/learn"):
+        tab.goto(f"{base}{path}?run={log.semantic}&step=1&example={log.gtbp_example}")
+        settle(tab)
+    context.close()
+    assert outside == []
+
+
+def test_screenshots_were_written():
+    if not SHOTS.exists():
+        pytest.skip("browser tests did not run")
+    names = {p.stem for p in SHOTS.glob("*.png")}
+    assert {"graph", "inspect", "step"} <= names, names
+    shutil.os.sync() if hasattr(shutil.os, "sync") else None

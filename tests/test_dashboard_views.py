@@ -1,0 +1,261 @@
+"""The dashboard's pure functions: escaping, layered layout, word diff, colours, the
+step-through order, figures, and background jobs."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dashboard import jobs
+from dashboard.views import graph_html as gh
+from dashboard.views.colors import color_nodes, red_green
+from dashboard.views.diff import diff_html, word_diff
+from dashboard.views.figures import node_chart, score_curves
+from dashboard.views.walk import walk
+
+XSS = "<img src=x onerror=alert(1)>"
+
+DIAMOND = gh.GraphModel(
+    order=("sum", "difference", "larger", "compare"),
+    inputs=(("sum", ("numbers",)), ("difference", ("numbers",)), ("larger", ("numbers",)),
+            ("compare", ("sum", "difference", "larger"))),
+    fields=("numbers",), output="compare")
+CHAIN = gh.GraphModel(order=("extract", "convert", "answer"),
+                      inputs=(("extract", ("text",)), ("convert", ("extract",)),
+                              ("answer", ("convert", "extract"))),
+                      fields=("text",), output="answer")
+
+
+# --- layout --------------------------------------------------------------------------------
+
+
+def test_layers_run_left_to_right_along_every_edge():
+    for model in (DIAMOND, CHAIN):
+        pos = gh.layered_positions(model)
+        for node, inputs in model.inputs:
+            for source in inputs:
+                src = gh.FIELD_PREFIX + source if source in model.fields else source
+                assert pos[src][0] < pos[node][0], (src, node)
+        assert pos[gh.LOSS_ID][0] > pos[model.output][0]
+        assert {x for x, _ in [pos[gh.FIELD_PREFIX + f] for f in model.fields]} == {0}
+
+
+def test_nodes_of_one_layer_are_spread_and_centred():
+    pos = gh.layered_positions(DIAMOND)
+    ys = sorted(pos[n][1] for n in ("sum", "difference", "larger"))
+    assert len({pos[n][0] for n in ("sum", "difference", "larger")}) == 1
+    assert len(set(ys)) == 3 and ys[0] == -ys[2]
+    assert pos["compare"][1] == 0  # the barycentre of its three inputs
+    chain = gh.layered_positions(CHAIN)
+    assert chain["extract"][0] < chain["convert"][0] < chain["answer"][0]
+
+
+def test_graph_model_from_an_engine_graph():
+    from engine.graph import parse_graph
+
+    graph = parse_graph("""
+name: g
+input_fields: [q, unused]
+target_field: a
+nodes:
+  - {id: h, prompt: Think., inputs: [q]}
+  - {id: f, prompt: Answer., inputs: [q, h], output: true}
+""")
+    model = gh.GraphModel.from_graph(graph)
+    assert model.order == ("h", "f") and model.output == "f"
+    assert model.fields == ("q",)  # fields no node reads are not drawn
+    assert model.predecessors("f") == ["h"] and model.successors("h") == ["f"]
+
+
+# --- escaping --------------------------------------------------------------------------------
+
+
+def test_model_text_in_tooltips_is_escaped():
+    deco = gh.Decoration(tooltips=(("sum", f"output: {XSS}"),),
+                         link=(("run", 'r"<x>'), ("step", "1")))
+    nodes = {n["id"]: n for n in gh.vis_nodes(DIAMOND, deco)}
+    title = nodes["sum"]["title"]
+    assert "&lt;img src=x onerror=alert(1)&gt;" in title
+    assert "<img" not in title
+    assert 'r"<x>' not in title and "r%22%3Cx%3E" in title  # the link is quoted too
+
+
+def test_labels_are_escaped():
+    model = gh.GraphModel(order=("a<b>",), inputs=(("a<b>", ("q",)),), fields=("q",),
+                          output="a<b>")
+    labels = {n["id"]: n["label"] for n in gh.vis_nodes(model, gh.Decoration())}
+    assert labels["a<b>"] == "a&lt;b&gt;"
+
+
+def test_graph_html_is_offline_escaped_and_uses_the_html_popup():
+    deco = gh.Decoration(tooltips=(("sum", XSS),), flows=(("loss", "compare", 2, 31.0),
+                                                          ("compare", "sum", 2, 120.0)),
+                         highlight="sum", link=(("run", "r1"),))
+    page = gh.graph_html(DIAMOND, deco)
+    assert "<img src=x" not in page and "onerror=alert(1)>" not in page
+    # what the browser's popup.innerHTML receives decodes to the escaped text
+    nodes = json.loads(re.search(r"nodes = new vis\.DataSet\((\[.*?\])\);", page).group(1))
+    sum_title = next(n["title"] for n in nodes if n["id"] == "sum")
+    assert "&lt;img src=x onerror=alert(1)&gt;" in sum_title
+    assert "div.popup" in page  # titles go through the HTML popup, where escaping matters
+    assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?://", page)
+    assert "cdn.jsdelivr" not in page and "cdnjs" not in page.split("<body>")[-1]
+    assert "vis.Network" in page and "<h1>" not in page
+    edges = json.loads(re.search(r"edges = new vis\.DataSet\((\[.*?\])\);", page).group(1))
+    gradient_edges = [e for e in edges if e.get("dashes") == [6, 4]]
+    assert {(e["from"], e["to"]) for e in gradient_edges} == {(gh.LOSS_ID, "compare"),
+                                                              ("compare", "sum")}
+    assert all(n["physics"] is False for n in nodes)
+
+
+# --- diff ------------------------------------------------------------------------------------
+
+
+def test_word_diff_reports_added_and_removed_words():
+    diff = word_diff("Answer Yes or No.", "Answer Yes or No. Decide if the review is positive.")
+    assert diff.added == ["Decide", "if", "the", "review", "is", "positive."]
+    assert diff.removed == [] and diff.changed
+    swap = word_diff("Write one word about the text.", "Write one feeling about the text.")
+    assert swap.added == ["feeling"] and swap.removed == ["word"]
+    assert not word_diff("same text", "same text").changed
+
+
+def test_diff_html_colours_and_escapes():
+    page = diff_html("Keep this.", f"Keep this. {XSS} and <b>bold</b>")
+    assert "<ins" in page and "background:#d4f8d4" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page and "<img" not in page
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page
+    removed = diff_html("old words here", "new words here")
+    assert re.search(r"<del[^>]*>old</del>", removed) and re.search(r"<ins[^>]*>new</ins>",
+                                                                      removed)
+
+
+def test_diff_keeps_line_breaks_and_can_hide_unchanged_text():
+    assert "line one\nline two\n" in diff_html("line one\nline two\nend", "line one\nline two\nend!")
+    long = " ".join(f"w{i}" for i in range(200))
+    short = diff_html(long, long + " extra", only_changes=True)
+    assert "w100" not in short and "extra" in short and "…" in short
+    assert "(empty)" in diff_html("", "")
+
+
+# --- colours, walk, figures ---------------------------------------------------------------
+
+
+def test_colours_per_quantity():
+    rows = [{"node_id": "a", "fail_share": 0.0, "grad_chars": 100.0, "edit": "accepted"},
+            {"node_id": "b", "fail_share": 1.0, "grad_chars": 400.0, "edit": "rejected"},
+            {"node_id": "c", "fail_share": None, "grad_chars": float("nan"), "edit": None}]
+    fail = color_nodes(rows, "fail_share")
+    assert fail.colors["a"] == red_green(0.0) != fail.colors["b"] == red_green(1.0)
+    assert "c" not in fail.colors and fail.captions["b"] == "100% failing"
+    grad = color_nodes(rows, "grad_chars")
+    assert grad.captions["b"] == "∇ 400 chars" and "c" not in grad.colors
+    edit = color_nodes(rows, "edit")
+    assert edit.captions == {"a": "edit accepted", "b": "edit rejected"}
+    with pytest.raises(ValueError):
+        color_nodes(rows, "nonsense")
+
+
+def test_walk_goes_forward_then_loss_then_backward_then_update():
+    stops = walk(list(DIAMOND.order), DIAMOND.output)
+    assert [(s.phase, s.node_id) for s in stops] == [
+        ("forward", "sum"), ("forward", "difference"), ("forward", "larger"),
+        ("forward", "compare"), ("loss", "compare"), ("backward", "compare"),
+        ("backward", "larger"), ("backward", "difference"), ("backward", "sum"),
+        ("update", None)]
+    assert stops[4].highlighted == gh.LOSS_ID and stops[1].highlighted == "difference"
+
+
+def test_node_chart_points_carry_node_ids_and_escaped_hover():
+    fig = node_chart(DIAMOND, {"sum": "#ff0000"}, {"sum": f"sum\n{XSS}"}, selected="larger")
+    nodes = next(t for t in fig.data if t.name == "nodes")
+    assert list(nodes.customdata) == list(DIAMOND.order)
+    hover = dict(zip(nodes.customdata, nodes.hovertext))
+    assert "&lt;img" in hover["sum"] and "<img" not in hover["sum"]
+    sizes = dict(zip(nodes.customdata, nodes.marker.size))
+    assert sizes["larger"] > sizes["sum"]
+
+
+def test_score_curves_mark_accepted_steps():
+    import pandas as pd
+
+    steps = pd.DataFrame({"step": [0, 1, 2], "train_score": [0.2, 0.4, 0.5],
+                          "val_score": [0.1, 0.3, 0.3], "accepted": [False, True, False]})
+    fig = score_curves(steps)
+    stars = next(t for t in fig.data if t.name == "accepted edit")
+    assert list(stars.x) == [1] and list(stars.y) == [0.3]
+
+
+# --- jobs --------------------------------------------------------------------------------
+
+
+def test_build_command_maps_the_form_onto_cli_flags():
+    spec = jobs.RunSpec(graph="g.yaml", db="x.duckdb", method="textgrad", backend="scripted",
+                        model="m", steps=3, train=4, val=5, test=0, seed=7, run_id="r1")
+    cmd = jobs.build_command(spec)
+    assert cmd[:5] == [sys.executable, "-m", "engine", "run", "g.yaml"]
+    pairs = dict(zip(cmd[5::2], cmd[6::2]))
+    assert pairs == {"--db": "x.duckdb", "--method": "textgrad", "--backend": "scripted",
+                     "--steps": "3", "--seed": "7", "--model": "m", "--train": "4",
+                     "--val": "5", "--test": "0", "--run-id": "r1"}
+    from engine.cli import build_parser
+
+    args = build_parser().parse_args(cmd[3:])  # the engine accepts every flag
+    assert (args.method, args.backend, args.train, args.test) == ("textgrad", "scripted", 4, 0)
+
+
+def test_a_job_runs_the_engine_to_completion(tmp_path, monkeypatch):
+    from conftest_dashboard import _write_data
+
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    graph = _write_data(tmp_path / "g")
+    db = tmp_path / "runs.duckdb"
+    job = jobs.start(jobs.RunSpec(graph=str(graph), db=str(db), backend="scripted", steps=1,
+                                  train=4, val=4, test=0))
+    assert jobs.wait(job, 60), jobs.log_tail(job)
+    assert job.returncode == 0, jobs.log_tail(job)
+    from engine.runlog import reader
+
+    runs = reader.list_runs(db)
+    assert list(runs["run_id"]) == [job.run_id] and runs["status"][0] == "finished"
+    listed = jobs.list_jobs(db)
+    assert [j.run_id for j in listed] == [job.run_id] and listed[0].returncode == 0
+
+
+def test_stop_sends_sigterm(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM'), sys.exit(3)))\n"
+              "print('ready' + '!', flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setattr(jobs, "build_command", lambda spec: [sys.executable, "-c", script])
+    graph = tmp_path / "g.yaml"
+    graph.write_text("name: g\ninput_fields: [q]\ntarget_field: a\nnodes:\n"
+                     "  - {id: f, prompt: Answer., inputs: [q], output: true}\n")
+    job = jobs.start(jobs.RunSpec(graph=str(graph), db=str(tmp_path / "r.duckdb")))
+    deadline = time.monotonic() + 20
+    while "ready!" not in jobs.log_tail(job) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert jobs.poll(job)
+    jobs.stop(job)
+    assert jobs.wait(job, 20)
+    assert job.returncode == 3 and "got SIGTERM" in jobs.log_tail(job)
+    record = json.loads(Path(job.record).read_text())
+    assert record["stopped"] is True and record["returncode"] == 3
+    jobs.forget(job)
+    assert jobs.list_jobs(tmp_path / "r.duckdb") == []
+
+
+def test_a_bad_graph_is_refused_before_starting(tmp_path, monkeypatch):
+    from engine.graph import GraphError
+
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nnodes: []\n")
+    with pytest.raises(GraphError):
+        jobs.start(jobs.RunSpec(graph=str(bad), db=str(tmp_path / "r.duckdb")))
+    assert jobs.list_jobs(tmp_path / "r.duckdb") == []
