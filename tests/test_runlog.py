@@ -175,10 +175,8 @@ def test_a_finished_run_is_not_resumed(tmp_path, capsys):
     make_run(db, steps=1)
     before = contents(db)
     code, out, err = cli(capsys, "resume", "r1", "--db", str(db))
-    # cmd_resume draws its progress bar before engine.run.resume refuses, so the error is
-    # the last line rather than the only one.
     assert code == 2 and "Traceback" not in err
-    assert err.strip().splitlines()[-1] == "error: run 'r1' has already finished"
+    assert err.strip() == "error: run 'r1' has already finished; nothing to resume"
     assert contents(db) == before
 
 
