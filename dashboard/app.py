@@ -27,17 +27,17 @@ from dashboard import data
 from dashboard.pages import NODE_KEY, SELECTION_KEY, Selection, md
 
 PAGES = [
-    st.Page("pages/runs.py", title="Runs", icon="📋", url_path="runs",
+    st.Page("pages/runs.py", title="Runs", url_path="runs",
             default=True),
-    st.Page("pages/graph.py", title="Graph", icon="🕸️", url_path="graph"),
-    st.Page("pages/step.py", title="Step through", icon="👣",
+    st.Page("pages/graph.py", title="Graph", url_path="graph"),
+    st.Page("pages/step.py", title="Step through",
             url_path="step"),
-    st.Page("pages/inspect.py", title="Node inspector", icon="🔍",
+    st.Page("pages/inspect.py", title="Node inspector",
             url_path="inspect"),
-    st.Page("pages/curves.py", title="Curves", icon="📈", url_path="curves"),
-    st.Page("pages/compare.py", title="Compare", icon="⚖️",
+    st.Page("pages/curves.py", title="Curves", url_path="curves"),
+    st.Page("pages/compare.py", title="Compare",
             url_path="compare"),
-    st.Page("pages/learn.py", title="Learn", icon="🎓", url_path="learn"),
+    st.Page("pages/learn.py", title="Learn", url_path="learn"),
 ]
 
 
@@ -125,7 +125,8 @@ def live_refresh(db: str, seen: tuple) -> None:
     st.caption(":material/sync: live: this view refreshes as steps are written")
 
 
-# Icons are emoji: a :material: icon becomes a favicon fetched from a font CDN.
+# No :material: page icons: the current page's icon becomes the favicon, which the
+# browser would fetch from a font CDN (the dashboard must work offline).
 st.set_page_config(page_title="Semantic backprop workbench", page_icon="🔁",
                    layout="wide")
 navigation = st.navigation(PAGES)

@@ -74,12 +74,15 @@ def run(db: str, run_id: str) -> dict | None:
 
 @st.cache_data(**_CACHE)
 def _graph(db: str, run_id: str, version: Stamp) -> RunGraph | None:
-    from engine.graph import parse_graph
+    from engine.graph import GraphError, parse_graph
 
     record = reader.run_record(db, run_id)
     if record is None or not record.get("graph_yaml"):
         return None
-    graph = parse_graph(record["graph_yaml"], f"<run {run_id}>")
+    try:
+        graph = parse_graph(record["graph_yaml"], f"<run {run_id}>")
+    except GraphError:  # logged by another engine version: the pages say so, no crash
+        return None
     return RunGraph(gh.GraphModel.from_graph(graph), tuple(graph.trainable_nodes),
                     graph.description, graph.metric, tuple((n.id, n.prompt) for n in graph.nodes))
 

@@ -86,7 +86,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=_positive, help="forward generation limit")
     p.add_argument("--optimizer-max-tokens", type=_positive)
     p.add_argument("--cache", choices=("off", "read", "readwrite"), default="readwrite")
-    p.add_argument("--concurrency", type=_positive, default=16)
+    p.add_argument("--concurrency", type=_positive, default=16,
+                   help="calls in flight at once, across all backends")
+    p.add_argument("--backend-limit", action="append", default=[], metavar="BACKEND=N",
+                   help="a lower limit for one backend, e.g. openai=4 (repeatable)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
     p.add_argument("--max-retries", type=_non_negative, default=4)
     p.add_argument("--run-id", help="name the run (default: generated)")
@@ -104,6 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         optimizer_model=args.optimizer_model, steps=args.steps, train=args.train, val=args.val,
         test=args.test, seed=args.seed, db=args.db, data_dir=args.data_dir,
         dataset=args.dataset, cache=args.cache, concurrency=args.concurrency,
+        backend_limits=_limits(args.backend_limit),
         failures_per_step=args.failures_per_step, gate=args.gate,
         update_mode=args.update_mode, temperature=args.temperature, max_tokens=args.max_tokens,
         optimizer_max_tokens=args.optimizer_max_tokens, base_url=args.base_url,
@@ -227,6 +231,17 @@ def _options(items: list[str]) -> dict[str, Any]:
         except ValueError:
             options[key] = value
     return options
+
+
+def _limits(items: list[str]) -> dict[str, int]:
+    limits = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise UsageError(f"--backend-limit expects BACKEND=N with N a positive whole "
+                             f"number, not {item!r}")
+        limits[name] = int(value)
+    return limits
 
 
 def build_parser() -> argparse.ArgumentParser:

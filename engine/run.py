@@ -51,6 +51,7 @@ class RunConfig:
     dataset: str | None = None
     cache: str = "readwrite"
     concurrency: int = 16
+    backend_limits: dict[str, int] = field(default_factory=dict)
     failures_per_step: int = 2
     gate: bool = True
     update_mode: str = "all"
@@ -131,6 +132,7 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
     return LLMClient(
         forward_backend=forward, forward_model=model, optimizer_backend=optimizer,
         optimizer_model=optimizer_model, cache=cache, concurrency=config.concurrency,
+        backend_limits=dict(config.backend_limits),
         retry=RetryPolicy(max_retries=config.max_retries, timeout=config.timeout),
         temperature=config.temperature, seed=config.seed)
 

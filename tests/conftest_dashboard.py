@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-from contextlib import contextmanager
 
 from engine.llm.base import LLMRequest
 from engine.llm.scripted import ScriptedBackend

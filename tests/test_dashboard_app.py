@@ -12,11 +12,17 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from conftest_dashboard import (
+    ADDED_WORDS,
+    GTBP_INFERRED,
+    GTBP_TARGET,
+    HINT_A_OUTPUT,
+    XSS,
+    build_run_log,
+    like_a_live_server,
+)
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import UnknownElement
-
-from conftest_dashboard import (ADDED_WORDS, GTBP_INFERRED, GTBP_TARGET, HINT_A_OUTPUT,
-                                XSS, build_run_log, like_a_live_server)
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 TIMEOUT = 60

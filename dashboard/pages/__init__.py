@@ -59,7 +59,8 @@ def need_run(sel: Selection) -> data.RunGraph:
         st.stop()
     graph = data.graph(sel.db, sel.run)
     if graph is None:
-        st.error(f"Run {sel.run!r} has no graph in the run log.")
+        st.error(f"The graph of run {sel.run!r} is missing from the run log or cannot be "
+                 "read by this version of the engine.")
         st.stop()
     return graph
 
@@ -354,9 +355,8 @@ def update_pane(update: dict, *, node: str | None = None, show_call: bool = True
     changed = (update.get("new_prompt") or "") != (update.get("old_prompt") or "")
     verdict = ("accepted" if update.get("accepted") else
                "rejected by the validation gate" if changed else "no change proposed")
-    icon = "✅" if update.get("accepted") else ("❌" if changed else "➖")
-    title = f"{icon} {verdict}" + (f" · node {md(node)}" if node else "")
-    st.markdown(f"**{title}**")
+    color = "green" if update.get("accepted") else ("red" if changed else "gray")
+    st.markdown(f":{color}-badge[{verdict}]" + (f" · node **{md(node)}**" if node else ""))
     before, after = _number(update.get("val_before")), _number(update.get("val_after"))
     c1, c2 = st.columns(2)
     c1.metric("validation before", fmt(before))

@@ -148,12 +148,12 @@ if st.session_state.get(TOUR_KEY) not in STAGES:
 stage = st.segmented_control("Stage", STAGES, key=TOUR_KEY, bind="query-params",
                              required=True)
 stage = stage or STAGES[0]
-left, right = st.columns([3, 2])
+left, right = st.columns([2, 3])
 with left:
     st.markdown(TEXT[stage])
     st.button("Next stage ▶", on_click=_next, disabled=stage == STAGES[-1], key="tour_next")
 with right:
     quantity = "edit" if stage == "Update" else "grad_chars" if stage == "Semantic gradient" \
         else "fail_share"
-    draw_graph(tour, graph, quantity, highlight=highlight(stage, graph), height=260)
+    draw_graph(tour, graph, quantity, highlight=highlight(stage, graph), height=300)
 live(stage, tour, graph)

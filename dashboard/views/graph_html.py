@@ -23,7 +23,7 @@ GREY = "#d9d9d9"
 HIGHLIGHT_BORDER = "#ff6f00"
 FORWARD_EDGE = "#9e9e9e"
 GRADIENT_EDGE = "#e65100"
-X_GAP, Y_GAP = 190, 95
+X_GAP, Y_GAP = 170, 90
 TOOLTIP_CHARS = 300
 
 
@@ -127,17 +127,17 @@ def vis_nodes(model: GraphModel, deco: Decoration) -> list[dict]:
         if name.startswith(FIELD_PREFIX):
             label = name[len(FIELD_PREFIX):]
             nodes.append(_node(name, escape(label), x, y, "#f3f3f3", "box",
-                               f"<b>input field</b> {escape(label)}", deco.highlight, 12))
+                               f"<b>input field</b> {escape(label)}", deco.highlight, 16))
         elif name == LOSS_ID:
             nodes.append(_node(name, "loss", x, y, "#ffe0e0", "hexagon",
                                "<b>loss</b>: the metric on the output, and the output "
-                               "gradient", deco.highlight, 14))
+                               "gradient", deco.highlight, 18))
         else:
             label = escape(name) + (f"\n{escape(captions[name])}" if captions.get(name) else "")
             shape = "diamond" if name in model.functions else "box"
             title = _tooltip(name, tips.get(name, ""), deco.link)
             nodes.append(_node(name, label, x, y, colors.get(name, GREY), shape, title,
-                               deco.highlight, 16))
+                               deco.highlight, 20))
     return nodes
 
 
@@ -149,7 +149,7 @@ def _node(node_id: str, label: str, x: float, y: float, color: str, shape: str, 
         "title": title, "borderWidth": 5 if chosen else 1,
         "color": {"background": color, "border": HIGHLIGHT_BORDER if chosen else "#555555",
                   "highlight": {"background": color, "border": HIGHLIGHT_BORDER}},
-        "font": {"size": size + (2 if chosen else 0), "face": "monospace"},
+        "font": {"size": size + (4 if chosen else 0), "face": "monospace"},
         "margin": 10,
     }
 

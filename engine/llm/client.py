@@ -73,6 +73,7 @@ class LLMClient:
         self._per_backend = {name: asyncio.Semaphore(n) for name, n in self.backend_limits.items()}
         self._prices = load_prices()
         self._jitter = random.Random()
+        self._inflight: dict[str, asyncio.Future] = {}
 
     def backend_for(self, purpose: str) -> tuple[Backend, str]:
         if purpose == "forward":
@@ -104,8 +105,24 @@ class LLMClient:
         reply = self.cache.get(request)
         if reply is not None:
             record.cache_hit = True
-        else:
+        elif self.cache.mode != "off" and record.cache_key in self._inflight:
+            # an identical request is on its way: share its reply instead of paying twice
+            reply = await asyncio.shield(self._inflight[record.cache_key])
+            if reply is None:  # its failure may be transient: try on our own
+                reply = await self._call_with_retries(backend, request, record)
+            else:
+                record.cache_hit = True
+        elif self.cache.mode == "off":
             reply = await self._call_with_retries(backend, request, record)
+        else:
+            pending = asyncio.get_running_loop().create_future()
+            self._inflight[record.cache_key] = pending
+            reply = None
+            try:
+                reply = await self._call_with_retries(backend, request, record)
+            finally:
+                del self._inflight[record.cache_key]
+                pending.set_result(reply)
         record.latency_ms = (time.perf_counter() - started) * 1000
         if reply is not None:
             record.response = reply.text

@@ -1,0 +1,218 @@
+"""Server-side render time of every dashboard page on a run with ~20,000 activations.
+
+    python benchmarks/dashboard_render.py [--activations 20000] [--db PATH] [--keep]
+
+Builds a synthetic run log (six nodes: five analysis nodes feeding a final one, as in the
+LIAR graph) by inserting DataFrames through engine.runlog.writer.insert_rows, then renders
+each page with Streamlit's AppTest, twice: "cold" (empty caches: queries, parsing, the
+pyvis page) and "warm" (a rerun, as after a click). Prints one line per page. The goal is
+under one second per page; this script reports, it does not assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.runlog.schema import connect, ensure_schema  # noqa: E402
+from engine.runlog.writer import insert_rows  # noqa: E402
+
+RUN = "bench-semantic"
+ANALYSES = ["statement", "party", "job", "source", "state"]
+NODES = [*ANALYSES, "final"]
+GRAPH = "\n".join([
+    "name: bench", "input_fields: [text]", "target_field: label", "metric: yes_no",
+    "nodes:",
+    *[f"  - {{id: {n}, prompt: Analyse the {n} in at most two sentences., inputs: [text]}}"
+      for n in ANALYSES],
+    f"  - {{id: final, prompt: 'Is the statement a lie? Answer Yes or No.', "
+    f"inputs: [text, {', '.join(ANALYSES)}], output: true}}", ""])
+PAGES = ["runs", "graph", "step", "inspect", "curves", "compare", "learn"]
+
+
+def _messages(prompt: str, body: str) -> str:
+    return json.dumps([{"role": "system", "content": "You are one step in a pipeline."},
+                       {"role": "user", "content": f"## Task\n{prompt}\n\n## Inputs\n{body}"}])
+
+
+def build(db: Path, activations: int, seed: int = 0) -> dict[str, str]:
+    """Write one finished run; returns the deep-link parameters of an interesting view."""
+    rng = random.Random(seed)
+    steps = 11
+    per_step = max(2, activations // (steps * len(NODES)))
+    n_train = per_step // 2
+    examples = [f"ex{i:05d}" for i in range(per_step)]
+    split = {e: ("train" if i < n_train else "val") for i, e in enumerate(examples)}
+    rows: dict[str, list[dict]] = {t: [] for t in (
+        "runs", "steps", "examples", "prompt_versions", "node_outputs", "losses", "gradients",
+        "updates", "llm_calls", "metrics")}
+    now = time.time()
+    rows["runs"].append({
+        "run_id": RUN, "graph_name": "bench", "graph_yaml": GRAPH, "method": "semantic",
+        "backend": "scripted", "model": "scripted", "optimizer_model": "scripted", "seed": 0,
+        "config": json.dumps({"steps": steps - 1}), "status": "finished", "started_at": now,
+        "ended_at": now + 600, "error": None})
+    for i, e in enumerate(examples):
+        rows["examples"].append({"run_id": RUN, "split": split[e], "example_id": e,
+                                 "position": i, "fields": json.dumps({"text": f"claim {i}"}),
+                                 "target": rng.choice(["Yes", "No"])})
+    prompts = {n: f"Analyse the {n} in at most two sentences." for n in NODES}
+    version = {n: 0 for n in NODES}
+    for n in NODES:
+        rows["prompt_versions"].append({"run_id": RUN, "node_id": n, "version": 0,
+                                        "prompt": prompts[n], "step": 0, "accepted": True})
+    call = 0
+    val = 0.4
+    for step in range(steps):
+        scores = {}
+        for e in examples:
+            outputs = {}
+            for n in NODES:
+                call += 1
+                cid = f"c{call}"
+                text = f"{n} analysis of {e} at step {step}: " + " ".join(
+                    rng.choice(["likely", "unclear", "partisan", "sourced", "false"])
+                    for _ in range(25))
+                outputs[n] = text
+                rows["node_outputs"].append({
+                    "run_id": RUN, "step": step, "split": split[e], "example_id": e,
+                    "node_id": n, "prompt_version": version[n],
+                    "input_text": f'<input name="text">\nclaim {e}\n</input>',
+                    "output_text": text, "raw_text": text, "call_id": cid})
+                rows["llm_calls"].append({
+                    "call_id": cid, "run_id": RUN, "step": step, "example_id": e, "node_id": n,
+                    "purpose": "forward", "backend": "scripted", "model": "scripted",
+                    "messages": _messages(prompts[n], f"claim {e}"), "response": text,
+                    "prompt_tokens": 90, "completion_tokens": 40, "latency_ms": 300.0,
+                    "cache_hit": False, "retries": 0, "started_at": now, "cost_usd": 1e-5})
+            score = float(rng.random() < val)
+            scores[e] = score
+            rows["losses"].append({"run_id": RUN, "step": step, "split": split[e],
+                                   "example_id": e, "prediction": "Yes", "target": "No",
+                                   "score": score,
+                                   "feedback": 'The expected output is: "No".'})
+        failing = [e for e in examples[:n_train] if scores[e] < 1][:2]
+        accepted = step > 0 and rng.random() < 0.5
+        for e in failing if step > 0 else []:
+            call += 1
+            cid = f"c{call}"
+            rows["llm_calls"].append({
+                "call_id": cid, "run_id": RUN, "step": step, "example_id": e,
+                "node_id": "final", "purpose": "backward", "backend": "scripted",
+                "model": "scripted", "messages": _messages("backward", "all five analyses"),
+                "response": "gradients", "prompt_tokens": 600, "completion_tokens": 200,
+                "latency_ms": 900.0, "cache_hit": False, "retries": 0, "started_at": now,
+                "cost_usd": 1e-4})
+            rows["gradients"].append({"run_id": RUN, "step": step, "example_id": e,
+                                      "node_id": "final", "from_node_id": "loss",
+                                      "method": "semantic", "content": "Expected No.",
+                                      "kind": "gradient"})
+            for n in NODES:
+                if n != "final":
+                    rows["gradients"].append({
+                        "run_id": RUN, "step": step, "example_id": e, "node_id": n,
+                        "from_node_id": "final", "method": "semantic", "call_id": cid,
+                        "content": f"The {n} analysis should weigh the speaker's record.",
+                        "kind": "gradient"})
+                rows["gradients"].append({
+                    "run_id": RUN, "step": step, "example_id": e, "node_id": n,
+                    "from_node_id": None, "method": "semantic", "kind": "aggregate",
+                    "content": f"Aggregated feedback for {n}."})
+        if step > 0:
+            for n in NODES:
+                new = prompts[n] + " Weigh the speaker's record."
+                rows["updates"].append({"run_id": RUN, "step": step, "node_id": n,
+                                        "old_prompt": prompts[n], "new_prompt": new,
+                                        "accepted": accepted, "val_before": val,
+                                        "val_after": val + (0.05 if accepted else -0.02),
+                                        "reasoning": "Failures ignore the speaker."})
+                rows["prompt_versions"].append({"run_id": RUN, "node_id": n,
+                                                "version": step, "prompt": new, "step": step,
+                                                "accepted": accepted})
+                if accepted:
+                    prompts[n], version[n] = new, step
+            val = min(val + (0.05 if accepted else 0.0), 0.95)
+        rows["steps"].append({"run_id": RUN, "step": step, "train_score": val - 0.05,
+                              "val_score": val, "accepted": accepted, "started_at": now,
+                              "ended_at": now + 1})
+    with connect(db) as con:
+        ensure_schema(con, str(db))
+        con.execute("BEGIN TRANSACTION")
+        for table, items in rows.items():
+            insert_rows(con, table, items)
+        second = dict(rows["runs"][0], run_id="bench-textgrad", method="textgrad",
+                      started_at=now - 10)
+        insert_rows(con, "runs", [second])
+        insert_rows(con, "steps", [dict(r, run_id="bench-textgrad") for r in rows["steps"]])
+        con.execute("COMMIT")
+    example = next(g["example_id"] for g in rows["gradients"] if g["step"] == 1)
+    print(f"run log: {len(rows['node_outputs']):,} activations, {len(rows['llm_calls']):,} "
+          f"calls, {len(rows['gradients']):,} gradients, {db.stat().st_size / 1e6:.1f} MB")
+    return {"run": RUN, "step": "1", "example": example, "node": "party"}
+
+
+def render(db: Path, params: dict[str, str]) -> list[tuple[str, float, float]]:
+    from streamlit.runtime.pages_manager import PagesManager
+    from streamlit.testing.v1 import AppTest
+
+    original = PagesManager.__init__
+
+    def init(self, *args, **kwargs):  # run pages as a live server does (see tests)
+        original(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    PagesManager.__init__ = init
+    os.environ["SEMBACK_DB"] = str(db)
+    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120)
+    at.query_params.update(params)
+    at.run()  # imports and the entry file, outside the measurements
+    results = []
+    for page in PAGES:
+        at.switch_page(f"pages/{page}.py")
+        timings = []
+        for _ in range(2):
+            start = time.perf_counter()
+            at.run()
+            timings.append(time.perf_counter() - start)
+        if at.exception:
+            raise RuntimeError(f"{page}: {at.exception[0].value}")
+        results.append((page, *timings))
+    PagesManager.__init__ = original
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--activations", type=int, default=20_000)
+    parser.add_argument("--db", help="where to write the run log (default: a temp file)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp run log")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="dashboard-bench-"))
+    db = Path(args.db) if args.db else folder / "bench.duckdb"
+    db.unlink(missing_ok=True)
+    started = time.perf_counter()
+    params = build(db, args.activations)
+    print(f"built in {time.perf_counter() - started:.1f} s; deep link: "
+          + "&".join(f"{k}={v}" for k, v in params.items()))
+    results = render(db, params)
+    print(f"{'page':<10}{'cold (s)':>10}{'warm (s)':>10}")
+    for page, cold, warm in results:
+        flag = "" if cold < 1.0 else "  (over the 1 s goal)"
+        print(f"{page:<10}{cold:>10.3f}{warm:>10.3f}{flag}")
+    if not (args.keep or args.db):
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+
+
+if __name__ == "__main__":
+    main()
