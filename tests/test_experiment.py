@@ -316,6 +316,8 @@ def test_estimate_counts_calls_per_method():
     assert backward_calls_per_example(graph, "semantic") == 1  # one joint call at `final`
     assert backward_calls_per_example(graph, "textgrad") == 2  # one per (final, hint) pair
     assert backward_calls_per_example(graph, "none") == 0
+    two = load_graph(ROOT / "sample_graphs" / "two_successors.yaml")
+    assert backward_calls_per_example(two, "gtbp") == 4  # 3 input calls, 1 combine at `numbers`
     prices = {"m": (1.0, 2.0)}
 
     def est(method: str, update_mode: str = "all"):

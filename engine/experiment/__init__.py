@@ -1,0 +1,155 @@
+"""The experiment harness: `python -m engine experiment PLAN` runs a plan of benchmark runs
+(the paper's protocol is benchmarks/plans/paper.yaml) and writes results.md and results.csv.
+
+A plan is a YAML file: `name`, `description` and a list of `entries`. Each entry is a graph
+run with several methods (or named variants of a method, for ablations) on one dataset, or
+on every BBH task (`tasks: all`), for one or more seeds. Each (entry, task, variant, seed)
+is one run: `engine.run.execute`, logged in the run log like any other run. Finished runs
+are found again in the run log by their run id prefix and configuration and skipped, so an
+interrupted experiment continues where it stopped. Results are always read back from the
+run log. The harness is one workflow, one module per stage: plan -> cells (estimate) ->
+runs -> results; this module is its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.experiment.cells import (
+    BAD_INPUT,
+    SAME_CONFIG,
+    Cell,
+    expand,
+    finished_runs,
+    prepare,
+    run_cell,
+    run_cells,
+)
+from engine.experiment.estimate import (
+    FORWARD_TOKENS,
+    OPTIMIZER_TOKENS,
+    Estimate,
+    backward_calls_per_example,
+    confirm,
+    estimate_run,
+    estimate_table,
+    resolved_models,
+)
+from engine.experiment.plan import (
+    ENTRY_KEYS,
+    GROUPS,
+    NAME,
+    PLAN_KEYS,
+    VARIANT_KEYS,
+    Entry,
+    Plan,
+    PlanError,
+    Variant,
+    load_plan,
+)
+from engine.experiment.results import (
+    COLUMNS,
+    _md_table,
+    result_rows,
+    results_markdown,
+    run_metrics,
+    write_results,
+)
+from engine.run import RunConfig
+
+__all__ = [
+    "BAD_INPUT", "COLUMNS", "ENTRY_KEYS", "FORWARD_TOKENS", "GROUPS", "NAME", "OPTIMIZER_TOKENS",
+    "PLAN_KEYS", "SAME_CONFIG", "VARIANT_KEYS", "Cell", "Entry", "Estimate", "Plan",
+    "PlanError", "Variant", "backward_calls_per_example", "cmd_experiment", "confirm",
+    "estimate_run", "estimate_table", "expand", "finished_runs", "load_plan", "prepare",
+    "register_cli", "resolved_models", "result_rows", "results_markdown", "run_cell",
+    "run_cells", "run_metrics", "write_results",
+]
+
+
+# --- command line ---------------------------------------------------------------------
+
+
+def register_cli(subparsers: Any) -> None:
+    from engine.llm.factory import BACKENDS
+
+    p = subparsers.add_parser("experiment", help="run a plan of benchmark runs (the paper's "
+                                                 "protocol) and write a results table")
+    p.add_argument("plan", help="plan file, e.g. benchmarks/plans/paper.yaml")
+    p.add_argument("--db", default="runs.duckdb", help="run log (default: runs.duckdb)")
+    p.add_argument("--data-dir", help="where the benchmark data lives (gsm8k/, liar/, bbh/)")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="model backend (default: openai if OPENAI_API_KEY or OPENAI_BASE_URL "
+                        "is set, else the embedded local model)")
+    p.add_argument("--model", help="model for forward calls")
+    p.add_argument("--optimizer-model", help="model for loss, backward and update calls")
+    p.add_argument("--base-url", help="OpenAI-compatible server URL (default: OPENAI_BASE_URL)")
+    p.add_argument("--out", help="folder for results.md and results.csv "
+                                 "(default: results/<plan name>/)")
+    p.add_argument("--yes", action="store_true", help="start without asking")
+    p.add_argument("--concurrency", type=_positive, default=16,
+                   help="LLM calls in flight within each run")
+    p.add_argument("--limit-tasks", type=_positive, metavar="N",
+                   help="only the first N BBH tasks (alphabetical), for trying a plan")
+    p.add_argument("--methods", metavar="A,B",
+                   help="only run these methods or variants (the table still shows the rest)")
+    p.set_defaults(func=cmd_experiment)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text}")
+    return value
+
+
+def _selected(cells: list[Cell], methods: str | None) -> list[Cell]:
+    if not methods:
+        return cells
+    wanted = {m.strip() for m in methods.split(",") if m.strip()}
+    known = {n for c in cells for n in (c.variant.name, c.variant.method)}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise PlanError(f"--methods: '{unknown[0]}' is no method or variant of this plan "
+                        f"(plan has: {', '.join(sorted(known))})")
+    return [c for c in cells if c.variant.name in wanted or c.variant.method in wanted]
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from engine.cli import console, out
+    from engine.llm.factory import default_backend_kind
+
+    plan = load_plan(args.plan)
+    base = RunConfig(graph="", backend=args.backend or default_backend_kind(), model=args.model,
+                     optimizer_model=args.optimizer_model, db=args.db, data_dir=args.data_dir,
+                     concurrency=args.concurrency, base_url=args.base_url)
+    cells = expand(plan, args.data_dir, args.limit_tasks)
+    prepare(cells, base)
+    finished_runs(args.db, cells)
+    pending = [c for c in _selected(cells, args.methods) if not c.run_id]
+    table, total = estimate_table(cells, pending)
+    out.print(table)
+    out.print(f"{len(cells)} runs in plan '{plan.name}': {len(cells) - len(pending)} already "
+              f"finished or filtered out, {len(pending)} to run. Tokens assume "
+              f"{sum(FORWARD_TOKENS)} per forward call and {sum(OPTIMIZER_TOKENS)} per "
+              f"optimizer call.", markup=False, highlight=False)
+    if not confirm(total, args.yes, sys.stdin, console):
+        console.print("not started", markup=False)
+        return 1
+    failed = run_cells(pending, console) if pending else []
+    metrics = run_metrics(args.db, [c.run_id for c in cells if c.run_id])
+    rows = result_rows(cells, metrics)
+    out_dir = Path(args.out) if args.out else Path("results") / plan.name
+    md_path, csv_path = write_results(out_dir, plan, rows, metrics, args.db)
+    out.print("\n".join(_md_table([r for r in rows if r["level"] != "task"], True)),
+              markup=False, highlight=False)
+    out.print(f"results: {md_path} and {csv_path}; open any run with the dashboard "
+              f"(run log {args.db})", markup=False, highlight=False)
+    if failed:
+        console.print(f"{len(failed)} runs did not finish: {', '.join(failed)}; run the same "
+                      f"command again to retry them", markup=False, highlight=False)
+        return 1
+    return 0

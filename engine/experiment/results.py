@@ -1,0 +1,169 @@
+"""Results, always read back from the run log: per-run metrics, one row per (entry, set,
+variant), written as results.csv and results.md."""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from engine.experiment.cells import Cell
+from engine.experiment.plan import GROUPS, Entry, Plan, Variant
+
+# --- results --------------------------------------------------------------------------
+
+COLUMNS = ("entry", "level", "set", "variant", "method", "options", "update_mode", "gate",
+           "test_pct", "paper_pct", "val_pct", "steps", "accepted_edits", "calls", "tokens",
+           "cost_usd", "runs_finished", "runs_planned", "run_ids")
+
+
+def run_metrics(db: str, run_ids: list[str]) -> dict[str, dict]:
+    """Per run: test score, last validation score, steps, accepted edits, calls, tokens,
+    cost, models."""
+    from engine.runlog.schema import connect
+
+    if not run_ids:
+        return {}
+    with connect(db, read_only=True) as con:
+        cursor = con.execute("""
+            SELECT r.run_id, r.model, r.optimizer_model, r.backend, t.test, s.steps, s.val,
+                   coalesce(u.accepted, 0) AS accepted, coalesce(c.calls, 0) AS calls,
+                   coalesce(c.tokens, 0) AS tokens, c.cost
+            FROM runs r
+            LEFT JOIN (SELECT run_id, max(value) AS test FROM metrics
+                       WHERE key = 'test_score' GROUP BY run_id) t USING (run_id)
+            LEFT JOIN (SELECT run_id, max(step) AS steps, arg_max(val_score, step) AS val
+                       FROM steps GROUP BY run_id) s USING (run_id)
+            LEFT JOIN (SELECT run_id, count(*) FILTER (WHERE accepted) AS accepted
+                       FROM updates GROUP BY run_id) u USING (run_id)
+            LEFT JOIN (SELECT run_id, count(*) AS calls,
+                              sum(prompt_tokens + completion_tokens) AS tokens,
+                              sum(cost_usd) AS cost
+                       FROM llm_calls GROUP BY run_id) c USING (run_id)
+            WHERE list_contains(?, r.run_id)""", [run_ids])
+        names = [d[0] for d in cursor.description]
+        return {row[0]: dict(zip(names, row)) for row in cursor.fetchall()}
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(values) / len(values) if values else None
+
+
+def _row(entry: Entry, level: str, label: str, variant: Variant, cells: list[Cell],
+         metrics: dict[str, dict], scores: list[float | None] | None = None) -> dict:
+    """level: entry, task, or a BBH group (nlp, algorithmic, other); a group's score is
+    the mean of its tasks' scores, not of its runs."""
+    found = [metrics[c.run_id] for c in cells if c.run_id in metrics]
+    costs = [m["cost"] for m in found]
+    paper_key = {"entry": variant.name, "nlp": f"nlp/{variant.name}",
+                 "algorithmic": f"algorithmic/{variant.name}"}.get(level)
+    return {
+        "entry": entry.name, "level": level, "set": label, "variant": variant.name,
+        "method": variant.method, "options": " ".join(f"{k}={v}" for k, v in variant.options),
+        "update_mode": variant.update_mode, "gate": variant.gate, "label": variant.describe(),
+        "test_pct": _pct(_mean(scores if scores is not None else (m["test"] for m in found))),
+        "paper_pct": entry.paper.get(paper_key) if paper_key else None,
+        "val_pct": _pct(_mean(m["val"] for m in found)),
+        "steps": max((m["steps"] or 0 for m in found), default=None),
+        "accepted_edits": sum(m["accepted"] for m in found),
+        "calls": sum(m["calls"] for m in found), "tokens": sum(int(m["tokens"]) for m in found),
+        "cost_usd": None if not found or None in costs else round(sum(costs), 4),
+        "runs_finished": len(found), "runs_planned": len(cells),
+        "run_ids": " ".join(c.run_id for c in cells if c.run_id in metrics),
+    }
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else round(100 * value, 1)
+
+
+def result_rows(cells: list[Cell], metrics: dict[str, dict]) -> list[dict]:
+    """One row per (entry, set, variant): plain entries, BBH groups (mean over tasks of the
+    per-task mean over seeds), then per-task rows."""
+    rows, task_rows = [], []
+    entries = list(dict.fromkeys(c.entry.name for c in cells))
+    for name in entries:
+        mine = [c for c in cells if c.entry.name == name]
+        entry = mine[0].entry
+        for variant in entry.variants:
+            vcells = [c for c in mine if c.variant == variant]
+            if not entry.tasks:
+                label = entry.test_dataset or entry.dataset or "graph's dataset"
+                rows.append(_row(entry, "entry", label, variant, vcells, metrics))
+                continue
+            per_task = {t: [c for c in vcells if c.task == t]
+                        for t in dict.fromkeys(c.task for c in vcells)}
+            task_rows += [_row(entry, "task", t, variant, tc, metrics)
+                          for t, tc in per_task.items()]
+            grouped = {g: [t for t in per_task if t in names] for g, (_, names) in GROUPS.items()}
+            grouped["other"] = [t for t in per_task
+                                if not any(t in ts for ts in grouped.values())]
+            for group, tasks in grouped.items():
+                if not tasks:
+                    continue
+                title = GROUPS[group][0] if group in GROUPS else "BBH other"
+                scores = [_mean(metrics[c.run_id]["test"] for c in per_task[t]
+                                if c.run_id in metrics) for t in tasks]
+                rows.append(_row(entry, group, f"{title} ({_plural(len(tasks), 'task')})",
+                                 variant, [c for t in tasks for c in per_task[t]], metrics,
+                                 scores))
+    return rows + task_rows
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def write_results(out_dir: Path, plan: Plan, rows: list[dict], metrics: dict[str, dict],
+                  db: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out_dir / "results.csv", out_dir / "results.md"
+    with csv_path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+    md_path.write_text(results_markdown(plan, rows, metrics, db), encoding="utf-8")
+    return md_path, csv_path
+
+
+def results_markdown(plan: Plan, rows: list[dict], metrics: dict[str, dict], db: str) -> str:
+    models = sorted({f"{m['backend']}: {m['model']} forward, {m['optimizer_model']} optimizer"
+                     for m in metrics.values()})
+    lines = [f"# Results: plan `{plan.name}`", "",
+             f"Plan `{plan.path}`; run log `{db}`; written {time.strftime('%Y-%m-%d %H:%M')}.",
+             f"Models: {'; '.join(models) or 'no finished runs yet'}.", "",
+             "Test and validation scores in percent, mean over seeds; BBH groups are the "
+             "mean over their tasks. *paper*: the figure the paper reports (gpt-4o-mini "
+             "forward). Calls, tokens and cost are totals, cached replies included at no "
+             "cost.", ""]
+    lines += _md_table([r for r in rows if r["level"] != "task"], group_ids=True)
+    tasks = [r for r in rows if r["level"] == "task"]
+    if tasks:
+        lines += ["", "## BBH per task", ""] + _md_table(tasks, group_ids=False)
+    return "\n".join(lines) + "\n"
+
+
+def _md_table(rows: list[dict], group_ids: bool) -> list[str]:
+    head = ["entry", "set", "method", "test %", "paper %", "val %", "steps", "accepted edits",
+            "calls", "tokens", "cost $", "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        done = f"{r['runs_finished']}/{r['runs_planned']}"
+        runs = r["run_ids"] if r["runs_planned"] == 1 or not group_ids else \
+            f"{done} (ids in results.csv)"
+        if r["runs_finished"] < r["runs_planned"] and r["runs_planned"] == 1:
+            runs = "not run"
+        cells = [r["entry"], r["set"], r["label"], _num(r["test_pct"]), _num(r["paper_pct"]),
+                 _num(r["val_pct"]), _num(r["steps"]), str(r["accepted_edits"]),
+                 f"{r['calls']:,}", f"{r['tokens']:,}",
+                 "" if r["cost_usd"] is None else f"{r['cost_usd']:.2f}", runs]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _num(value: Any) -> str:
+    return "" if value is None else (f"{value:.1f}" if isinstance(value, float) else str(value))
