@@ -144,6 +144,9 @@ class FakeOpenAIServer:
 def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # headers and body go out in separate writes: without TCP_NODELAY, Nagle's
+        # algorithm and the client's delayed ACK add ~40 ms to every reply
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep test output clean
