@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import random
 import sys
@@ -175,6 +174,11 @@ def render(db: Path, params: dict[str, str]) -> list[tuple[str, float, float]]:
         PagesManager.uses_pages_directory = False
 
     PagesManager.__init__ = init
+    from streamlit import logger
+
+    logger.set_log_level("error")  # AppTest's bare-mode notices
+    # clearing caches outside a server notes that it has no runtime: expected here
+    logger.get_logger("streamlit.runtime.caching.cache_data_api").disabled = True
     os.environ["SEMBACK_DB"] = str(db)
     at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120)
     at.query_params.update(params)
@@ -196,7 +200,6 @@ def render(db: Path, params: dict[str, str]) -> list[tuple[str, float, float]]:
 
 
 def main() -> None:
-    logging.getLogger("streamlit").setLevel(logging.ERROR)  # AppTest's bare-mode notices
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--activations", type=int, default=20_000)
     parser.add_argument("--db", help="where to write the run log (default: a temp file)")

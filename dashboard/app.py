@@ -24,7 +24,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data
-from dashboard.pages import NODE_KEY, SELECTION_KEY, Selection, md
+from dashboard.pages import NODE_KEY, PENDING_RUN_KEY, SELECTION_KEY, Selection, fmt, md
 
 PAGES = [
     st.Page("pages/runs.py", title="Runs", url_path="runs",
@@ -58,7 +58,7 @@ def keep_valid(key: str, options: list, default, cast=str) -> None:
     st.session_state[key] = wanted if wanted in options else default
 
 
-def default_step(steps: pd.DataFrame, db: str, run: str) -> int | None:
+def default_step(steps: pd.DataFrame) -> int | None:
     """The latest step that back-propagated something, else the latest step."""
     if steps.empty:
         return None
@@ -78,6 +78,8 @@ def sidebar() -> Selection:
     if not run_ids:
         st.caption("No runs in this run log yet.")
         return Selection(db=db)
+    if st.session_state.get(PENDING_RUN_KEY) in run_ids:  # started from the Runs page
+        st.session_state["run"] = st.session_state.pop(PENDING_RUN_KEY)
     keep_valid("run", run_ids, run_ids[0])
     run = st.selectbox("Run", run_ids, index=None, key="run", bind="query-params")
     if run is None:
@@ -88,7 +90,7 @@ def sidebar() -> Selection:
     step_ids = [int(s) for s in steps["step"]]
     step = example = node = None
     if step_ids:
-        keep_valid("step", step_ids, default_step(steps, db, run), int)
+        keep_valid("step", step_ids, default_step(steps), int)
         step = st.selectbox("Step", step_ids, index=None, key="step", bind="query-params")
     if step is not None:
         examples = data.step_examples(db, run, step)
@@ -101,7 +103,7 @@ def sidebar() -> Selection:
             match = examples[examples["example_id"] == example]
             if not match.empty:
                 r = match.iloc[0]
-                st.caption(f"{md(r['split'])} · score {r['score']:.2f} · "
+                st.caption(f"{md(r['split'])} · score {fmt(r['score'], '.2f')} · "
                            f"{int(r['gradients'])} gradients")
     graph = data.graph(db, run)
     if graph is not None:

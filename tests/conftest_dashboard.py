@@ -1,12 +1,11 @@
 """A small run log for the dashboard tests, built by running the real engine.
 
 `build_run_log(folder)` writes a three-node graph (two sibling hints feeding a final
-node) and its data, then runs it twice with the scripted backend, once with `semantic`
-and once with `textgrad`, same seed. A canned reply puts an HTML payload into every
+node) and its data, then runs it with the scripted backend and methods `gtbp`,
+`semantic` and `textgrad` (same seed, so the same examples), plus a run of a two-node
+graph named "demo" for the Learn page. A canned reply puts an HTML payload into every
 output of `hint_a`, and a canned update reply gives `hint_a` a known prompt edit, so tests
-can check escaping and the diff's added words. Rows of kind 'target' and
-'inferred_input' (what a gtbp run writes) are added for one example, to test their
-display without depending on that method.
+can check escaping and the diff's added words.
 """
 
 from __future__ import annotations
@@ -21,13 +20,10 @@ from engine.llm.base import LLMRequest
 from engine.llm.scripted import ScriptedBackend
 from engine.run import RunConfig, execute
 from engine.runlog.schema import connect
-from engine.runlog.writer import insert_rows
 
 XSS = '<img src=x onerror="window.__xss=true">'
 HINT_A_OUTPUT = f"Looking at {XSS} the numbers"
 ADDED_WORDS = "Quote every number exactly and name its unit."
-GTBP_TARGET = "The answer is 7 because both hints agree."
-GTBP_INFERRED = "A hint that states the sum of the two numbers."
 
 GRAPH = """\
 name: tiny
@@ -82,8 +78,9 @@ class RunLog:
     graph: Path
     semantic: str  # run ids
     textgrad: str
-    gtbp_example: str  # example with target / inferred_input rows (step 1, node final)
+    example: str  # back-propagated at step 1 by both the semantic and the gtbp run
     demo: str
+    gtbp: str
 
 
 def responder(request: LLMRequest) -> str | None:
@@ -96,7 +93,7 @@ def responder(request: LLMRequest) -> str | None:
     return None
 
 
-def _write_data(folder: Path) -> Path:
+def write_data(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     pairs = [(3, 9), (12, 5), (7, 8), (21, 4), (6, 2), (15, 30), (11, 10), (1, 13),
              (40, 17), (9, 16), (25, 24), (5, 50)]
@@ -112,29 +109,19 @@ def _write_data(folder: Path) -> Path:
     return graph
 
 
-def _add_gtbp_rows(db: Path, run_id: str) -> str:
+def _first_backpropagated(db: Path, run_id: str, step: int) -> str:
     with connect(db, read_only=True) as con:
-        example = con.execute(
-            "SELECT example_id FROM node_outputs WHERE run_id = ? AND step = 1 AND "
-            "split = 'train' ORDER BY example_id LIMIT 1", [run_id]).fetchone()[0]
-    rows = [
-        {"run_id": run_id, "step": 1, "example_id": example, "node_id": "final",
-         "from_node_id": "loss", "method": "gtbp", "content": GTBP_TARGET, "kind": "target"},
-        {"run_id": run_id, "step": 1, "example_id": example, "node_id": "final",
-         "from_node_id": "hint_a", "method": "gtbp", "content": GTBP_INFERRED,
-         "kind": "inferred_input"},
-    ]
-    with connect(db) as con:
-        insert_rows(con, "gradients", rows)
-    return example
+        return con.execute(
+            "SELECT min(example_id) FROM gradients WHERE run_id = ? AND step = ? AND "
+            "kind IN ('gradient', 'target')", [run_id, step]).fetchone()[0]
 
 
 def build_run_log(folder: Path) -> RunLog:
-    graph = _write_data(folder)
+    graph = write_data(folder)
     db = folder / "runs.duckdb"
     ids = {}
-    for method, path in (("demo", folder / "demo.yaml"), ("semantic", graph),
-                         ("textgrad", graph)):
+    for method, path in (("demo", folder / "demo.yaml"), ("gtbp", graph),
+                         ("semantic", graph), ("textgrad", graph)):
         config = RunConfig(graph=str(path), backend="scripted",
                            method="semantic" if method == "demo" else method, steps=2,
                            train=4, val=4, test=0, seed=0, db=str(db), cache="off",
@@ -142,8 +129,10 @@ def build_run_log(folder: Path) -> RunLog:
         result = asyncio.run(execute(config, forward_backend=ScriptedBackend(responder=responder)))
         assert result.status == "finished"
         ids[method] = result.run_id
-    example = _add_gtbp_rows(db, ids["semantic"])
-    return RunLog(db, graph, ids["semantic"], ids["textgrad"], example, ids["demo"])
+    example = _first_backpropagated(db, ids["semantic"], 1)
+    assert example == _first_backpropagated(db, ids["gtbp"], 1)
+    return RunLog(db, graph, ids["semantic"], ids["textgrad"], example, ids["demo"],
+                  ids["gtbp"])
 
 
 @contextmanager

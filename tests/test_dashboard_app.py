@@ -8,14 +8,15 @@ import base64
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
 
 import duckdb
 import pytest
 from conftest_dashboard import (
     ADDED_WORDS,
-    GTBP_INFERRED,
-    GTBP_TARGET,
     HINT_A_OUTPUT,
     XSS,
     build_run_log,
@@ -61,7 +62,7 @@ def test_a_deep_link_works_on_a_fresh_server(log, monkeypatch):
     its guard reruns the app through st.navigation, so the sidebar and the page appear."""
     monkeypatch.setenv("SEMBACK_DB", str(log.db))
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
-    at.query_params.update(run=log.semantic, step="1", example=log.gtbp_example, node="hint_a")
+    at.query_params.update(run=log.semantic, step="1", example=log.example, node="hint_a")
     at.run()
     at.switch_page("pages/inspect.py").run()
     assert not at.exception
@@ -115,7 +116,7 @@ def test_runs_table_shows_the_numbers_in_the_run_log(open_page, log):
     at = open_page()
     assert at.title[0].value == "Runs"
     table = at.dataframe[0].value.set_index("run")
-    assert set(table.index) == {log.semantic, log.textgrad, log.demo}
+    assert set(table.index) == {log.semantic, log.textgrad, log.demo, log.gtbp}
     with duckdb.connect(str(log.db), read_only=True) as con:
         truth = dict(con.execute(
             "SELECT run_id, [count(*), sum(prompt_tokens + completion_tokens)] "
@@ -138,12 +139,12 @@ def test_runs_filter_and_sort(open_page, log):
     assert list(at.dataframe[0].value["run"]) == [log.textgrad]
     at.multiselect(key="runs_method").unselect("textgrad").run()
     at.text_input(key="runs_filter").input("tiny").run()
-    assert set(at.dataframe[0].value["run"]) == {log.semantic, log.textgrad}
+    assert set(at.dataframe[0].value["run"]) == {log.semantic, log.textgrad, log.gtbp}
     at.text_input(key="runs_filter").input("").run()
     at.selectbox(key="runs_sort").select("calls").run()
     at.toggle(key="runs_desc").set_value(False).run()
     calls = list(at.dataframe[0].value["calls"])
-    assert calls == sorted(calls) and len(calls) == 3
+    assert calls == sorted(calls) and len(calls) == 4
 
 
 def test_empty_run_log_offers_the_demo(open_page, tmp_path, monkeypatch):
@@ -213,10 +214,10 @@ def test_an_unreadable_file_is_reported(open_page, tmp_path):
 
 
 def test_deep_link_opens_the_inspector_with_gradients_prompt_and_diff(open_page, log):
-    at = open_page("inspect", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    at = open_page("inspect", run=log.semantic, step=1, example=log.example, node="hint_a")
     assert at.title[0].value == "Node hint_a"
     assert at.selectbox(key="node").value == "hint_a"
-    assert at.selectbox(key="example").value == log.gtbp_example
+    assert at.selectbox(key="example").value == log.example
     codes = code_blocks(at)
     # the node's output is shown as text, payload included, never as HTML
     assert HINT_A_OUTPUT in codes
@@ -238,21 +239,43 @@ def test_deep_link_opens_the_inspector_with_gradients_prompt_and_diff(open_page,
     assert "<img" not in diff
 
 
-def test_node_picker_switches_the_inspector_and_shows_gtbp_rows(open_page, log):
-    at = open_page("inspect", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+def test_node_picker_switches_the_inspector(open_page, log):
+    at = open_page("inspect", run=log.semantic, step=1, example=log.example, node="hint_a")
     at.selectbox(key="node").select("final").run()
     assert at.title[0].value == "Node final"
     assert at.session_state["selected_node"] == "final"
+    assert any("Gradient from the loss" in m.value for m in at.markdown)
+    assert "The expected output is" in "\n".join(code_blocks(at))
+    assert "Target and inferred input (gtbp)" not in texts(at)
+
+
+def test_gtbp_run_shows_target_beside_output_and_inferred_input(open_page, log):
+    at = open_page("inspect", run=log.gtbp, step=1, example=log.example, node="final")
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        target, output = con.execute(
+            "SELECT e.target, a.output_text FROM examples e JOIN node_outputs a "
+            "ON a.run_id = e.run_id AND a.example_id = e.example_id WHERE e.run_id = ? "
+            "AND e.example_id = ? AND a.step = 1 AND a.node_id = 'final' AND "
+            "a.split = 'train'", [log.gtbp, log.example]).fetchone()
+        inferred = con.execute(
+            "SELECT content FROM gradients WHERE run_id = ? AND step = 1 AND "
+            "example_id = ? AND node_id = 'final' AND kind = 'inferred_input'",
+            [log.gtbp, log.example]).fetchone()[0]
+    shown = texts(at)
+    assert "Target and inferred input (gtbp)" in shown
+    assert "Target from the loss (output gradient)" in shown
     codes = code_blocks(at)
-    assert GTBP_TARGET in codes and GTBP_INFERRED in codes
-    assert "Target and inferred inputs (gtbp)" in texts(at)
-    assert any("from the loss" in m.value for m in at.markdown)
-    assert "The expected output is" in "\n".join(codes)
-    assert "<ins" in html_blocks(at)  # actual output -> target
+    assert target in codes and output in codes and inferred in codes
+    diff = html_blocks(at)
+    assert "semback-diff" in diff and ("<ins" in diff or target == output)
+    # hint_a received a target from `final`, with the gtbp call that wrote it
+    at.selectbox(key="node").select("hint_a").run()
+    assert "Target from successor final" in texts(at)
+    assert any("leads to" in c for c in code_blocks(at))
 
 
 def test_example_and_step_pickers_change_the_view(open_page, log):
-    at = open_page("inspect", run=log.semantic, step=1, example=log.gtbp_example, node="final")
+    at = open_page("inspect", run=log.semantic, step=1, example=log.example, node="final")
     at.selectbox(key="step").select(0).run()
     assert "step 0" in at.caption[0].value or "step 0" in texts(at)
     assert "No update was proposed for this node at this step." in texts(at)
@@ -262,7 +285,7 @@ def test_example_and_step_pickers_change_the_view(open_page, log):
 
 
 def test_graph_page_draws_an_escaped_offline_graph_and_a_clickable_chart(open_page, log):
-    at = open_page("graph", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    at = open_page("graph", run=log.semantic, step=1, example=log.example, node="hint_a")
     frames = unknown(at, "iframe")
     assert len(frames) == 1
     page = frames[0].srcdoc
@@ -279,7 +302,7 @@ def test_graph_page_draws_an_escaped_offline_graph_and_a_clickable_chart(open_pa
 
 
 def test_graph_selection_follows_the_picker_and_the_colour_choice(open_page, log):
-    at = open_page("graph", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    at = open_page("graph", run=log.semantic, step=1, example=log.example, node="hint_a")
     at.selectbox(key="node").select("final").run()
     chart = json.loads(unknown(at, "plotly_chart")[0].spec)
     nodes = next(t for t in chart["data"] if t.get("name") == "nodes")
@@ -301,7 +324,7 @@ def test_a_chart_click_selects_the_node(open_page, log):
                            "point_indices": [1]}}
     assert clicked_node(click) == "hint_b"
     assert clicked_node({"selection": {"points": []}}) is None
-    at = open_page("graph", run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+    at = open_page("graph", run=log.semantic, step=1, example=log.example, node="hint_a")
     at.session_state["node"] = clicked_node(click)
     at.run()
     assert "Node hint_b" in texts(at)
@@ -312,7 +335,7 @@ def test_a_chart_click_selects_the_node(open_page, log):
 
 
 def test_step_through_walks_forward_loss_backward_update(open_page, log):
-    at = open_page("step", run=log.semantic, step=1, example=log.gtbp_example, node="final")
+    at = open_page("step", run=log.semantic, step=1, example=log.example, node="final")
     assert "1 / 8: Forward: hint_a" in texts(at)
     assert HINT_A_OUTPUT in code_blocks(at)
     frame = unknown(at, "iframe")[0].srcdoc
@@ -336,7 +359,7 @@ def test_step_through_walks_forward_loss_backward_update(open_page, log):
 
 
 def test_step_through_radio_jumps_to_a_stop(open_page, log):
-    at = open_page("step", run=log.semantic, step=1, example=log.gtbp_example)
+    at = open_page("step", run=log.semantic, step=1, example=log.example)
     at.radio(key="walk").set_value(6).run()
     assert "7 / 8: Backward: hint_a" in texts(at)
     assert at.session_state["node"] == "hint_a"
@@ -373,7 +396,7 @@ def test_curves_show_scores_and_usage(open_page, log):
 
 
 def test_compare_two_runs(open_page, log):
-    at = open_page("compare", run=log.semantic, step=1, example=log.gtbp_example)
+    at = open_page("compare", run=log.semantic, step=1, example=log.example)
     assert at.selectbox(key="other").value == log.textgrad  # same graph and seed
     summary = at.dataframe[0].value
     assert list(summary["method"]) == ["semantic", "textgrad"]
@@ -404,7 +427,7 @@ def test_learn_tour_uses_the_demo_run(open_page, log):
 
 def test_no_page_renders_model_text_as_html(open_page, log):
     for page in ("graph", "step", "inspect", "curves", "compare", "learn"):
-        at = open_page(page, run=log.semantic, step=1, example=log.gtbp_example, node="hint_a")
+        at = open_page(page, run=log.semantic, step=1, example=log.example, node="hint_a")
         assert XSS not in html_blocks(at), page
         for md in at.markdown:
             assert XSS not in md.value or md.proto.allow_html is False, page

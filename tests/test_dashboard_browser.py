@@ -17,6 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
+
 import pytest
 from conftest_dashboard import ADDED_WORDS, HINT_A_OUTPUT, XSS, build_run_log
 
@@ -117,7 +119,7 @@ def no_script_ran(page) -> None:
 
 def test_deep_link_click_a_node_and_read_its_gradient_and_diff(server, page):
     base, log = server
-    page.goto(f"{base}/graph?run={log.semantic}&step=1&example={log.gtbp_example}&node=hint_a")
+    page.goto(f"{base}/graph?run={log.semantic}&step=1&example={log.example}&node=hint_a")
     settle(page)
     expect(page.get_by_text("Node hint_a", exact=True)).to_be_visible()
     page.screenshot(path=str(SHOTS / "graph.png"))
@@ -148,7 +150,7 @@ def test_deep_link_click_a_node_and_read_its_gradient_and_diff(server, page):
 
 def test_inspector_deep_link_shows_the_payload_as_text(server, page):
     base, log = server
-    page.goto(f"{base}/inspect?run={log.semantic}&step=1&example={log.gtbp_example}"
+    page.goto(f"{base}/inspect?run={log.semantic}&step=1&example={log.example}"
               "&node=hint_a")
     settle(page)
     main = page.locator("[data-testid='stMain']")
@@ -167,7 +169,7 @@ def test_inspector_deep_link_shows_the_payload_as_text(server, page):
 
 def test_graph_tooltip_shows_the_payload_as_text(server, page):
     base, log = server
-    page.goto(f"{base}/graph?run={log.semantic}&step=1&example={log.gtbp_example}&node=hint_a")
+    page.goto(f"{base}/graph?run={log.semantic}&step=1&example={log.example}&node=hint_a")
     settle(page)
     frame = next(f for f in page.frames if f.evaluate("typeof network") == "object")
     # hover hint_a on the canvas: the tooltip is built from its escaped title
@@ -186,7 +188,7 @@ def test_graph_tooltip_shows_the_payload_as_text(server, page):
 
 def test_step_through_next_and_previous(server, page):
     base, log = server
-    page.goto(f"{base}/step?run={log.semantic}&step=1&example={log.gtbp_example}")
+    page.goto(f"{base}/step?run={log.semantic}&step=1&example={log.example}")
     settle(page)
     main = page.locator("[data-testid='stMain']")
     expect(main.get_by_text("1 / 8: Forward: hint_a")).to_be_visible()
@@ -206,7 +208,7 @@ def test_step_through_next_and_previous(server, page):
 ])
 def test_page_screenshots(server, page, name, path):
     base, log = server
-    page.goto(f"{base}{path}?run={log.semantic}&step=1&example={log.gtbp_example}&node=hint_a")
+    page.goto(f"{base}{path}?run={log.semantic}&step=1&example={log.example}&node=hint_a")
     settle(page)
     expect(page.locator("[data-testid='stMain'] h1").first).to_be_visible()
     assert not page.locator("[data-testid='stException']").count()

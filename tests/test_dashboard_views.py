@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
+
 import pytest
 
 from dashboard import jobs
@@ -210,10 +212,10 @@ def test_build_command_maps_the_form_onto_cli_flags():
 
 
 def test_a_job_runs_the_engine_to_completion(tmp_path, monkeypatch):
-    from conftest_dashboard import _write_data
+    from conftest_dashboard import write_data
 
     monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
-    graph = _write_data(tmp_path / "g")
+    graph = write_data(tmp_path / "g")
     db = tmp_path / "runs.duckdb"
     job = jobs.start(jobs.RunSpec(graph=str(graph), db=str(db), backend="scripted", steps=1,
                                   train=4, val=4, test=0))

@@ -23,6 +23,7 @@ from dashboard.views.figures import node_chart
 
 SELECTION_KEY = "_selection"
 NODE_KEY = "node"  # the sidebar node picker, bound to the `node` query parameter
+PENDING_RUN_KEY = "_pending_run"  # a run just started: select it once it is logged
 COLLAPSE_AT = 400  # characters: longer texts start collapsed
 
 
@@ -47,7 +48,8 @@ class Selection:
 
 def selection() -> Selection:
     sel = st.session_state.get(SELECTION_KEY)
-    return sel if isinstance(sel, Selection) else Selection(db="runs.duckdb")
+    # duck-typed: a module reload (file watcher) makes a new Selection class
+    return sel if hasattr(sel, "link") else Selection(db="runs.duckdb")
 
 
 def need_run(sel: Selection) -> data.RunGraph:
@@ -256,10 +258,11 @@ def loss_pane(loss: pd.DataFrame, metric: str = "") -> None:
     if row is None:
         st.info("No loss was recorded for this example at this step.")
         return
-    c1, c2, c3 = st.columns(3)
+    c1, c2 = st.columns(2)
     c1.metric("score", fmt(row.get("score"), ".2f"))
     c2.metric("split", str(row.get("split")))
-    c3.metric("metric", metric or "–")
+    if metric:
+        st.caption(f"metric: {md(metric)}")
     left, right = st.columns(2)
     with left:
         show_text("prediction (the output node's output)", row.get("prediction"))
@@ -272,18 +275,19 @@ def loss_pane(loss: pd.DataFrame, metric: str = "") -> None:
 
 
 def gradients_received(view: dict[str, pd.DataFrame], *, expanded: bool = False) -> int:
-    """Each successor's message with the exact backward prompt that produced it; returns
-    how many were shown."""
+    """Each successor's message (a gradient; for gtbp a target) with the exact backward
+    prompt that produced it; returns how many were shown."""
     received = view["received"]
-    grads = received[received["kind"] == "gradient"]
+    grads = received[received["kind"].isin(["gradient", "target"])]
     for row in grads.to_dict("records"):
-        source = row["from_node_id"]
+        source, what = row["from_node_id"], ("Target" if row["kind"] == "target"
+                                             else "Gradient")
         with st.container(border=True):
             title = ("from the loss (output gradient)" if source == "loss"
                      else f"from successor {md(source)}")
-            st.markdown(f"**Gradient {title}** · method {md(row.get('method') or '')}")
-            show_text("gradient", row["content"], expanded=True)
-            if row.get("parse_error") and not pd.isna(row["parse_error"]):
+            st.markdown(f"**{what} {title}** · method {md(row.get('method') or '')}")
+            show_text(what.lower(), row["content"], expanded=True)
+            if isinstance(row.get("parse_error"), str) and row["parse_error"]:
                 st.warning(f"parse: {row['parse_error']}")
             if isinstance(row.get("messages"), str):
                 show_messages(f"backward prompt sent by {source} (its inputs, siblings "
@@ -305,24 +309,31 @@ def aggregate_pane(view: dict[str, pd.DataFrame]) -> None:
 
 
 def gtbp_pane(view: dict[str, pd.DataFrame]) -> None:
-    """gtbp rows: the target output beside the actual one (as a diff), inferred inputs."""
+    """gtbp: the target the node acted on beside its actual output (and as a diff), and
+    the inferred input: what would have made the node produce its target."""
     received = view["received"]
     targets = received[received["kind"] == "target"]
     inferred = received[received["kind"] == "inferred_input"]
     if targets.empty and inferred.empty:
         return
-    st.subheader("Target and inferred inputs (gtbp)")
+    st.subheader("Target and inferred input (gtbp)")
     act = _first(view["activation"]) or {}
-    for row in targets.to_dict("records"):
+    aggregate = received[received["kind"] == "aggregate"]
+    target = (aggregate if not aggregate.empty else targets).iloc[0]["content"] \
+        if not (aggregate.empty and targets.empty) else None
+    if target is not None:
         left, right = st.columns(2)
         with left:
-            show_text("target output", row["content"], expanded=True)
+            show_text("target output", target, expanded=True)
         with right:
             show_text("actual output", act.get("output_text"), expanded=True)
         st.caption("actual → target, word by word")
-        show_diff(act.get("output_text") or "", row["content"] or "")
+        show_diff(act.get("output_text") or "", target or "")
     for row in inferred.to_dict("records"):
-        show_text(f"inferred input from {row['from_node_id']}", row["content"], expanded=True)
+        show_text("inferred input (what would have produced the target)", row["content"],
+                  expanded=True)
+        if isinstance(row.get("messages"), str):
+            show_messages("the call that inferred it", row["messages"])
 
 
 def sent_pane(view: dict[str, pd.DataFrame]) -> None:

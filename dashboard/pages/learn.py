@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from dashboard import data, jobs
 from dashboard.pages import (
+    PENDING_RUN_KEY,
     Selection,
     draw_graph,
     forward_pane,
@@ -137,6 +138,7 @@ if tour is None:
     if st.button("Run the demo", type="primary", key="learn_demo"):
         job = jobs.start(jobs.RunSpec(graph=str(jobs.DEMO_GRAPH), db=sel.db,
                                       **jobs.DEMO_OPTIONS))
+        st.session_state[PENDING_RUN_KEY] = job.run_id
         st.success(f"Started {job.run_id}; follow it on the Runs page.")
     st.stop()
 graph = data.graph(tour.db, tour.run)

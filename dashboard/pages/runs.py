@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from dashboard import data, jobs
-from dashboard.pages import fmt, md, selection
+from dashboard.pages import PENDING_RUN_KEY, fmt, md, selection
 
 SAMPLE_GRAPHS = jobs.ROOT / "sample_graphs"
 UPLOAD = "(upload a graph file)"
@@ -79,8 +79,15 @@ def start_demo(db: str) -> None:
     except Exception as exc:  # noqa: BLE001 - shown to the user
         st.error(f"Could not start the demo: {exc}")
         return
-    st.session_state["run"] = job.run_id
-    st.toast(f"Started {job.run_id}")
+    _started(job)
+
+
+def _started(job) -> None:
+    """Select the new run as soon as it is in the run log, say so on the next run, and
+    rerun so the background-run panel starts polling."""
+    st.session_state[PENDING_RUN_KEY] = job.run_id
+    st.session_state["_runs_flash"] = f"Started {job.run_id} (process {job.pid})"
+    st.rerun()
 
 
 def jobs_panel(db: str) -> None:
@@ -94,7 +101,10 @@ def jobs_panel(db: str) -> None:
 def _jobs_body(db: str) -> None:
     st.subheader("Background runs")
     seen = st.session_state.setdefault("_jobs_seen", {})
-    runs = data.runs(db) if data.exists(db) else pd.DataFrame()
+    try:
+        runs = data.runs(db)
+    except Exception:  # noqa: BLE001 - the engine is creating the file: try next poll
+        runs = pd.DataFrame()
     changed = False
     for job in jobs.list_jobs(db)[:8]:
         alive = jobs.poll(job)
@@ -107,8 +117,7 @@ def _jobs_body(db: str) -> None:
         total = job.steps + 1
         with st.container(border=True):
             head, button = st.columns([5, 1])
-            head.markdown(f"**{md(job.run_id)}** · {md(status)} · "
-                          f"{int(datetime.now().timestamp() - job.started_at)} s")
+            head.markdown(f"**{md(job.run_id)}** · {md(status)} · {int(job.seconds)} s")
             head.progress(min(steps_done / total, 1.0),
                           text=f"{steps_done} of {total} steps written")
             if alive and button.button("Stop", key=f"stop_{job.run_id}"):
@@ -181,11 +190,13 @@ def new_run_form(db: str) -> None:
     except Exception as exc:  # noqa: BLE001 - a bad graph file: one line for the user
         st.error(f"Could not start the run: {exc}")
         return
-    st.success(f"Started {job.run_id} (process {job.pid})")
+    _started(job)
 
 
 sel = selection()
 st.title("Runs")
+if flash := st.session_state.pop("_runs_flash", None):
+    st.success(flash)
 try:
     all_runs = data.runs(sel.db)
 except Exception as exc:  # noqa: BLE001 - the sidebar already says what is wrong

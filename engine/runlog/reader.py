@@ -105,7 +105,8 @@ def run_record(db: str | Path, run_id: str) -> dict | None:
 
 
 def step_examples(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
-    """Examples evaluated at `step` with their score and how many gradients they received.
+    """Examples evaluated at `step` with their score and how many messages (gradients, or
+    gtbp targets) they sent back through the graph.
 
     Back-propagated examples come first, then train before val, then dataset order."""
     return query(db, """
@@ -113,7 +114,7 @@ def step_examples(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
                coalesce(g.gradients, 0) AS gradients, e.position
         FROM losses l
         LEFT JOIN (SELECT example_id, count(*) AS gradients FROM gradients
-                   WHERE run_id = ? AND step = ? AND kind = 'gradient'
+                   WHERE run_id = ? AND step = ? AND kind IN ('gradient', 'target')
                    GROUP BY example_id) g USING (example_id)
         LEFT JOIN (SELECT example_id, min(position) AS position FROM examples
                    WHERE run_id = ? GROUP BY example_id) e USING (example_id)
@@ -148,7 +149,7 @@ def node_step_stats(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
             SELECT node_id,
                    avg(length(content)) FILTER (WHERE kind = 'aggregate' AND content <> '')
                        AS grad_chars,
-                   count(*) FILTER (WHERE kind = 'gradient') AS gradients
+                   count(*) FILTER (WHERE kind IN ('gradient', 'target')) AS gradients
             FROM gradients WHERE run_id = ? AND step = ? GROUP BY node_id),
         edits AS (
             SELECT node_id,
@@ -173,9 +174,10 @@ def node_step_stats(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
 
 def gradient_flows(db: str | Path, run_id: str, step: int, example_id: str | None = None
                    ) -> pd.DataFrame:
-    """Which gradients flowed at a step: one row per (from_node_id -> node_id) with the
-    number of messages and their mean length; one example's flows when given."""
-    where = "run_id = ? AND step = ? AND kind = 'gradient' AND from_node_id IS NOT NULL"
+    """Which gradients (or gtbp targets) flowed at a step: one row per (from_node_id ->
+    node_id) with the number of messages and their mean length; one example's when given."""
+    where = ("run_id = ? AND step = ? AND kind IN ('gradient', 'target') "
+             "AND from_node_id IS NOT NULL")
     params: list = [run_id, step]
     if example_id is not None:
         where += " AND example_id = ?"
@@ -195,7 +197,7 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
     latency, cost, cache hit) and the prompt text of the version it ran with.
     received: gradients rows for the node (every kind), each joined with the call that
     produced it (the exact backward prompt and reply).
-    sent: gradients the node's own backward call wrote for its predecessors.
+    sent: gradients (gtbp: targets) the node's backward call wrote for its predecessors.
     update: the update proposed for the node at this step, with its call.
     loss: the example's loss rows at this step."""
     key = [run_id, step, example_id]
@@ -218,15 +220,15 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
                        c.cache_hit
                 FROM gradients g LEFT JOIN llm_calls c ON c.call_id = g.call_id
                 WHERE g.run_id = ? AND g.step = ? AND g.example_id = ? AND g.node_id = ?
-                ORDER BY CASE g.kind WHEN 'gradient' THEN 0 WHEN 'aggregate' THEN 1
-                              WHEN 'target' THEN 2 ELSE 3 END, g.from_node_id""",
+                ORDER BY CASE g.kind WHEN 'gradient' THEN 0 WHEN 'target' THEN 0
+                              WHEN 'aggregate' THEN 1 ELSE 2 END, g.from_node_id""",
                 [*key, node_id]).df(),
             "sent": con.execute("""
                 SELECT g.node_id, g.kind, g.content, g.parse_error, g.call_id,
                        c.messages, c.response
                 FROM gradients g LEFT JOIN llm_calls c ON c.call_id = g.call_id
                 WHERE g.run_id = ? AND g.step = ? AND g.example_id = ?
-                  AND g.from_node_id = ? AND g.kind = 'gradient'
+                  AND g.from_node_id = ? AND g.kind IN ('gradient', 'target')
                 ORDER BY g.node_id""", [*key, node_id]).df(),
             "update": con.execute("""
                 SELECT u.*, c.messages, c.response AS call_response, c.prompt_tokens,
