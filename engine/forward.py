@@ -100,9 +100,15 @@ async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, s
 
     for node_id in ctx.graph.topological_order():
         tasks[node_id] = asyncio.ensure_future(run(ctx.graph.node(node_id)))
-    for node_id, task in tasks.items():
-        activation = await task
-        trace.activations[node_id] = activation
+    try:
+        for node_id, task in tasks.items():
+            trace.activations[node_id] = await task
+    except BaseException:  # e.g. the model is unavailable: stop this example's other nodes
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        raise
+    for activation in trace.activations.values():
         ctx.emit(activation)
     return trace
 

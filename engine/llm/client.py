@@ -17,6 +17,11 @@ from typing import Any
 
 from engine.events import CallRecord
 from engine.llm.base import Backend, LLMError, LLMReply, LLMRequest, TransientLLMError
+
+
+class ModelUnavailable(LLMError):
+    """Every call so far has failed: the server is unreachable or refuses us. Raised so that
+    a run stops with one clear message instead of logging a wall of failed examples."""
 from engine.llm.cache import Cache
 from engine.llm.pricing import cost_usd, load_prices
 
@@ -63,6 +68,7 @@ class LLMClient:
     temperature: float = 0.0
     seed: int | None = None
     stats: CallStats = field(default_factory=CallStats)
+    give_up_after: int = 3  # failed calls, with no success yet, before the run stops
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -137,6 +143,11 @@ class LLMClient:
         self._account(record)
         if self.on_call:
             self.on_call(record)
+        succeeded = self.stats.calls - self.stats.failures
+        if record.error and not succeeded and self.stats.failures >= self.give_up_after:
+            raise ModelUnavailable(
+                f"{backend.name} model '{request.model}' unavailable: {self.stats.failures} "
+                f"calls failed and none succeeded (last: {record.error})")
         return record
 
     async def _call_with_retries(self, backend: Backend, request: LLMRequest,

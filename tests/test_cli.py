@@ -1,0 +1,67 @@
+"""The command line's answers to bad input and unavailable models: one line, status 2."""
+
+from __future__ import annotations
+
+import socket
+
+import duckdb
+
+from engine.cli import main
+from tests.conftest import TWO_HINTS, arithmetic_rows, write_graph
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens here once the socket closes
+
+
+def error_line(capsys) -> str:
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_unreachable_server_stops_the_run_with_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "runs.duckdb"
+    code = main(["run", str(graph), "--backend", "openai", "--base-url",
+                 f"http://127.0.0.1:{closed_port()}/v1", "--max-retries", "1", "--db", str(db)])
+    assert code == 2
+    line = error_line(capsys)
+    assert "unavailable" in line and "none succeeded" in line and "cannot connect" in line
+    with duckdb.connect(str(db), read_only=True) as con:
+        status, error = con.execute("SELECT status, error FROM runs").fetchone()
+    assert status == "failed" and "unavailable" in error
+
+
+def test_missing_key_names_the_fix(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    assert main(["run", str(graph), "--backend", "openai", "--db",
+                 str(tmp_path / "r.duckdb")]) == 2
+    assert "OPENAI_API_KEY" in error_line(capsys)
+
+
+def test_bad_options_and_sizes(tmp_path, capsys):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows(10))
+    db = str(tmp_path / "r.duckdb")
+    assert main(["run", str(graph), "--backend", "scripted", "--option", "m0", "--db", db]) == 2
+    assert "KEY=VALUE" in error_line(capsys)
+    assert main(["run", str(graph), "--backend", "scripted", "--train", "8", "--val", "8",
+                 "--db", db]) == 2
+    assert "only 10" in error_line(capsys)
+    assert main(["run", str(graph), "--backend", "scripted", "--train", "4", "--val", "0",
+                 "--db", db]) == 2
+    assert "--no-gate" in error_line(capsys)
+
+
+def test_a_file_that_is_not_a_run_log_is_left_alone(tmp_path, capsys):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "notes.duckdb"
+    db.write_bytes(b"my notes, not a database")
+    assert main(["run", str(graph), "--backend", "scripted", "--db", str(db)]) == 2
+    assert "not a readable DuckDB run log" in error_line(capsys)
+    assert db.read_bytes() == b"my notes, not a database"
