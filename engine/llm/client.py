@@ -18,12 +18,13 @@ from typing import Any
 from engine.events import CallRecord
 from engine.llm.base import Backend, LLMError, LLMReply, LLMRequest, TransientLLMError
 
+from engine.llm.cache import Cache
+from engine.llm.pricing import cost_usd, load_prices
+
 
 class ModelUnavailable(LLMError):
     """Every call so far has failed: the server is unreachable or refuses us. Raised so that
     a run stops with one clear message instead of logging a wall of failed examples."""
-from engine.llm.cache import Cache
-from engine.llm.pricing import cost_usd, load_prices
 
 
 @dataclass
