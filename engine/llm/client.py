@@ -17,7 +17,6 @@ from typing import Any
 
 from engine.events import CallRecord
 from engine.llm.base import Backend, LLMError, LLMReply, LLMRequest, TransientLLMError
-
 from engine.llm.cache import Cache
 from engine.llm.pricing import cost_usd, load_prices
 
