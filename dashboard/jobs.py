@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -80,10 +79,6 @@ def jobs_dir(db: str | Path) -> Path:
     return folder
 
 
-def new_run_id(graph_name: str, method: str) -> str:
-    return f"{graph_name}-{method}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-
-
 def build_command(spec: RunSpec) -> list[str]:
     """The engine command line for a spec (run id included)."""
     cmd = [sys.executable, "-m", "engine", "run", str(spec.graph), "--db", str(spec.db),
@@ -101,6 +96,7 @@ def start(spec: RunSpec) -> Job:
     """Validate the graph, then start the run in a new process group. Raises
     engine.graph.GraphError for a bad graph file."""
     from engine.graph import load_graph
+    from engine.run import new_run_id
 
     graph = load_graph(spec.graph)
     spec.run_id = spec.run_id or new_run_id(graph.name, spec.method)

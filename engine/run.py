@@ -90,8 +90,9 @@ class RunResult:
     events: Collector
 
 
-def new_run_id(graph: Graph, method: str) -> str:
-    return f"{graph.name}-{method}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+def new_run_id(graph_name: str, method: str) -> str:
+    """A readable, unique run id: graph, method, start time and a short random suffix."""
+    return f"{graph_name}-{method}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def sizes(config: RunConfig, graph: Graph) -> tuple[int, int, int]:
@@ -170,7 +171,7 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
         raise ValueError("the validation gate needs validation examples: set --val above 0 "
                          "or pass --no-gate")
     open_for_writing(config.db)
-    config.run_id = config.run_id or new_run_id(graph, config.method)
+    config.run_id = config.run_id or new_run_id(graph.name, config.method)
     return await _drive(config, graph, splits, None, forward_backend, optimizer_backend,
                         listeners, new=True)
 
