@@ -9,6 +9,7 @@ with one-line messages from which the API key is scrubbed.
 from __future__ import annotations
 
 import email.utils
+import itertools
 import os
 import time
 from typing import Any
@@ -27,6 +28,7 @@ MISSING_CREDENTIALS = (
     "OpenAI-compatible server), or use --backend local"
 )
 _MAX_MESSAGE_CHARS = 300
+POOLS = 8  # SDK clients (connection pools) a backend spreads its requests over
 
 
 class OpenAIBackend:
@@ -46,12 +48,19 @@ class OpenAIBackend:
         except ImportError:
             raise LLMError("the openai package is missing: pip install openai") from None
         self._sdk = openai
+        from openai.types.chat import ChatCompletion
+
+        self._completion_type = ChatCompletion
         self.base_url = base_url
         self._secret = api_key or ""
-        self._client = openai.AsyncOpenAI(
+        # Several SDK clients, each with its own connection pool, used in turn: the HTTP
+        # pool scans every open connection whenever a request starts or ends, so one pool
+        # of many connections costs CPU that grows with the square of the concurrency.
+        self._clients = [openai.AsyncOpenAI(
             api_key=api_key or PLACEHOLDER_KEY, base_url=base_url, timeout=timeout,
             max_retries=0, default_headers=extra_headers,
-        )
+        ) for _ in range(POOLS)]
+        self._turn = itertools.count()
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(base_url={self.base_url!r})"
@@ -70,7 +79,12 @@ class OpenAIBackend:
         if request.stop:
             kwargs["stop"] = list(request.stop)
         try:
-            response = await self._client.chat.completions.create(**kwargs)
+            client = self._clients[next(self._turn) % len(self._clients)]
+            # The SDK's generic `post` (its documented way to reach any endpoint) sends the
+            # same request as `chat.completions.create` without re-validating our already
+            # plain parameters against the typed schema, which costs ~2 ms of CPU per call.
+            response = await client.post("/chat/completions", body=kwargs,
+                                         cast_to=self._completion_type)
         except self._sdk.OpenAIError as exc:
             # `from None`: the SDK error holds the request, which holds the key.
             raise self._map_error(exc) from None
@@ -132,7 +146,8 @@ class OpenAIBackend:
         return text
 
     async def aclose(self) -> None:
-        await self._client.close()
+        for client in self._clients:
+            await client.close()
 
 
 def scrub(text: str, secret: str) -> str:
