@@ -191,6 +191,29 @@ def test_new_run_form_builds_the_engine_command(open_page, log, monkeypatch, tmp
     assert Path(spec.dataset).read_bytes() == data_file.read_bytes()
     cmd = jobs.build_command(spec)
     assert cmd[cmd.index("--method") + 1] == "textgrad" and "--val" not in cmd
+    assert "--option" not in cmd  # gtbp's schedule only goes with gtbp
+
+
+def test_new_gtbp_run_passes_its_schedule_and_data_dir(open_page, log, monkeypatch, tmp_path):
+    from dashboard import jobs
+
+    started = []
+    monkeypatch.setattr(jobs, "start", lambda spec: started.append(spec) or jobs.Job(
+        "r", spec.db, 1, str(tmp_path / "r.log"), [], 0.0, spec.steps, returncode=0))
+    at = open_page()
+    form = at.get("form")[0]
+    {s.label: s for s in form.selectbox}["Method"].select("gtbp")
+    numbers = {n.label: n for n in form.number_input}
+    numbers["gtbp: initial edit budget m0"].set_value(3)
+    numbers["gtbp: budget shrinks every m- steps"].set_value(4)
+    {t.label: t for t in form.text_input}["Data directory"].input("/data/sets")
+    at.button(key="FormSubmitter:new_run-Start run").click().run()
+    (spec,) = started
+    cmd = jobs.build_command(spec)
+    assert cmd[cmd.index("--method") + 1] == "gtbp"
+    assert cmd[cmd.index("--data-dir") + 1] == "/data/sets"
+    options = [cmd[i + 1] for i, flag in enumerate(cmd) if flag == "--option"]
+    assert options == ["m0=3", "m_plus=2", "m_minus=4"]
 
 
 def test_a_live_run_refreshes_itself(open_page, log, tmp_path):

@@ -9,6 +9,7 @@ if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see
     PagesManager.uses_pages_directory = False
     st.rerun()
 
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -135,6 +136,15 @@ def _jobs_body(db: str) -> None:
         st.rerun(scope="app")
 
 
+def run_flags(method: str, data_dir: str, m0: int, m_plus: int, m_minus: int) -> list[str]:
+    """Engine flags the form adds: the data directory, and gtbp's schedule for gtbp runs."""
+    flags = ["--data-dir", data_dir.strip()] if data_dir.strip() else []
+    if method == "gtbp":
+        flags += ["--option", f"m0={int(m0)}", "--option", f"m_plus={int(m_plus)}",
+                  "--option", f"m_minus={int(m_minus)}"]
+    return flags
+
+
 def new_run_form(db: str) -> None:
     from engine.llm.factory import BACKENDS
     from engine.methods import METHODS
@@ -164,6 +174,14 @@ def new_run_form(db: str) -> None:
                                   index=sorted(METHODS).index("semantic"))
             steps = m2.number_input("Steps", min_value=0, value=2)
             seed = m3.number_input("Seed", value=0, step=1)
+            data_dir = st.text_input(
+                "Data directory", value=os.environ.get("SEMBACK_DATA_DIR", ""),
+                placeholder="where gsm8k/, liar/ and bbh/ live (for the paper's graphs)")
+            g1, g2, g3 = st.columns(3)
+            m0 = g1.number_input("gtbp: initial edit budget m0", min_value=1, value=2)
+            m_plus = g2.number_input("gtbp: a new claim every m+ steps", min_value=1, value=2)
+            m_minus = g3.number_input("gtbp: budget shrinks every m- steps", min_value=1,
+                                      value=2)
             submitted = st.form_submit_button("Start run", type="primary")
     if not submitted:
         return
@@ -184,7 +202,8 @@ def new_run_form(db: str) -> None:
     spec = jobs.RunSpec(graph=str(graph_path), db=db, method=method, backend=backend,
                         model=model or None, optimizer_model=optimizer_model or None,
                         steps=int(steps), train=train, val=val, test=test, seed=int(seed),
-                        dataset=str(dataset_path) if dataset_path else None)
+                        dataset=str(dataset_path) if dataset_path else None,
+                        extra=run_flags(method, data_dir, m0, m_plus, m_minus))
     try:
         job = jobs.start(spec)
     except Exception as exc:  # noqa: BLE001 - a bad graph file: one line for the user
