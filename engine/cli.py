@@ -121,11 +121,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from engine.runlog.schema import RunLogError
     from engine.runlog.state import load_resume_state
 
-    config_json, status, state, _, _ = load_resume_state(args.db, args.run_id)
-    if status == "finished":
+    point = load_resume_state(args.db, args.run_id)
+    if point.status == "finished":
         raise RunLogError(f"run '{args.run_id}' has already finished; nothing to resume")
-    steps = RunConfig.from_json(config_json).steps
-    done = 0 if state is None else state.step + 1
+    steps = RunConfig.from_json(point.config).steps
+    done = 0 if point.state is None else point.state.step + 1
     return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners),
                           steps, done)
 

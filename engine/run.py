@@ -28,7 +28,7 @@ from engine.llm.client import CallStats, LLMClient, RetryPolicy
 from engine.methods import make_method
 from engine.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
 from engine.runlog.schema import RunLogError
-from engine.runlog.state import load_cache, load_resume_state
+from engine.runlog.state import load_cache, load_resume_state, run_exists
 from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
 
 DEFAULT_SPLITS = {"train": 20, "val": 20, "test": 0}
@@ -172,6 +172,9 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
         raise ValueError("the validation gate needs validation examples: set --val above 0 "
                          "or pass --no-gate")
     open_for_writing(config.db)
+    if config.run_id and run_exists(config.db, config.run_id):
+        raise RunLogError(f"{config.db}: a run '{config.run_id}' already exists; choose "
+                          "another --run-id, or continue it with: python -m engine resume")
     config.run_id = config.run_id or new_run_id(graph.name, config.method)
     return await _drive(config, graph, splits, None, forward_backend, optimizer_backend,
                         listeners, new=True)
@@ -181,22 +184,15 @@ async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None
                  optimizer_backend: Backend | None = None,
                  listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
     """Continue `run_id` from its last complete step with its accepted prompts."""
-    config_json, status, state, example_rows, has_test = load_resume_state(db, run_id)
-    config = RunConfig.from_json(config_json)
+    point = load_resume_state(db, run_id)
+    if point.status == "finished":
+        raise RunLogError(f"run '{run_id}' has already finished; nothing to resume")
+    config = RunConfig.from_json(point.config)
     config.db, config.run_id = db, run_id
-    graph = parse_graph(load_graph_text(db, run_id), config.graph)
-    splits = Splits(*(_examples_of(example_rows, s) for s in ("train", "val", "test")))
-    if status == "finished":
-        raise RunLogError(f"run '{run_id}' has already finished")
-    return await _drive(config, graph, splits, state, forward_backend, optimizer_backend,
-                        listeners, new=False, test_done=has_test)
-
-
-def load_graph_text(db: str, run_id: str) -> str:
-    from engine.runlog.schema import connect
-
-    with connect(db, read_only=True) as con:
-        return con.execute("SELECT graph_yaml FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+    graph = parse_graph(point.graph_yaml, config.graph)
+    splits = Splits(*(_examples_of(point.examples, s) for s in ("train", "val", "test")))
+    return await _drive(config, graph, splits, point.state, forward_backend, optimizer_backend,
+                        listeners, new=False, test_done=point.test_done)
 
 
 def _examples_of(rows: list[dict], split: str) -> list[Example]:

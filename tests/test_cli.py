@@ -65,3 +65,19 @@ def test_a_file_that_is_not_a_run_log_is_left_alone(tmp_path, capsys):
     assert main(["run", str(graph), "--backend", "scripted", "--db", str(db)]) == 2
     assert "not a readable DuckDB run log" in error_line(capsys)
     assert db.read_bytes() == b"my notes, not a database"
+
+
+def test_an_existing_run_id_is_not_reused(tmp_path, capsys):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = str(tmp_path / "r.duckdb")
+    args = ["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "4",
+            "--val", "4", "--run-id", "mine", "--db", db]
+    assert main(args) == 0
+    capsys.readouterr()
+    with duckdb.connect(db, read_only=True) as con:
+        before = con.execute("SELECT count(*) FROM node_outputs").fetchone()
+    assert main(args) == 2
+    assert "a run 'mine' already exists" in error_line(capsys)
+    with duckdb.connect(db, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM node_outputs").fetchone() == before
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,11 @@ from engine.llm.base import LLMReply
 from engine.llm.cache import Cache
 from engine.optimizer import OptimizerState
 from engine.runlog.schema import RunLogError, check_readable, connect
+
+
+def run_exists(path: str, run_id: str) -> bool:
+    with connect(path, read_only=True) as con:
+        return con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] > 0
 
 
 def load_cache(path: str, mode: str) -> Cache:
@@ -24,22 +30,32 @@ def load_cache(path: str, mode: str) -> Cache:
     return cache
 
 
-def load_resume_state(path: str, run_id: str
-                      ) -> tuple[dict[str, Any], str, OptimizerState | None, list[dict], bool]:
-    """(config, status, state after the last complete step or None, example rows,
-    whether the test evaluation is already logged)."""
+@dataclass
+class ResumePoint:
+    """A logged run as `engine resume` needs it."""
+
+    config: dict[str, Any]
+    status: str
+    graph_yaml: str
+    examples: list[dict]
+    state: OptimizerState | None  # after the last complete step; None before step 0
+    test_done: bool  # the final test evaluation is already logged
+
+
+def load_resume_state(path: str, run_id: str) -> ResumePoint:
     check_readable(path)
     with connect(path, read_only=True) as con:
-        run = con.execute("SELECT config, status FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        run = con.execute("SELECT config, status, graph_yaml FROM runs WHERE run_id = ?",
+                          [run_id]).fetchone()
         if run is None:
             raise RunLogError(f"{path}: no run '{run_id}' (see: python -m engine runs --db {path})")
-        config, status = json.loads(run[0]), run[1]
+        config, status, graph_yaml = json.loads(run[0]), run[1], run[2]
         examples = _dicts(con, "SELECT split, example_id, position, fields, target FROM examples "
                                "WHERE run_id = ?", [run_id])
         last = con.execute("SELECT step, val_score, train_score FROM steps WHERE run_id = ? "
                            "ORDER BY step DESC LIMIT 1", [run_id]).fetchone()
         if last is None:
-            return config, status, None, examples, False
+            return ResumePoint(config, status, graph_yaml, examples, None, False)
         versions = _dicts(con, "SELECT node_id, version, prompt, accepted FROM prompt_versions "
                                "WHERE run_id = ? AND step <= ? ORDER BY version",
                           [run_id, last[0]])
@@ -61,7 +77,7 @@ def load_resume_state(path: str, run_id: str
         rejected.setdefault(node, []).append(prompt)
     state = OptimizerState(int(last[0]), Prompts(text, version), last[1], last[2], next_version,
                            rejected)
-    return config, status, state, examples, has_test
+    return ResumePoint(config, status, graph_yaml, examples, state, has_test)
 
 
 def _dicts(con: Any, sql: str, params: list) -> list[dict]:
