@@ -25,15 +25,15 @@ class Cache:
         if self.mode not in MODES:
             raise ValueError(f"cache mode must be one of {', '.join(MODES)}, not {self.mode!r}")
 
-    def get(self, request: LLMRequest) -> LLMReply | None:
+    def get(self, key: str) -> LLMReply | None:
+        """The stored reply for `key` (an `LLMRequest.cache_key()`), unless the cache is off."""
         if self.mode == "off":
             return None
-        return self.entries.get(request.cache_key())
+        return self.entries.get(key)
 
-    def put(self, request: LLMRequest, reply: LLMReply) -> None:
+    def put(self, key: str, request: LLMRequest, reply: LLMReply) -> None:
         if self.mode != "readwrite":
             return
-        key = request.cache_key()
         if key in self.entries:
             return
         self.entries[key] = reply

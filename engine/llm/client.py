@@ -108,7 +108,7 @@ class LLMClient:
             temperature=request.temperature, max_tokens=request.max_tokens,
         )
         started = time.perf_counter()
-        reply = self.cache.get(request)
+        reply = self.cache.get(record.cache_key)
         if reply is not None:
             record.cache_hit = True
         elif self.cache.mode != "off" and record.cache_key in self._inflight:
@@ -135,7 +135,7 @@ class LLMClient:
             record.prompt_tokens = reply.prompt_tokens
             record.completion_tokens = reply.completion_tokens
             if not record.cache_hit:
-                self.cache.put(request, reply)
+                self.cache.put(record.cache_key, request, reply)
                 record.cost_usd = cost_usd(self._prices, request.model, reply.prompt_tokens,
                                            reply.completion_tokens)
             else:
