@@ -339,3 +339,29 @@ def test_update_prompt_shows_inputs_outputs_and_gradients(tmp_path):
     assert text.count("GA") == 2 and "GB" not in text
     assert re.search(r"NOTE-hint_a-\d+", text)
     assert "Work out an intermediate step that helps solve the problem." in text
+
+
+JUDGED = TWO_HINTS.replace("metric: numeric", "metric: judge\nrubric: The answer must give "
+                           "the total number of apples.")
+
+
+def test_judge_metric_grades_with_the_rubric_and_its_critique_is_the_output_gradient(tmp_path):
+    graph = write_graph(tmp_path, JUDGED, arithmetic_rows())
+
+    def responder(request):
+        if request.purpose == "loss":
+            return "The answer forgets the apples he bought. <score>4</score>"
+        return notes(request)
+
+    backend = ScriptedBackend(responder=responder)
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, backend, steps=1, failures_per_step=1, optimizer_model="judge-model")
+    judge_calls = [r for r in backend.requests if r.purpose == "loss"]
+    assert judge_calls and all(r.model == "judge-model" for r in judge_calls)
+    text = judge_calls[0].user_text
+    assert "The answer must give the total number of apples." in text
+    assert "<reference>" in text and "<answer>" in text
+    scores = {s for (s,) in rows(db, "SELECT DISTINCT score FROM losses")}
+    assert scores == {0.4}
+    feedback = rows(db, "SELECT content FROM gradients WHERE from_node_id = 'loss' LIMIT 1")
+    assert feedback == [("The answer forgets the apples he bought.",)]
