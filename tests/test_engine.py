@@ -365,3 +365,11 @@ def test_judge_metric_grades_with_the_rubric_and_its_critique_is_the_output_grad
     assert scores == {0.4}
     feedback = rows(db, "SELECT content FROM gradients WHERE from_node_id = 'loss' LIMIT 1")
     assert feedback == [("The answer forgets the apples he bought.",)]
+
+
+def test_one_prompt_at_a_time_updates_the_trainable_nodes_in_turn(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, ScriptedBackend(), steps=4, update_mode="one")
+    assert rows(db, "SELECT step, node_id FROM updates ORDER BY step") == [
+        (1, "hint_a"), (2, "hint_b"), (3, "final"), (4, "hint_a")]
