@@ -33,7 +33,7 @@ REFINEMENTS = (
     "Write the final answer on its own at the end.",
     "Work in small steps and verify the last one.",
 )
-NOTE_WORDS = ("carry", "compare", "count", "split", "total", "order", "remainder", "share")
+NOTE_WORDS = ("carry", "compare", "count", "split", "total", "order", "list", "share")
 
 
 def _digest(*parts: Any) -> int:
