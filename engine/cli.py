@@ -168,6 +168,11 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0) -> 
             progress.update(task, calls=calls["n"])
         elif isinstance(event, StepFinished):
             progress.update(task, advance=1, description=f"step {event.step} done")
+            if not console.is_terminal:  # a log file (e.g. a dashboard job): one line a step
+                console.print(f"step {event.step} done: train {_fmt(event.train_score)}, "
+                              f"val {_fmt(event.val_score)}"
+                              f"{', edit accepted' if event.accepted else ''}; "
+                              f"{calls['n']} calls so far", markup=False, highlight=False)
 
     try:
         result = asyncio.run(start((listener,)))

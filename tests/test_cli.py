@@ -81,3 +81,20 @@ def test_an_existing_run_id_is_not_reused(tmp_path, capsys):
     with duckdb.connect(db, read_only=True) as con:
         assert con.execute("SELECT count(*) FROM node_outputs").fetchone() == before
         assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+
+
+def test_progress_to_a_log_file_is_one_line_a_step(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    proc = subprocess.run([sys.executable, "-m", "engine", "run", str(graph), "--backend",
+                           "scripted", "--steps", "2", "--train", "4", "--val", "4", "--db",
+                           str(tmp_path / "r.duckdb")], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    steps = [ln for ln in proc.stderr.splitlines() if ln.startswith("step ") and "train" in ln]
+    assert [ln.split(" done")[0] for ln in steps] == ["step 0", "step 1", "step 2"]
+    assert "calls so far" in steps[-1]
