@@ -147,12 +147,18 @@ def test_runs_filter_and_sort(open_page, log):
     assert calls == sorted(calls) and len(calls) == 4
 
 
-def test_empty_run_log_offers_the_demo(open_page, tmp_path, monkeypatch):
+@pytest.fixture
+def started(monkeypatch, tmp_path) -> list:
+    """Specs the pages asked `jobs.start` to run; nothing is started."""
     from dashboard import jobs
 
-    started = []
-    monkeypatch.setattr(jobs, "start", lambda spec: started.append(spec) or jobs.Job(
-        "demo-x", spec.db, 0, str(tmp_path / "x.log"), [], 0.0, spec.steps, returncode=0))
+    specs: list = []
+    monkeypatch.setattr(jobs, "start", lambda spec: specs.append(spec) or jobs.Job(
+        "r", spec.db, 1, str(tmp_path / "r.log"), [], 0.0, spec.steps, returncode=0))
+    return specs
+
+
+def test_empty_run_log_offers_the_demo(open_page, tmp_path, started):
     at = open_page(db=tmp_path / "empty.duckdb")
     assert "has no runs yet" in texts(at)
     at.button(key="run_demo").click().run()
@@ -162,12 +168,9 @@ def test_empty_run_log_offers_the_demo(open_page, tmp_path, monkeypatch):
     assert spec.db == str(tmp_path / "empty.duckdb")
 
 
-def test_new_run_form_builds_the_engine_command(open_page, log, monkeypatch, tmp_path):
+def test_new_run_form_builds_the_engine_command(open_page, log, started):
     from dashboard import jobs
 
-    started = []
-    monkeypatch.setattr(jobs, "start", lambda spec: started.append(spec) or jobs.Job(
-        "r", spec.db, 1, str(tmp_path / "r.log"), [], 0.0, spec.steps, returncode=0))
     at = open_page()
     form = at.get("form")[0]
     selects = {s.label: s for s in form.selectbox}
@@ -194,12 +197,9 @@ def test_new_run_form_builds_the_engine_command(open_page, log, monkeypatch, tmp
     assert "--option" not in cmd  # gtbp's schedule only goes with gtbp
 
 
-def test_new_gtbp_run_passes_its_schedule_and_data_dir(open_page, log, monkeypatch, tmp_path):
+def test_new_gtbp_run_passes_its_schedule_and_data_dir(open_page, log, started):
     from dashboard import jobs
 
-    started = []
-    monkeypatch.setattr(jobs, "start", lambda spec: started.append(spec) or jobs.Job(
-        "r", spec.db, 1, str(tmp_path / "r.log"), [], 0.0, spec.steps, returncode=0))
     at = open_page()
     form = at.get("form")[0]
     {s.label: s for s in form.selectbox}["Method"].select("gtbp")
