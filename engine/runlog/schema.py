@@ -16,13 +16,14 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 TABLES: dict[str, str] = {
     "schema_version": "version INTEGER, applied_at DOUBLE",
     "runs": """run_id VARCHAR, graph_name VARCHAR, graph_yaml VARCHAR, method VARCHAR,
         backend VARCHAR, model VARCHAR, optimizer_model VARCHAR, seed BIGINT, config JSON,
-        status VARCHAR, started_at DOUBLE, ended_at DOUBLE, error VARCHAR""",
+        status VARCHAR, started_at DOUBLE, ended_at DOUBLE, error VARCHAR,
+        parent_run_id VARCHAR, fork_step INTEGER, notes VARCHAR, tags JSON""",
     "steps": """run_id VARCHAR, step INTEGER, train_score DOUBLE, val_score DOUBLE,
         accepted BOOLEAN, started_at DOUBLE, ended_at DOUBLE""",
     "examples": """run_id VARCHAR, split VARCHAR, example_id VARCHAR, position INTEGER,
@@ -40,20 +41,41 @@ TABLES: dict[str, str] = {
         kind VARCHAR, parse_error VARCHAR""",
     "updates": """run_id VARCHAR, step INTEGER, node_id VARCHAR, old_prompt VARCHAR,
         new_prompt VARCHAR, accepted BOOLEAN, val_before DOUBLE, val_after DOUBLE,
-        call_id VARCHAR, parse_error VARCHAR, reasoning VARCHAR""",
+        call_id VARCHAR, parse_error VARCHAR, reasoning VARCHAR, val_alone DOUBLE,
+        reject_reason VARCHAR""",
     "llm_calls": """call_id VARCHAR, run_id VARCHAR, step INTEGER, example_id VARCHAR,
         node_id VARCHAR, purpose VARCHAR, backend VARCHAR, model VARCHAR, messages JSON,
         response VARCHAR, prompt_tokens INTEGER, completion_tokens INTEGER,
         latency_ms DOUBLE, cache_hit BOOLEAN, retries INTEGER, error VARCHAR,
         started_at DOUBLE, cost_usd DOUBLE, cache_key VARCHAR, temperature DOUBLE,
-        max_tokens INTEGER""",
+        max_tokens INTEGER, constrained BOOLEAN""",
     "metrics": "run_id VARCHAR, step INTEGER, key VARCHAR, value DOUBLE",
+    # Counterfactual probes (docs/runlog.md): one row per intervention, and the node
+    # outputs a probe re-computed, kept apart from the run's own activations.
+    "probes": """probe_id VARCHAR, run_id VARCHAR, step INTEGER, example_id VARCHAR,
+        node_id VARCHAR, kind VARCHAR, intervention VARCHAR, before_output VARCHAR,
+        after_output VARCHAR, before_score DOUBLE, after_score DOUBLE, created_at DOUBLE,
+        call_ids JSON, leaks_target BOOLEAN, error VARCHAR""",
+    "probe_outputs": """probe_id VARCHAR, run_id VARCHAR, step INTEGER, example_id VARCHAR,
+        node_id VARCHAR, output_text VARCHAR, error VARCHAR, call_id VARCHAR""",
     "llm_cache": """key VARCHAR, backend VARCHAR, model VARCHAR, request JSON, response VARCHAR,
         prompt_tokens INTEGER, completion_tokens INTEGER, created_at DOUBLE""",
 }
 
 # version -> list of statements that bring a database from version-1 to version.
-MIGRATIONS: dict[int, list[str]] = {}
+MIGRATIONS: dict[int, list[str]] = {
+    # 2: probes and forks (issue 10), notes and tags, per-node gates, constrained replies.
+    # New tables come from CREATE TABLE IF NOT EXISTS; new columns are appended.
+    2: [
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS parent_run_id VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS fork_step INTEGER",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS notes VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS tags JSON",
+        "ALTER TABLE updates ADD COLUMN IF NOT EXISTS val_alone DOUBLE",
+        "ALTER TABLE updates ADD COLUMN IF NOT EXISTS reject_reason VARCHAR",
+        "ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS constrained BOOLEAN",
+    ],
+}
 
 
 class RunLogError(Exception):
@@ -73,6 +95,8 @@ def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
     path = str(path)
     if read_only and not Path(path).exists():
         raise RunLogError(f"{path}: no such run log")
+    if read_only and path not in _CURRENT:
+        _upgrade_older_log(path, timeout)
     deadline = time.monotonic() + timeout
     delay = 0.01
     while True:
@@ -92,6 +116,38 @@ def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
         yield con
     finally:
         con.close()
+
+
+_CURRENT: set[str] = set()  # run logs seen at this engine's schema version
+
+
+def _upgrade_older_log(path: str, timeout: float) -> None:
+    """A run log written by an older engine gains the new tables and columns the first time
+    this process reads it, so that readers can select every current column."""
+    with connect(path, read_only=False, timeout=timeout) if _older(path, timeout) \
+            else _nothing() as con:
+        if con is not None:
+            ensure_schema(con, path)
+    _CURRENT.add(path)
+
+
+def _older(path: str, timeout: float) -> bool:
+    _CURRENT.add(path)  # the nested read-only connect must not recurse
+    try:
+        with connect(path, read_only=True, timeout=timeout) as con:
+            tables = {r[0] for r in con.execute(
+                "SELECT table_name FROM information_schema.tables").fetchall()}
+            if "schema_version" not in tables:
+                return False
+            version = con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0]
+            return int(version or 0) < SCHEMA_VERSION
+    finally:
+        _CURRENT.discard(path)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
 
 
 def _first_line(exc: Exception) -> str:
@@ -116,7 +172,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, path: str = "") -> None:
     con.execute("BEGIN TRANSACTION")
     for name, columns in TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
-    for v in range(max(version, 1), SCHEMA_VERSION + 1):
+    for v in range(version + 1, SCHEMA_VERSION + 1):
         for statement in MIGRATIONS.get(v, []):
             con.execute(statement)
     if version < SCHEMA_VERSION:
