@@ -8,6 +8,8 @@ import string
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from engine.data.graders import (
     KNOWN_METRICS,
@@ -172,3 +174,68 @@ def test_gsm8k_solutions_grade_against_their_own_answers():
             target = solution.rsplit("####", 1)[1].strip().replace(",", "")
             assert grade("numeric", solution, target) == 1.0, solution
             assert grade("numeric", target, str(int(target) + 1)) == 0.0
+
+
+# --- issue 12: marked options win, equations, and properties over answer wrappers ----------
+
+@pytest.mark.parametrize("reply,target,expected", [
+    ("Answer: A hexagon, option (D)", "(D)", 1.0),
+    ("Answer: A hexagon, option (D)", "(A)", 0.0),
+    ("Answer: I think it is (C).", "(C)", 1.0),
+    ("Answer: I think it is (C).", "(I)", 0.0),
+    ("Answer: I think it is option C.", "(C)", 1.0),
+    ("The answer is B.", "(B)", 1.0),
+])
+def test_an_explicitly_marked_option_wins_over_a_capital_word(reply, target, expected):
+    assert grade("choice", reply, target) == expected
+
+
+@pytest.mark.parametrize("reply,target,expected", [
+    ("The answer is 5 + 13 = 18", "18", 1.0),
+    ("The answer is 5 + 13 = 18", "5", 0.0),
+    ("The answer is $4 x 3 = $12.", "12", 1.0),
+    ("The answer is 1200 because 3 x 400 = 1200", "1200", 1.0),
+])
+def test_an_equation_after_the_marker_grades_as_its_result(reply, target, expected):
+    assert grade("numeric", reply, target) == expected
+
+
+WRAPPERS = ("{}", "The answer is {}.", "Answer: {}", "<answer>{}</answer>", "#### {}",
+            "**{}**", "Some reasoning first.\nSo the answer is {}", "<output>{}</output>")
+LETTERS = st.sampled_from("ABCDEFGHIJKLMNOPQR")
+
+
+@settings(max_examples=150, deadline=None)
+@given(letter=LETTERS, wrapper=st.sampled_from(WRAPPERS))
+def test_property_gold_option_in_any_wrapper_grades_one(letter, wrapper):
+    assert grade("choice", wrapper.format(f"({letter})"), f"({letter})") == 1.0
+    assert grade("auto", wrapper.format(f"({letter})"), f"({letter})") == 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(gold=LETTERS, other=LETTERS, wrapper=st.sampled_from(WRAPPERS))
+def test_property_a_different_valid_option_grades_zero(gold, other, wrapper):
+    assume(gold != other)
+    assert grade("choice", wrapper.format(f"({other})"), f"({gold})") == 0.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.integers(-10**7, 10**7), wrapper=st.sampled_from(WRAPPERS))
+def test_property_gold_number_in_any_wrapper_grades_one(value, wrapper):
+    assert grade("numeric", wrapper.format(value), str(value)) == 1.0
+    assert grade("numeric", wrapper.format(f"{value:,}"), str(value)) == 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.integers(-10**7, 10**7), delta=st.integers(1, 1000),
+       wrapper=st.sampled_from(WRAPPERS))
+def test_property_a_different_number_grades_zero(value, delta, wrapper):
+    assert grade("numeric", wrapper.format(value + delta), str(value)) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(gold=st.sampled_from(["Yes", "No"]), wrapper=st.sampled_from(WRAPPERS))
+def test_property_yes_no_gold_grades_one_and_the_other_label_zero(gold, wrapper):
+    other = "No" if gold == "Yes" else "Yes"
+    assert grade("yes_no", wrapper.format(gold), gold) == 1.0
+    assert grade("yes_no", wrapper.format(other), gold) == 0.0

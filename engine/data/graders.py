@@ -23,6 +23,10 @@ _CHOICE_TARGET = re.compile(r"^\(([A-Z])\)$")
 _CHOICE_PAREN = re.compile(r"\(([A-Z])\)")
 _CHOICE_WORD = re.compile(r"(?i:\b(?:option|choice)\b)\s*:?\s*\(?([A-Z])\b\)?")
 _CHOICE_BARE = re.compile(r"^\(?([A-Za-z])\)?$")
+_CHOICE_LONE = re.compile(r"(?<![\w'])([A-Z])(?![\w'])")
+_WORD_LETTER = re.compile(r"[AI] [a-z]")
+_EQUATION = re.compile(r"\s*[$]?[-\u2212]?[\d.,]+(?:\s*[-+*/x\u00d7\u00f7]\s*[$]?[\d.,]+)+"
+                       r"\s*=\s*([$]?[-\u2212]?[\d.,]*\d)")
 _TRAILING = ".,;:!?"
 _QUOTES = "\"'`\u201c\u201d\u2018\u2019"
 
@@ -41,7 +45,8 @@ def extract_answer(metric: str, text: str, target: str = "") -> str:
     region = _answer_region(text)
     segment = _after_marker(region)
     if family == "numeric":
-        return _extract_number(segment, first=True) or _extract_number(region)
+        return (_equation_result(segment) or _extract_number(segment, first=True)
+                or _extract_number(region))
     if family == "choice":
         return _extract_choice(segment, region)
     if family in _BINARY:
@@ -141,6 +146,12 @@ def _extract_number(text: str | None, first: bool = False) -> str:
     return "0" if out in ("-0", "0") else out
 
 
+def _equation_result(segment: str | None) -> str:
+    """The result of an equation that opens the answer ("5 + 13 = 18" gives 18)."""
+    found = _EQUATION.match((segment or "").replace("**", ""))
+    return _extract_number(found.group(1)) if found else ""
+
+
 def _extract_choice(segment: str | None, region: str) -> str:
     """A label like (B): the first one after an answer marker, else the last '(B)' or
     'option B' in the reply, else a reply that is a single letter."""
@@ -158,11 +169,20 @@ def _extract_choice(segment: str | None, region: str) -> str:
 
 
 def _first_choice(segment: str) -> str:
+    """The option named after an answer marker: a reply that is one letter; else the first
+    explicitly marked option, "(D)" or "option D"; else a capital letter standing alone.
+    "A" or "I" opening a sentence ("A hexagon", "I think") is a word, not an option."""
     bare = _CHOICE_BARE.match(normalize_text(segment, lower=False))
     if bare:
         return bare.group(1).upper()
-    match = re.match(r"\s*(?:(?i:option|choice)\s*)?\(?([A-Z])\)?(?!\w)", segment)
-    return match.group(1) if match else ""
+    marked = [(m.start(), m.group(1)) for m in _CHOICE_PAREN.finditer(segment)]
+    marked += [(m.start(), m.group(1)) for m in _CHOICE_WORD.finditer(segment)]
+    if marked:
+        return min(marked)[1]
+    for match in _CHOICE_LONE.finditer(segment):
+        if not _WORD_LETTER.match(segment, match.start()):
+            return match.group(1)
+    return ""
 
 
 def _extract_binary(family: str, segment: str | None, region: str) -> str:
