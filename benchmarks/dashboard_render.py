@@ -185,7 +185,7 @@ def render(db: Path, params: dict[str, str]) -> list[tuple[str, float, float]]:
     at.run()  # imports and the entry file, outside the measurements
     results = []
     for page in PAGES:
-        at.switch_page(f"pages/{page}.py")
+        at.switch_page(f"screens/{page}.py")
         st.cache_data.clear()  # cold: every query, the graph parse and the pyvis page
         timings = []
         for _ in range(2):

@@ -6,7 +6,7 @@ The sidebar chooses the run log (default `runs.duckdb` in the working directory,
 $SEMBACK_DB), the run, the step, the example and the node. The last four are bound to
 the query parameters `run`, `step`, `example` and `node`, so a URL such as
 `/inspect?run=R&step=1&example=E&node=N` opens that exact view. Pages read the choice
-with `dashboard.pages.selection()`.
+with `dashboard.state.selection()`.
 """
 # ruff: noqa: E402 (the path must be set before the dashboard's imports)
 
@@ -24,20 +24,21 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data
-from dashboard.pages import NODE_KEY, PENDING_RUN_KEY, SELECTION_KEY, Selection, fmt, md
+from dashboard.state import NODE_KEY, PENDING_RUN_KEY, SELECTION_KEY, Selection
+from dashboard.views.text import fmt, md
 
 PAGES = [
-    st.Page("pages/runs.py", title="Runs", url_path="runs",
+    st.Page("screens/runs.py", title="Runs", url_path="runs",
             default=True),
-    st.Page("pages/graph.py", title="Graph", url_path="graph"),
-    st.Page("pages/step.py", title="Step through",
+    st.Page("screens/graph.py", title="Graph", url_path="graph"),
+    st.Page("screens/step.py", title="Step through",
             url_path="step"),
-    st.Page("pages/inspect.py", title="Node inspector",
+    st.Page("screens/inspect.py", title="Node inspector",
             url_path="inspect"),
-    st.Page("pages/curves.py", title="Curves", url_path="curves"),
-    st.Page("pages/compare.py", title="Compare",
+    st.Page("screens/curves.py", title="Curves", url_path="curves"),
+    st.Page("screens/compare.py", title="Compare",
             url_path="compare"),
-    st.Page("pages/learn.py", title="Learn", url_path="learn"),
+    st.Page("screens/learn.py", title="Learn", url_path="learn"),
 ]
 
 

@@ -50,7 +50,7 @@ def _opener(log, monkeypatch):
         at.query_params.update({k: str(v) for k, v in query.items()})
         at.run()
         if page:
-            at.switch_page(f"pages/{page}.py").run()
+            at.switch_page(f"screens/{page}.py").run()
         assert not at.exception, [e.value for e in at.exception]
         return at
 
@@ -64,7 +64,7 @@ def test_a_deep_link_works_on_a_fresh_server(log, monkeypatch):
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     at.query_params.update(run=log.semantic, step="1", example=log.example, node="hint_a")
     at.run()
-    at.switch_page("pages/inspect.py").run()
+    at.switch_page("screens/inspect.py").run()
     assert not at.exception
     assert at.title[0].value == "Node hint_a"
     assert at.selectbox(key="run").value == log.semantic
@@ -341,7 +341,7 @@ def test_graph_selection_follows_the_picker_and_the_colour_choice(open_page, log
 def test_a_chart_click_selects_the_node(open_page, log):
     """Plotly clicks cannot be simulated: check the callback's reading of a click's state,
     then give the node picker the value the callback writes."""
-    from dashboard.pages import clicked_node
+    from dashboard.views.graph_view import clicked_node
 
     click = {"selection": {"points": [{"x": 190, "y": 95, "customdata": "hint_b"}],
                            "point_indices": [1]}}

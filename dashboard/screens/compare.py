@@ -1,20 +1,13 @@
 """Compare: two runs side by side (for example `semantic` against `textgrad` on the same
 graph and seed): score curves on one chart, the same example's gradients per node side
 by side, and each node's prompt diffed across the two runs."""
-# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
-
-import streamlit as st
-from streamlit.runtime.pages_manager import PagesManager
-
-if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
-    PagesManager.uses_pages_directory = False
-    st.rerun()
-
 import pandas as pd
+import streamlit as st
 
 from dashboard import data
-from dashboard.pages import fmt, md, need_run, selection, show_diff, show_text
+from dashboard.state import need_run, selection
 from dashboard.views.figures import compare_curves
+from dashboard.views.text import fmt, md, show_diff, show_text
 
 OTHER_KEY = "other"
 

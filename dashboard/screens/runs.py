@@ -1,22 +1,15 @@
 """Runs: every run in the run log (filter, sort, pick one), new runs started as
 background processes with live progress and a Stop button, and the one-click demo."""
-# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
-
-import streamlit as st
-from streamlit.runtime.pages_manager import PagesManager
-
-if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
-    PagesManager.uses_pages_directory = False
-    st.rerun()
-
 import os
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
+import streamlit as st
 
 from dashboard import data, jobs
-from dashboard.pages import PENDING_RUN_KEY, fmt, md, selection
+from dashboard.state import PENDING_RUN_KEY, selection
+from dashboard.views.text import fmt, md
 
 SAMPLE_GRAPHS = jobs.ROOT / "sample_graphs"
 UPLOAD = "(upload a graph file)"

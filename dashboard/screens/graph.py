@@ -1,27 +1,14 @@
 """Graph: the agentic graph at the selected step, nodes coloured by a per-step quantity,
 gradient flows drawn as orange edges; a clickable node chart and the sidebar picker
 select a node."""
-# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
 
 import streamlit as st
-from streamlit.runtime.pages_manager import PagesManager
-
-if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
-    PagesManager.uses_pages_directory = False
-    st.rerun()
 
 from dashboard import data
-from dashboard.pages import (
-    clickable_node_chart,
-    draw_graph,
-    fmt,
-    md,
-    need_run,
-    need_step,
-    selection,
-    show_text,
-)
+from dashboard.state import need_run, need_step, selection
 from dashboard.views.colors import QUANTITIES
+from dashboard.views.graph_view import clickable_node_chart, draw_graph
+from dashboard.views.text import fmt, md, show_text
 
 
 @st.fragment
@@ -63,7 +50,7 @@ def node_summary(sel, graph) -> None:
         agg = agg[agg["kind"] == "aggregate"]
         if not agg.empty:
             show_text("Aggregated gradient", agg.iloc[0]["content"], collapse_at=240)
-    st.page_link("pages/inspect.py", label="Open in the node inspector",
+    st.page_link("screens/inspect.py", label="Open in the node inspector",
                  icon=":material/search:", query_params=sel.link())
 
 

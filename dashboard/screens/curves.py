@@ -1,17 +1,12 @@
 """Curves: train and validation score per step with accepted edits marked; calls, tokens
 and cost per node and per phase (forward, loss, backward, update)."""
-# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
 
 import streamlit as st
-from streamlit.runtime.pages_manager import PagesManager
-
-if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
-    PagesManager.uses_pages_directory = False
-    st.rerun()
 
 from dashboard import data
-from dashboard.pages import fmt, md, need_run, selection
+from dashboard.state import need_run, selection
 from dashboard.views.figures import score_curves, usage_by, usage_by_phase
+from dashboard.views.text import fmt, md
 
 sel = selection()
 need_run(sel)

@@ -1,29 +1,15 @@
 """Learn: a guided tour of semantic backpropagation on the demo graph (forward pass, loss,
 semantic gradient and why the siblings matter, update), each stage tied to the live
 graph and to what really happened in a demo run."""
-# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
-
-import streamlit as st
-from streamlit.runtime.pages_manager import PagesManager
-
-if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
-    PagesManager.uses_pages_directory = False
-    st.rerun()
-
 from dataclasses import replace
 
+import streamlit as st
+
 from dashboard import data, jobs
-from dashboard.pages import (
-    PENDING_RUN_KEY,
-    Selection,
-    draw_graph,
-    forward_pane,
-    gradients_received,
-    loss_pane,
-    md,
-    selection,
-    update_pane,
-)
+from dashboard.state import PENDING_RUN_KEY, Selection, selection
+from dashboard.views.graph_view import draw_graph
+from dashboard.views.panes import forward_pane, gradients_received, loss_pane, update_pane
+from dashboard.views.text import md
 
 TOUR_KEY = "tour"
 STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Update", "Explore"]
@@ -123,9 +109,9 @@ def live(stage: str, tour: Selection, graph) -> None:
             with st.container(border=True):
                 update_pane(update, node=update["node_id"], show_call=False)
     elif stage == "Explore":
-        for page, label in (("pages/graph.py", "Graph"), ("pages/step.py", "Step through"),
-                            ("pages/inspect.py", "Node inspector"),
-                            ("pages/curves.py", "Curves")):
+        for page, label in (("screens/graph.py", "Graph"), ("screens/step.py", "Step through"),
+                            ("screens/inspect.py", "Node inspector"),
+                            ("screens/curves.py", "Curves")):
             st.page_link(page, label=label, query_params=tour.link(node=output))
 
 

@@ -1,29 +1,21 @@
 """Node inspector for (run, step, example, node): prompt version, input messages, output,
 the gradients received from each successor with the exact backward prompt that produced
 them, the aggregated gradient, the proposed edit as a diff, and the call's costs."""
-# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
 
 import streamlit as st
-from streamlit.runtime.pages_manager import PagesManager
-
-if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
-    PagesManager.uses_pages_directory = False
-    st.rerun()
 
 from dashboard import data
-from dashboard.pages import (
+from dashboard.state import need_run, need_step, selection
+from dashboard.views.panes import (
     aggregate_pane,
     call_metrics,
     forward_pane,
     gradients_received,
     gtbp_pane,
-    md,
-    need_run,
-    need_step,
-    selection,
     sent_pane,
     update_pane,
 )
+from dashboard.views.text import md
 
 sel = selection()
 graph = need_run(sel)

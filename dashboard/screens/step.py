@@ -1,30 +1,21 @@
 """Step through: one optimization step of one example, walked stop by stop: the forward
 pass node by node in dependency order, the loss, the backward pass in reverse order,
 then the update. The current node is outlined on the graph."""
-# ruff: noqa: E402 (the guard below must run before the dashboard's imports)
 
 import streamlit as st
-from streamlit.runtime.pages_manager import PagesManager
-
-if PagesManager.uses_pages_directory:  # a deep link reached a fresh server: see app.py
-    PagesManager.uses_pages_directory = False
-    st.rerun()
 
 from dashboard import data
-from dashboard.pages import (
+from dashboard.state import need_run, need_step, selection, set_node
+from dashboard.views.graph_view import draw_graph
+from dashboard.views.panes import (
     aggregate_pane,
-    draw_graph,
     forward_pane,
     gradients_received,
     loss_pane,
-    md,
-    need_run,
-    need_step,
-    selection,
     sent_pane,
-    set_node,
     update_pane,
 )
+from dashboard.views.text import md
 from dashboard.views.walk import walk
 
 WALK_KEY = "walk"

@@ -1,0 +1,72 @@
+"""Safe text display shared by the pages.
+
+Model-produced text is shown with `st.code` (plain text) or, for diffs, as HTML built by
+`dashboard.views.diff`, which escapes every piece; never through Markdown, which would
+follow links and load images from a reply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.views.diff import diff_html
+
+COLLAPSE_AT = 400  # characters: longer texts start collapsed
+
+
+def md(text: object) -> str:
+    """Escape a value for use inside Markdown (no links, images or emphasis)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~])", r"\\\1", str(text))
+
+
+def show_text(label: str, text: object, *, collapse_at: int = COLLAPSE_AT,
+              expanded: bool = False) -> None:
+    """Show a text as plain text; long ones collapsed behind an expander."""
+    value = "" if text is None or (isinstance(text, float) and pd.isna(text)) else str(text)
+    if not value:
+        st.caption(f"{label}: (empty)")
+        return
+    if len(value) <= collapse_at:
+        st.caption(label)
+        st.code(value, language=None, wrap_lines=True)
+        return
+    with st.expander(f"{label} · {len(value):,} characters", expanded=expanded):
+        st.code(value, language=None, wrap_lines=True)
+
+
+def show_messages(label: str, messages_json: object, *, expanded: bool = False) -> None:
+    """Chat-style rendering of a call's messages (the JSON list of {role, content})."""
+    try:
+        messages = json.loads(messages_json) if isinstance(messages_json, str) else []
+    except ValueError:
+        messages = []
+    if not messages:
+        st.caption(f"{label}: not recorded")
+        return
+    total = sum(len(str(m.get("content", ""))) for m in messages)
+    with st.expander(f"{label} · {len(messages)} messages, {total:,} characters",
+                     expanded=expanded):
+        for message in messages:
+            role = str(message.get("role", "user"))
+            with st.chat_message("assistant" if role == "assistant" else
+                                 "user" if role == "user" else "ai",
+                                 avatar=":material/settings:" if role == "system" else None):
+                st.caption(role)
+                st.code(str(message.get("content", "")), language=None, wrap_lines=True)
+
+
+def show_diff(old: str, new: str, *, only_changes: bool = False) -> None:
+    st.html(diff_html(old or "", new or "", only_changes=only_changes))
+
+
+def fmt(value: object, spec: str = ".3f", empty: str = "–") -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)) or value is pd.NA:
+        return empty
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
