@@ -168,13 +168,17 @@ def gradient_blocks(names: list[str]) -> str:
     return "\n".join(GRADIENT_BLOCK.format(name=n) for n in names)
 
 
-def parse_gradients(reply: str, names: list[str]) -> tuple[dict[str, str], str | None]:
+def parse_gradients(reply: str, names: list[str], *, whole_reply_for_one: bool = True
+                    ) -> tuple[dict[str, str], str | None]:
     """Split a backward reply into one gradient per input name.
 
     Rules, in order: `<gradient input="name">` blocks; else lines starting with the
-    input's name or "Hint i" (i = its 1-based position), up to the next such line;
-    else the whole reply goes to every input. Inputs the reply does not mention get
-    the whole reply too. Nothing is dropped: the parse error says which rule applied.
+    input's name or "Hint i" (i = its 1-based position), up to the next such line. With a
+    single input (unless `whole_reply_for_one` is off, as for a repair reply), a reply that
+    cannot be split is that input's gradient. With several, an
+    input the reply has no block for gets an empty gradient and is named in the parse
+    error: it never receives another input's text (`missing_gradients` lists them, for
+    one repair request).
     """
     found: dict[str, str] = {}
     for name, body in re.findall(r'<gradient\s+input="([^"]+)"\s*>(.*?)</gradient>', reply,
@@ -186,16 +190,22 @@ def parse_gradients(reply: str, names: list[str]) -> tuple[dict[str, str], str |
         found = _split_by_labels(reply, names)
         if found:
             problem = "no <gradient> blocks: split the reply by input labels"
-    if not found:
-        text = reply.strip()
-        return {n: text for n in names}, "reply not split by input: every input got the whole reply"
+    if not found and whole_reply_for_one and len(names) == 1 and reply.strip():
+        return {names[0]: reply.strip()}, "no <gradient> block: used the whole reply"
     missing = [n for n in names if n not in found]
-    for n in missing:
-        found[n] = reply.strip()
     if missing:
-        note = f"no block for {', '.join(missing)}: gave them the whole reply"
+        note = f"no block for {', '.join(missing)}: empty gradient"
         problem = f"{problem}; {note}" if problem else note
-    return {n: found[n] for n in names}, problem
+    return {n: found.get(n, "") for n in names}, problem
+
+
+def missing_gradients(grads: dict[str, str]) -> list[str]:
+    """Inputs, in order, that a parsed reply left without a gradient."""
+    return [n for n, text in grads.items() if not text.strip()]
+
+
+BACKWARD_REPAIR = """Your reply has no <gradient> block for {names}. Write the missing block(s) now, one per input, about that input only, in this form:
+{blocks}"""
 
 
 def _split_by_labels(reply: str, names: list[str]) -> dict[str, str]:

@@ -161,7 +161,9 @@ def test_malformed_replies_fall_back_and_are_recorded(tmp_path):
                           "no <prompt> tags: used the last paragraph")
 
 
-def test_unsplittable_backward_reply_goes_to_every_input(tmp_path):
+def test_unsplittable_backward_reply_gives_no_input_another_inputs_text(tmp_path):
+    # issue 12: with several inputs, an unsplittable reply is never copied to every input;
+    # one repair request names the missing inputs, then they stay empty with the error.
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
 
     def responder(request):
@@ -170,12 +172,14 @@ def test_unsplittable_backward_reply_goes_to_every_input(tmp_path):
         return notes(request)
 
     db = tmp_path / "r.duckdb"
-    run_engine(graph, db, ScriptedBackend(responder=responder), steps=1, failures_per_step=1)
+    backend = ScriptedBackend(responder=responder)
+    run_engine(graph, db, backend, steps=1, failures_per_step=1)
     got = rows(db, "SELECT node_id, content, parse_error FROM gradients WHERE from_node_id = "
                "'final' ORDER BY node_id")
-    assert [g[:2] for g in got] == [("hint_a", "Everything was wrong."),
-                                    ("hint_b", "Everything was wrong.")]
-    assert all("every input got the whole reply" in g[2] for g in got)
+    assert [g[:2] for g in got] == [("hint_a", ""), ("hint_b", "")]
+    assert all("after one repair request: empty gradient" in g[2] for g in got)
+    repairs = [r for r in backend.requests if r.meta.get("role") == "backward_joint_repair"]
+    assert len(repairs) == 1 and repairs[0].meta["inputs"] == ["hint_a", "hint_b"]
 
 
 def gated_responder(update_prompts: list[str]):

@@ -129,4 +129,33 @@ async def ask_backward(ctx: RunContext, node_id: str, example_id: str, template:
     if record.error:
         return {n: "" for n in names}, record.call_id, f"backward call failed: {record.error}"
     grads, problem = P.parse_gradients(record.response, names)
+    if len(names) > 1 and P.missing_gradients(grads):
+        grads, problem = await repair_gradients(ctx, request, record.response, grads, problem,
+                                                node_id, example_id, role)
     return grads, record.call_id, problem
+
+
+async def repair_gradients(ctx: RunContext, request, reply: str, grads: dict[str, str],
+                           problem: str | None, node_id: str, example_id: str, role: str
+                           ) -> tuple[dict[str, str], str | None]:
+    """ONE follow-up call naming the inputs the reply had no block for. What it still
+    leaves out stays empty, with the parse error saying so: an input never receives
+    another input's text."""
+    missing = P.missing_gradients(grads)
+    ask = P.BACKWARD_REPAIR.format(names=", ".join(missing), blocks=P.gradient_blocks(missing))
+    repair = ctx.client.request("backward", [*request.messages, ("assistant", reply),
+                                             ("user", ask)],
+                                max_tokens=ctx.optimizer_max_tokens,
+                                meta={"role": f"{role}_repair", "node": node_id,
+                                      "inputs": missing})
+    record = await ctx.client.call(repair, step=ctx.step, node_id=node_id,
+                                   example_id=example_id)
+    fixed = {} if record.error else P.parse_gradients(record.response, missing,
+                                                             whole_reply_for_one=False)[0]
+    grads = {n: grads[n] or fixed.get(n, "") for n in grads}
+    still = P.missing_gradients(grads)
+    note = f"no block for {', '.join(missing)}: " + (
+        f"still none for {', '.join(still)} after one repair request: empty gradient" if still
+        else "one repair request supplied it")
+    earlier = (problem or "")[:(problem or "").rfind("no block for")].rstrip("; ")
+    return grads, "; ".join(p for p in (earlier, note) if p)
