@@ -43,6 +43,71 @@ def first_line(*values: str) -> str:
     return ""
 
 
+# --- backward rules ---------------------------------------------------------------------
+# A function node makes no call. Its rule turns the one message it received (feedback, or a
+# GTBP target) into one message per input, in declared order. A rule never copies a
+# message to every input: that is the "sum" behaviour the paper criticises.
+# Returns (message per input name, note or None); '' means the input receives nothing.
+
+BackwardRule = Callable[[str, dict[str, str]], tuple[dict[str, str], str | None]]
+
+
+def to_first_input(message: str, values: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """Extractors read only their first input: the whole message goes to it, none to others."""
+    names = list(values)
+    return {n: (message if i == 0 else "") for i, n in enumerate(names)}, None
+
+
+def split_by_part(message: str, values: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """`concatenate` joins its inputs with blank lines, so input i owns part i. Rules, in
+    order: `<part name="x">` blocks or lines starting "x:" name each input's part; else a
+    message of exactly as many blank-line-separated parts as inputs is split at those
+    lines (a GTBP target that rewrote the joined text); else each input gets the message
+    framed with its own part quoted, so it knows which part it wrote (noted)."""
+    names = list(values)
+    found = {n: b.strip() for n, b in re.findall(
+        r'<part\s+name="([^"]+)"\s*>(.*?)</part>', message, flags=re.S | re.I) if n in values}
+    if not found:
+        found = _labelled_parts(message, names)
+    if found:
+        return {n: found.get(n, "") for n in names}, None
+    parts = [p.strip() for p in re.split(r"\n\s*\n", message.strip()) if p.strip()]
+    if len(names) > 1 and len(parts) == len(names):
+        return dict(zip(names, parts)), None
+    if len(names) == 1:
+        return {names[0]: message}, None
+    framed = {n: (f"Your output was part {i} of {len(names)} of a joined text, this part:\n"
+                  f"{values[n]}\nMessage on the whole joined text:\n{message}")
+              for i, n in enumerate(names, start=1)}
+    return framed, "message not split by part: each part got it with its own part quoted"
+
+
+def _labelled_parts(message: str, names: list[str]) -> dict[str, str]:
+    pattern = re.compile(r"^\W*(" + "|".join(re.escape(n) for n in names) + r")\s*:", re.M)
+    matches = list(pattern.finditer(message))
+    parts: dict[str, str] = {}
+    for m, nxt in zip(matches, matches[1:] + [None]):
+        body = message[m.end():nxt.start() if nxt else len(message)].strip()
+        if body:
+            parts[m.group(1)] = body
+    return parts
+
+
+BACKWARD_RULES: dict[str, BackwardRule] = {
+    "extract_number": to_first_input,
+    "extract_choice": to_first_input,
+    "extract_yes_no": to_first_input,
+    "concatenate": split_by_part,
+    "first_line": to_first_input,
+}
+
+
+def function_backward(function: str, message: str, values: dict[str, str]
+                      ) -> tuple[dict[str, str], str | None]:
+    """The registered backward rule of `function` applied to one message."""
+    return BACKWARD_RULES[function](message, values)
+
+
 FUNCTIONS: dict[str, Callable[..., str]] = {
     "extract_number": extract_number,
     "extract_choice": extract_choice,

@@ -77,3 +77,76 @@ def test_a_block_still_missing_after_repair_is_empty_never_a_siblings_text(tmp_p
                  and r.meta["node"] == "hint_b"]
     assert "GRAD-A-ONLY" not in update.user_text
     assert len([r for r in backend.requests if r.meta.get("role", "").endswith("_repair")]) == 1
+
+
+# --- function nodes: one backward rule per registered function -----------------------------
+
+JOINED = """
+name: joined
+dataset: data.jsonl
+input_fields: [question]
+target_field: answer
+metric: numeric
+nodes:
+  - {id: a, prompt: Find the first quantity., inputs: [question]}
+  - {id: b, prompt: Find the second quantity., inputs: [question]}
+  - {id: j, kind: function, function: concatenate, inputs: [a, b]}
+  - {id: final, prompt: Solve the problem., inputs: [question, j]}
+  - {id: num, kind: function, function: extract_number, inputs: [final, a], output: true}
+"""
+
+
+def test_every_registered_function_has_a_backward_rule():
+    from engine.functions import BACKWARD_RULES, FUNCTIONS
+    assert set(BACKWARD_RULES) == set(FUNCTIONS)
+
+
+def test_concatenate_splits_a_message_by_part_and_extractors_feed_only_their_input():
+    from engine.functions import function_backward
+    values = {"a": "first", "b": "second"}
+    assert function_backward("concatenate", "NEW-A\n\nNEW-B", values) == (
+        {"a": "NEW-A", "b": "NEW-B"}, None)
+    assert function_backward("concatenate", "a: fix the first\nb: fix the second", values)[0] \
+        == {"a": "fix the first", "b": "fix the second"}
+    framed, note = function_backward("concatenate", "too long", values)
+    assert "this part:\nfirst" in framed["a"] and "this part:\nsecond" in framed["b"]
+    assert note and "not split by part" in note
+    for name in ("extract_number", "extract_choice", "extract_yes_no", "first_line"):
+        assert function_backward(name, "be 18", {"x": "...", "y": "..."})[0] == {
+            "x": "be 18", "y": ""}
+
+
+def test_semantic_feedback_through_functions_follows_their_rules(tmp_path):
+    graph = write_graph(tmp_path, JOINED, arithmetic_rows())
+
+    def responder(request):
+        if request.purpose == "backward" and request.meta["node"] == "final":
+            return ('<gradient input="j"><part name="a">FIX-A</part>'
+                    '<part name="b">FIX-B</part></gradient>')
+        return notes(request)
+
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=responder), steps=1, failures_per_step=1)
+    got = dict(rows(db, "SELECT node_id || '<-' || from_node_id, content FROM gradients "
+                        "WHERE kind = 'gradient'"))
+    assert got["a<-j"] == "FIX-A" and got["b<-j"] == "FIX-B"
+    assert "a<-num" not in got  # the extractor reads only 'final'
+    assert got["final<-num"].startswith("The expected output is")
+
+
+def test_gtbp_targets_through_concatenate_split_by_part(tmp_path):
+    graph = write_graph(tmp_path, JOINED, arithmetic_rows())
+
+    def responder(request):
+        if request.meta.get("role") == "gtbp_input" and request.meta["node"] == "final":
+            return ('<input name="question">q</input>'
+                    '<input name="j">TARGET-A\n\nTARGET-B</input>')
+        return notes(request)
+
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=responder), steps=1, failures_per_step=1,
+               method="gtbp")
+    got = dict(rows(db, "SELECT node_id || '<-' || from_node_id, content FROM gradients "
+                        "WHERE kind = 'target'"))
+    assert got["a<-j"] == "TARGET-A" and got["b<-j"] == "TARGET-B"
+    assert "a<-num" not in got

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine import prompts as P
 from engine.events import Gradient, LossRecord
 from engine.forward import ExampleTrace, Prompts, RunContext
+from engine.functions import function_backward
 
 
 @dataclass
@@ -75,9 +76,13 @@ class Method:
                                     kind="aggregate"))
             predecessors = graph.predecessors(node_id)
             if feedback and predecessors:
-                if graph.node(node_id).kind == "function":
+                node = graph.node(node_id)
+                if node.kind == "function" and node.fn is None:  # a registered rule
+                    grads = function_messages(node.function or "", feedback,
+                                              trace.inputs[node_id], predecessors)
+                elif node.kind == "function" and not node.description:  # a bare Python tool
                     grads = {p: NodeGradient(feedback) for p in predecessors}
-                else:
+                else:  # an LLM node, or a Python tool whose description is its task
                     grads = await self.node_gradients(ctx, prompts, trace, node_id, feedback)
                 for pred in predecessors:  # declared order: deterministic
                     if pred in grads:
@@ -113,6 +118,14 @@ class Method:
         if not new_prompt:
             new_prompt = current
         return UpdateProposal(new_prompt, reasoning, record.call_id, problem)
+
+
+def function_messages(function: str, message: str, values: dict[str, str],
+                      predecessors: list[str]) -> dict[str, NodeGradient]:
+    """A function node's registered backward rule (engine/functions.py), no call: one
+    message per predecessor; a predecessor the rule gives nothing is left out."""
+    split, note = function_backward(function, message, values)
+    return {p: NodeGradient(split[p], None, note) for p in predecessors if split.get(p)}
 
 
 async def ask_backward(ctx: RunContext, node_id: str, example_id: str, template: str,

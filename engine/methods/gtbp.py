@@ -38,7 +38,13 @@ import re
 from engine import prompts as P
 from engine.events import LossRecord
 from engine.forward import ExampleTrace, Prompts, RunContext
-from engine.methods.base import Method, NodeGradient, UpdateProposal, UpdateSample
+from engine.methods.base import (
+    Method,
+    NodeGradient,
+    UpdateProposal,
+    UpdateSample,
+    function_messages,
+)
 
 # --- templates -------------------------------------------------------------------------
 
@@ -341,16 +347,20 @@ class GTBP(Method):
                             node_id: str, target: str,
                             received: dict[str, list[tuple[str, str]]]) -> None:
         predecessors = ctx.graph.predecessors(node_id)
-        if ctx.graph.node(node_id).kind == "function":
+        node = ctx.graph.node(node_id)
+        if node.kind == "function" and node.fn is None:  # a registered rule
+            grads = function_messages(node.function or "", target, trace.inputs[node_id],
+                                      predecessors)
+        elif node.kind == "function" and not node.description:  # a bare Python tool
             grads = {p: NodeGradient(target) for p in predecessors}
-        else:
+        else:  # an LLM node, or a Python tool whose description is its task
             inferred, call_id, problem = await self.infer_input(ctx, prompts, trace, node_id,
                                                                 target)
             ctx.emit(self._gradient(ctx, trace, node_id, None,
                                     NodeGradient(P.render_inputs(inferred), call_id, problem),
                                     kind="inferred_input"))
             grads = {p: NodeGradient(inferred[p], call_id, problem) for p in predecessors}
-        for pred in predecessors:  # declared order: deterministic
+        for pred in (p for p in predecessors if p in grads):  # declared order
             if grads[pred].content:
                 received[pred].append((node_id, grads[pred].content))
             ctx.emit(self._gradient(ctx, trace, pred, node_id, grads[pred], kind="target"))
