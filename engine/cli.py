@@ -45,15 +45,25 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from engine.data.datasets import DATA_DIR_ENV
+
     graph = load_graph(args.graph)
-    if args.data_dir is not None or args.check_data:
+    # The dataset is checked whenever it can be found without the network: a .jsonl path
+    # (relative to the graph), or a named dataset with a data directory.
+    resolvable = bool(graph.dataset) and (
+        graph.dataset.strip().endswith(".jsonl") or args.data_dir is not None
+        or bool(os.environ.get(DATA_DIR_ENV)))
+    checked = ""
+    if resolvable or args.check_data:
         from engine.run import RunConfig, load_splits
 
-        load_splits(RunConfig(graph=args.graph, data_dir=args.data_dir, train=0, val=0, test=0),
-                    graph)
+        load_splits(RunConfig(graph=args.graph, data_dir=args.data_dir, train=0, val=0,
+                              test=0), graph)
+        checked = f"; dataset '{graph.dataset}' checked, every row"
     trainable = len(graph.trainable_nodes)
     out.print(f"{args.graph}: ok: graph '{graph.name}', {len(graph.nodes)} nodes "
-              f"({trainable} trainable), output '{graph.output_node.id}', metric {graph.metric}")
+              f"({trainable} trainable), output '{graph.output_node.id}', metric "
+              f"{graph.metric}{checked}", markup=False, highlight=False)
     return 0
 
 
@@ -82,6 +92,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="accept every proposal (ablation)")
     p.add_argument("--update-mode", choices=("all", "one"), default="all",
                    help="update every trainable prompt per step, or one at a time")
+    p.add_argument("--node-gates", choices=("auto", "on", "off"), default="auto",
+                   help="also score each changed prompt alone on validation (auto: when a "
+                        "step changes 2 to 4 prompts)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-tokens", type=_positive, help="forward generation limit")
     p.add_argument("--optimizer-max-tokens", type=_positive)
@@ -109,7 +122,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         dataset=args.dataset, cache=args.cache, concurrency=args.concurrency,
         backend_limits=_limits(args.backend_limit),
         failures_per_step=args.failures_per_step, gate=args.gate,
-        update_mode=args.update_mode, temperature=args.temperature, max_tokens=args.max_tokens,
+        update_mode=args.update_mode, node_gates=args.node_gates,
+        temperature=args.temperature, max_tokens=args.max_tokens,
         optimizer_max_tokens=args.optimizer_max_tokens, base_url=args.base_url,
         timeout=args.timeout, max_retries=args.max_retries, run_id=args.run_id,
         method_options=_options(args.option))
@@ -177,7 +191,8 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0) -> 
     try:
         result = asyncio.run(start((listener,)))
     finally:
-        progress.stop()
+        if progress.live.is_started:  # stopping a bar never shown prints a blank line
+            progress.stop()
     print_summary(result)
     return 0 if result.status == "finished" else 1
 
@@ -202,6 +217,13 @@ def print_summary(result: Any) -> None:
     if result.test_score is not None:
         line += f"; test score {_fmt(result.test_score)}"
     out.print(line)
+    gates = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
+             if "node_gate_calls" in s.metrics]
+    if gates:
+        out.print(f"per-node gates: {len(gates)} steps scored edits alone, "
+                  f"{sum(m['node_gate_calls'] for m in gates):.0f} calls "
+                  f"({sum(m['node_gate_model_calls'] for m in gates):.0f} to the model), "
+                  f"{sum(m['node_gate_seconds'] for m in gates):.1f} s")
 
 
 def _fmt(value: float | None) -> str:

@@ -100,6 +100,7 @@ class Proposal:
     call_id: str | None = None
     parse_error: str | None = None
     reasoning: str = ""
+    val_alone: float | None = None  # validation score of this edit alone (per-node gate)
 
 
 @dataclass
@@ -122,6 +123,9 @@ class StepFinished:
     started_at: float
     ended_at: float
     metrics: dict[str, float] = field(default_factory=dict)
+    # Wall-clock and cache-dependent figures for the run summary; not written to the log,
+    # so that a resumed run logs exactly what an uninterrupted one does.
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

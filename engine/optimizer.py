@@ -22,6 +22,7 @@ from engine.loss import compute_losses, mean_score
 from engine.methods.base import Method, UpdateSample
 
 REJECTED_SHOWN = 3
+NODE_GATES_AUTO_MAX = 4  # --node-gates auto scores edits alone when a step makes <= this many
 
 
 @dataclass
@@ -31,6 +32,7 @@ class OptimizerConfig:
     gate: bool = True
     update_mode: str = "all"  # all | one
     seed: int = 0
+    node_gates: str = "auto"  # on | off | auto: on when a step changes at most 4 prompts
 
 
 @dataclass
@@ -106,12 +108,16 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
         val_after, _, _ = await evaluate(ctx, candidate, splits.val, "val")
         accepted = (not config.gate) or (
             val_after is not None and (val_before is None or val_after > val_before))
+    # Per-node gates: each edit alone, the others as they were. Informative only: the
+    # joint decision above stays the paper's.
+    val_alone, gate_calls, gate_timing = await score_edits_alone(
+        ctx, prompts, changes, splits, config.node_gates, val_after)
     for n, p in zip(nodes, proposals):
         changed = n in changes
         problem = p.error or p.parse_error or (None if changed else "proposal left the prompt unchanged")
         ctx.emit(Proposal(ctx.run_id, step, n, prompts.text[n], p.new_prompt,
                           accepted and changed, val_before, val_after, p.call_id, problem,
-                          p.reasoning))
+                          p.reasoning, val_alone.get(n)))
         if changed:
             ctx.emit(PromptVersion(ctx.run_id, n, changes[n][0], changes[n][1], step, accepted))
     next_version = {n: v + (1 if n in changes else 0) for n, v in state.next_version.items()}
@@ -123,13 +129,47 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
         for n in changes:
             rejected[n].append(changes[n][1])
     ctx.emit(StepFinished(ctx.run_id, step, train_score, val_score, accepted, started,
-                          time.time(), metrics={
+                          time.time(), timings=gate_timing, metrics={
                               "failing_train": float(sum(1 for x in losses if x.score < 1)),
                               "sampled": float(len(chosen)),
                               "proposals_changed": float(len(changes)),
                               **({"val_candidate": val_after} if val_after is not None else {}),
+                              **gate_calls,
                           }))
     return OptimizerState(step, prompts, val_score, train_score, next_version, rejected)
+
+
+def node_gates_apply(mode: str, changed: int) -> bool:
+    """Whether a step that changes `changed` prompts scores each edit alone."""
+    if changed < 2 or mode == "off":
+        return False
+    return mode == "on" or changed <= NODE_GATES_AUTO_MAX
+
+
+async def score_edits_alone(ctx: RunContext, prompts: Prompts,
+                            changes: dict[str, tuple[int, str]], splits: Splits, mode: str,
+                            val_joint: float | None
+                            ) -> tuple[dict[str, float | None], dict[str, float],
+                                       dict[str, float]]:
+    """Validation score of each changed prompt applied alone, and what scoring cost: the
+    metric `node_gate_calls` (logged), and `node_gate_model_calls` (cache misses) and
+    `node_gate_seconds` (summary only). With one change, the joint candidate is that edit
+    alone: its score is reused at no cost."""
+    if len(changes) == 1:
+        return {n: val_joint for n in changes}, {}, {}
+    if not node_gates_apply(mode, len(changes)):
+        return {}, {}, {}
+    stats, started = ctx.client.stats, time.perf_counter()
+    calls, network = stats.calls, stats.network_calls
+    # Only the scores are kept: these forward passes are not the run's activations.
+    quiet = replace(ctx, emit=lambda event: None)
+    scores = await asyncio.gather(*(
+        evaluate(quiet, prompts.updated({n: change}), splits.val, "val")
+        for n, change in changes.items()))
+    timing = {"node_gate_model_calls": float(stats.network_calls - network),
+              "node_gate_seconds": time.perf_counter() - started}
+    return ({n: score for n, (score, _, _) in zip(changes, scores)},
+            {"node_gate_calls": float(stats.calls - calls)}, timing)
 
 
 async def optimize(ctx: RunContext, method: Method, splits: Splits, config: OptimizerConfig,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from engine.data.datasets import load_examples, with_target
+from engine.data.datasets import check_input_fields, load_examples, with_target
 from engine.data.examples import Example, Splits, split_examples
 from engine.events import Collector, EventBus, StepFinished
 from engine.forward import RunContext
@@ -56,6 +56,7 @@ class RunConfig:
     failures_per_step: int = 2
     gate: bool = True
     update_mode: str = "all"
+    node_gates: str = "auto"
     temperature: float = 0.0
     max_tokens: int | None = None
     optimizer_max_tokens: int | None = None
@@ -110,10 +111,7 @@ def load_splits(config: RunConfig, graph: Graph) -> Splits:
     examples = with_target(load_examples(dataset, data_dir=config.data_dir,
                                          graph_dir=str(Path(graph.path).parent)),
                            graph.target_field)
-    missing = [f for f in graph.input_fields if examples and f not in examples[0].fields]
-    if missing:
-        raise ValueError(f"dataset '{dataset}' has no field {missing[0]!r} "
-                         f"(fields: {', '.join(sorted(examples[0].fields))})")
+    check_input_fields(examples, graph.input_fields, dataset)
     n_train, n_val, n_test = sizes(config, graph)
     return split_examples(examples, config.seed, n_train, n_val, n_test)
 
@@ -219,7 +217,7 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     max_tokens, optimizer_max_tokens = default_max_tokens(config)
     ctx = RunContext(graph, client, bus.emit, config.run_id, 0, max_tokens, optimizer_max_tokens)
     opt = OptimizerConfig(config.steps, config.failures_per_step, config.gate,
-                          config.update_mode, config.seed)
+                          config.update_mode, config.seed, config.node_gates)
     loop = asyncio.get_running_loop()
     current = asyncio.current_task()
     try:

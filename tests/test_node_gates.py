@@ -1,0 +1,116 @@
+"""Per-node gates: when a step changes several prompts, each edit is also scored alone on
+validation (others as they were) and stored as updates.val_alone; the joint decision is
+unchanged, the alone passes are not logged as the run's activations, and the run summary
+prints what they cost."""
+
+from __future__ import annotations
+
+import re
+
+import duckdb
+
+from engine.cli import main
+from engine.events import StepFinished
+from engine.llm.scripted import ScriptedBackend
+from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+
+
+def good_and_bad_edits(request) -> str | None:
+    """hint_a's edit helps, hint_b's edit hurts, and together they hurt: the final node is
+    right only when it sees a 'good' hint and no 'bad' one."""
+    node, text = request.meta.get("node"), request.user_text
+    if request.purpose == "update":
+        new = {"hint_a": "A-GOOD", "hint_b": "B-BAD"}.get(node, request.meta["prompt"])
+        return f"<prompt>{new}</prompt>"
+    if request.purpose == "forward" and node == "hint_a":
+        return "<output>good</output>" if "A-GOOD" in text else "<output>plain</output>"
+    if request.purpose == "forward" and node == "hint_b":
+        return "<output>bad</output>" if "B-BAD" in text else "<output>plain</output>"
+    if request.purpose == "forward" and node == "final":
+        a, b = map(int, re.findall(r"(\d+) apples and buys (\d+)", text)[0])
+        right = "\ngood\n" in text and "\nbad\n" not in text  # inputs as rendered
+        return f"<output>{a + b if right else 0}</output>"
+    return None
+
+
+def updates(db) -> dict[str, tuple]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT node_id, accepted, val_before, val_after, val_alone "
+                           "FROM updates WHERE step = 1").fetchall()
+    return {r[0]: r[1:] for r in rows}
+
+
+def test_each_edit_is_scored_alone_and_the_joint_decision_stays(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "runs.duckdb"
+    result = run_engine(graph, db, ScriptedBackend(responder=good_and_bad_edits), steps=1,
+                        train=4, val=4)
+    rows = updates(db)
+    # joint: good + bad hint -> wrong everywhere: rejected, as the paper's gate says
+    assert rows["hint_a"][:3] == (False, 0.0, 0.0)
+    assert rows["hint_b"][:3] == (False, 0.0, 0.0)
+    # alone: hint_a's edit would have fixed every validation example, hint_b's none
+    assert rows["hint_a"][3] == 1.0
+    assert rows["hint_b"][3] == 0.0
+    assert rows["final"][3] is None  # the final prompt did not change
+    step1 = [s for s in result.events.of(StepFinished) if s.step == 1][0]
+    assert step1.metrics["node_gate_calls"] == 2 * 4 * 3  # 2 edits x 4 val examples x 3 nodes
+    # the hints' old and new prompts were all seen on val already (cache hits); only the
+    # final node, which sees a new pair of hints, reaches the model: 2 x 4 calls
+    assert step1.timings["node_gate_model_calls"] == 8
+    assert step1.timings["node_gate_seconds"] >= 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        # the alone passes are not the run's activations: one joint val pass only
+        val_rows = con.execute("SELECT count(*) FROM node_outputs WHERE step = 1 "
+                               "AND split = 'val'").fetchone()[0]
+        val_losses = con.execute("SELECT count(*) FROM losses WHERE step = 1 "
+                                 "AND split = 'val'").fetchone()[0]
+        logged = con.execute("SELECT value FROM metrics WHERE step = 1 "
+                             "AND key = 'node_gate_calls'").fetchone()[0]
+    assert (val_rows, val_losses) == (4 * 3, 4)
+    assert logged == 24
+
+
+def test_node_gates_off_scores_nothing_alone(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "runs.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=good_and_bad_edits), steps=1, train=4,
+               val=4, node_gates="off")
+    rows = updates(db)
+    assert rows["hint_a"][3] is None and rows["hint_b"][3] is None
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM metrics WHERE key LIKE 'node_gate%'"
+                           ).fetchone()[0] == 0
+
+
+def test_auto_skips_steps_that_change_more_than_four_prompts():
+    from engine.optimizer import node_gates_apply
+
+    assert node_gates_apply("auto", 2) and node_gates_apply("auto", 4)
+    assert not node_gates_apply("auto", 5) and node_gates_apply("on", 5)
+    assert not node_gates_apply("off", 3) and not node_gates_apply("on", 1)
+
+
+def test_one_change_reuses_the_joint_score(tmp_path):
+    def only_hint_a(request):
+        if request.purpose == "update":
+            prompt = request.meta["prompt"]
+            return f"<prompt>{'A-GOOD' if request.meta['node'] == 'hint_a' else prompt}</prompt>"
+        return good_and_bad_edits(request)
+
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "runs.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=only_hint_a), steps=1, train=4, val=4)
+    rows = updates(db)
+    assert rows["hint_a"] == (True, 0.0, 1.0, 1.0)
+
+
+def test_run_summary_prints_the_cost_of_per_node_gates(tmp_path, capsys):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "runs.duckdb"
+    code = main(["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "4",
+                 "--val", "4", "--test", "0", "--db", str(db)])
+    assert code == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("per-node")]
+    # the scripted update appends a sentence to all three prompts: 3 x 4 x 3 calls
+    assert len(line) == 1 and "36 calls" in line[0], line
