@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.events import StepFinished  # noqa: E402
-from engine.llm.fake_openai import FakeOpenAIServer  # noqa: E402
 from engine.run import RunConfig, execute  # noqa: E402
+from tests.support.fake_openai import FakeOpenAIServer  # noqa: E402
 
 GRAPH = """
 name: gsm8k-2x2

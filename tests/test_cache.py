@@ -14,8 +14,8 @@ import pytest
 from engine.llm.base import LLMReply, LLMRequest
 from engine.llm.cache import Cache
 from engine.llm.client import LLMClient, RetryPolicy
-from engine.llm.fake_openai import FakeOpenAIServer
 from engine.llm.openai_backend import OpenAIBackend
+from tests.support.fake_openai import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[1]
 

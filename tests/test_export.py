@@ -276,10 +276,8 @@ def test_the_api_key_is_never_written(tmp_path):
     files, output = run_and_export(tmp_path, "scripted", ["--backend", "scripted"], env)
     assert_no_secret(db, files, output)
 
-    try:
-        from engine.llm.fake_openai import FakeOpenAIServer
-    except ImportError:
-        pytest.skip("engine.llm.fake_openai is not there yet")
+    from tests.support.fake_openai import FakeOpenAIServer
+
     with FakeOpenAIServer(latency=0.0) as server:
         more, more_output = run_and_export(
             tmp_path, "openai", ["--backend", "openai", "--base-url", server.base_url], env)

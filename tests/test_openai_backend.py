@@ -12,12 +12,12 @@ import pytest
 
 from engine.llm.base import LLMError, LLMRequest
 from engine.llm.client import LLMClient, RetryPolicy
-from engine.llm.fake_openai import FakeOpenAIServer, default_responder
 from engine.llm.openai_backend import (
     MISSING_CREDENTIALS,
     OpenAIBackend,
     retry_after_seconds,
 )
+from tests.support.fake_openai import FakeOpenAIServer, default_responder
 
 KEY = "sk-test-SECRET-7f3a9c2e"
 

@@ -1,0 +1,1 @@
+"""Test and benchmark support: the fake OpenAI-compatible server."""
