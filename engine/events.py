@@ -101,6 +101,7 @@ class Proposal:
     parse_error: str | None = None
     reasoning: str = ""
     val_alone: float | None = None  # validation score of this edit alone (per-node gate)
+    reject_reason: str | None = None  # this node's own outcome when the step was rejected
 
 
 @dataclass

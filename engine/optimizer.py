@@ -117,13 +117,17 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
         problem = p.error or p.parse_error or (None if changed else "proposal left the prompt unchanged")
         ctx.emit(Proposal(ctx.run_id, step, n, prompts.text[n], p.new_prompt,
                           accepted and changed, val_before, val_after, p.call_id, problem,
-                          p.reasoning, val_alone.get(n)))
+                          p.reasoning, val_alone.get(n),
+                          reject_reason(changed and not accepted, val_before, val_after,
+                                        val_alone.get(n))))
         if changed:
             ctx.emit(PromptVersion(ctx.run_id, n, changes[n][0], changes[n][1], step, accepted))
     next_version = {n: v + (1 if n in changes else 0) for n, v in state.next_version.items()}
     rejected = {n: list(r) for n, r in state.rejected.items()}
     if accepted:
         prompts, val_score = prompts.updated(changes), val_after
+        for n in changes:  # a new prompt: proposals rejected for the old one no longer apply
+            rejected[n] = []
     else:
         val_score = state.val_score
         for n in changes:
@@ -137,6 +141,23 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
                               **gate_calls,
                           }))
     return OptimizerState(step, prompts, val_score, train_score, next_version, rejected)
+
+
+def reject_reason(rejected: bool, val_before: float | None, val_after: float | None,
+                  val_alone: float | None) -> str | None:
+    """One node's own outcome in a rejected step: the joint score, and its edit alone when
+    a per-node gate scored it."""
+    if not rejected:
+        return None
+    if val_after is None:
+        return "rejected: the candidate could not be scored on validation"
+    before = "nothing" if val_before is None else f"{val_before:.4g}"
+    reason = f"rejected jointly: the candidate scored {val_after:.4g}, not above {before}"
+    if val_alone is None:
+        return reason
+    better = val_before is None or val_alone > val_before
+    return (f"{reason}; this edit alone scored {val_alone:.4g} "
+            f"({'an improvement' if better else 'no improvement'} on its own)")
 
 
 def node_gates_apply(mode: str, changed: int) -> bool:

@@ -7,6 +7,8 @@ written (rows), so a broken copy of the engine fails here loudly.
 
 from __future__ import annotations
 
+import re
+
 from engine import prompts as P
 from engine.llm.scripted import ScriptedBackend
 from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
@@ -150,3 +152,55 @@ def test_gtbp_targets_through_concatenate_split_by_part(tmp_path):
                         "WHERE kind = 'target'"))
     assert got["a<-j"] == "TARGET-A" and got["b<-j"] == "TARGET-B"
     assert "a<-num" not in got
+
+
+# --- rejected proposals: cleared when the prompt changes; per-node outcome recorded ---------
+
+def _halfway_responder(final_prompts: list[str]):
+    """'final' is right on even-numbered questions once its prompt says IMPROVED; update
+    calls for 'final' return the given prompts in order (others keep their prompt)."""
+    queue = list(final_prompts)
+
+    def responder(request):
+        if request.purpose == "forward" and request.meta.get("output_node"):
+            task, question = request.user_text.split("## Inputs", 1)
+            n = int(re.search(r"has (\d+) apples", question).group(1))
+            right = "IMPROVED" in task and n % 2 == 0
+            return f"<output>{2 * n + 3 if right else 0}</output>"
+        if request.purpose == "update":
+            if request.meta["node"] == "final" and queue:
+                return f"<prompt>{queue.pop(0)}</prompt>"
+            return f"<prompt>{request.meta['prompt']}</prompt>"
+        return notes(request)
+    return responder
+
+
+def test_rejected_proposals_are_cleared_once_the_prompt_changes(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    backend = ScriptedBackend(responder=_halfway_responder(
+        ["REJECTED-ONE", "Solve it. IMPROVED", "Solve it. IMPROVED twice"]))
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, backend, steps=3, failures_per_step=1)
+    assert rows(db, "SELECT step, accepted FROM steps ORDER BY step") == [
+        (0, False), (1, False), (2, True), (3, False)]
+    finals = [r.user_text for r in backend.requests
+              if r.purpose == "update" and r.meta["node"] == "final"]
+    assert len(finals) == 3
+    assert "REJECTED-ONE" in finals[1]  # step 2: still the prompt it was rejected for
+    assert "REJECTED-ONE" not in finals[2]  # step 3: the prompt changed at step 2
+    reasons = rows(db, "SELECT step, reject_reason FROM updates WHERE node_id = 'final' "
+                       "ORDER BY step")
+    assert reasons[0][0] == 1 and reasons[0][1].startswith("rejected jointly: the candidate "
+                                                           "scored 0")
+    assert reasons[1] == (2, None)
+    assert rows(db, "SELECT count(*) FROM updates WHERE node_id <> 'final' AND "
+                    "reject_reason IS NOT NULL") == [(0,)]  # unchanged prompts: no outcome
+
+
+def test_reject_reason_names_the_edit_alone_when_a_node_gate_scored_it():
+    from engine.optimizer import reject_reason
+    assert reject_reason(False, 0.5, 0.4, None) is None
+    assert reject_reason(True, 0.5, 0.4, None) == (
+        "rejected jointly: the candidate scored 0.4, not above 0.5")
+    assert reject_reason(True, 0.5, 0.4, 0.6).endswith(
+        "this edit alone scored 0.6 (an improvement on its own)")

@@ -59,9 +59,13 @@ def load_resume_state(path: str, run_id: str) -> ResumePoint:
         versions = _dicts(con, "SELECT node_id, version, prompt, accepted FROM prompt_versions "
                                "WHERE run_id = ? AND step <= ? ORDER BY version",
                           [run_id, last[0]])
+        # only proposals rejected since the node's prompt last changed are still relevant
         rejected_rows = con.execute(
-            "SELECT node_id, prompt FROM prompt_versions WHERE run_id = ? AND step BETWEEN 1 "
-            "AND ? AND NOT accepted ORDER BY step, version", [run_id, last[0]]).fetchall()
+            "SELECT r.node_id, r.prompt FROM prompt_versions r WHERE r.run_id = ? AND r.step "
+            "BETWEEN 1 AND ? AND NOT r.accepted AND r.step > (SELECT coalesce(max(a.step), 0) "
+            "FROM prompt_versions a WHERE a.run_id = r.run_id AND a.node_id = r.node_id AND "
+            "a.accepted AND a.step <= ?) ORDER BY r.step, r.version",
+            [run_id, last[0], last[0]]).fetchall()
         has_test = con.execute("SELECT count(*) FROM metrics WHERE run_id = ? AND key = "
                                "'test_score'", [run_id]).fetchone()[0] > 0
     text: dict[str, str] = {}
