@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts only dashboard/ on the pat
 import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, links
 from dashboard.state import NODE_KEY, PENDING_RUN_KEY, SELECTION_KEY, Selection
 from dashboard.views.text import fmt, md
 
@@ -46,17 +46,27 @@ def default_db() -> str:
     return os.environ.get("SEMBACK_DB") or "runs.duckdb"
 
 
-def keep_valid(key: str, options: list, default, cast=str) -> None:
-    """Before a picker bound to a query parameter is drawn: keep its value when still
-    valid, else take the URL's value (first load of a deep link), else `default`."""
-    if st.session_state.get(key) in options:
-        return
-    wanted = st.query_params.get(key)
-    try:
-        wanted = cast(wanted) if wanted is not None else None
-    except (TypeError, ValueError):
-        wanted = None
-    st.session_state[key] = wanted if wanted in options else default
+def keep_valid(key: str, options: list, default, cast=str, **kwargs) -> None:
+    """Before a picker kept in the address is drawn: the URL's new value when valid,
+    else the session's value when still valid, else `default` (see dashboard.links)."""
+    links.choose(key, options, default, cast=cast, **kwargs)
+
+
+def unknown_run(run_ids: list[str]) -> bool:
+    """A link naming a run that is not in this run log: warn and offer the newest run,
+    never show another run silently."""
+    wanted = links.from_url("run")
+    if wanted is None or wanted in run_ids:
+        return False
+    st.warning(f"Run `{wanted}` is not in this run log.", icon=":material/link_off:")
+    if st.button(f"Open the newest run, {run_ids[0]}", key="open_newest"):
+        links.write({"run": run_ids[0]})
+        st.session_state["run"] = run_ids[0]
+        st.rerun()
+    links.warn(f"The link names run `{wanted}`, which is not in this run log "
+               f"({st.session_state.get('db')}). Pick a run in the sidebar, or open the "
+               f"newest, `{run_ids[0]}`.")
+    return True
 
 
 def default_step(steps: pd.DataFrame) -> int | None:
@@ -81,8 +91,10 @@ def sidebar() -> Selection:
         return Selection(db=db)
     if st.session_state.get(PENDING_RUN_KEY) in run_ids:  # started from the Runs page
         st.session_state["run"] = st.session_state.pop(PENDING_RUN_KEY)
-    keep_valid("run", run_ids, run_ids[0])
-    run = st.selectbox("Run", run_ids, index=None, key="run", bind="query-params")
+    if unknown_run(run_ids):
+        return Selection(db=db)
+    keep_valid("run", run_ids, run_ids[0], what="run")
+    run = st.selectbox("Run", run_ids, index=None, key="run")
     if run is None:
         return Selection(db=db)
     row = runs[runs["run_id"] == run].iloc[0]
@@ -91,15 +103,15 @@ def sidebar() -> Selection:
     step_ids = [int(s) for s in steps["step"]]
     step = example = node = None
     if step_ids:
-        keep_valid("step", step_ids, default_step(steps), int)
-        step = st.selectbox("Step", step_ids, index=None, key="step", bind="query-params")
+        keep_valid("step", step_ids, default_step(steps), int, what="step",
+                   nearest=links.nearest_number(step_ids))
+        step = st.selectbox("Step", step_ids, index=None, key="step")
     if step is not None:
         examples = data.step_examples(db, run, step)
         example_ids = list(dict.fromkeys(examples["example_id"]))
         if example_ids:
-            keep_valid("example", example_ids, example_ids[0])
+            keep_valid("example", example_ids, example_ids[0], what="example")
             example = st.selectbox("Example", example_ids, index=None, key="example",
-                                   bind="query-params",
                                    help="Back-propagated examples first, then train, val")
             match = examples[examples["example_id"] == example]
             if not match.empty:
@@ -109,10 +121,11 @@ def sidebar() -> Selection:
     graph = data.graph(db, run)
     if graph is not None:
         order = list(graph.model.order)
-        keep_valid(NODE_KEY, order, graph.model.output)
-        node = st.selectbox("Node", order, index=None, key=NODE_KEY, bind="query-params",
+        keep_valid(NODE_KEY, order, graph.model.output, what="node")
+        node = st.selectbox("Node", order, index=None, key=NODE_KEY,
                             help="Also set by clicking the node chart on the Graph page")
         st.session_state["selected_node"] = node
+    links.write({"run": run, "step": step, "example": example, "node": node})
     if row["status"] == "running":
         live_refresh(db, data.stamp(db))
     return Selection(db=db, run=run, step=step, example=example, node=node,
@@ -135,4 +148,6 @@ st.set_page_config(page_title="Semantic backprop workbench", page_icon="🔁",
 navigation = st.navigation(PAGES)
 with st.sidebar:
     st.session_state[SELECTION_KEY] = sidebar()
+    links.copy_link_button()
+links.show_warnings()
 navigation.run()

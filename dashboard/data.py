@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views import graph_html as gh
-from engine.runlog import reader
+from engine.runlog import debug, reader
 
 Stamp = tuple[int, ...]
 _CACHE = dict(show_spinner=False, max_entries=256, ttl=3600)
@@ -194,6 +194,71 @@ def _step_totals(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
 
 def step_totals(db: str, run_id: str) -> pd.DataFrame:
     return _step_totals(db, run_id, stamp(db))
+
+
+# --- debugging views: examples, traces, prompt history, per-example compare -------------
+
+
+@st.cache_data(**_CACHE)
+def _example_rows(db: str, run_id: str, step: int, options: tuple, version: Stamp
+                  ) -> pd.DataFrame:
+    return debug.example_rows(db, run_id, step, **dict(options))
+
+
+def example_rows(db: str, run_id: str, step: int, **options) -> pd.DataFrame:
+    """One page of the step's examples table (see debug.example_rows for the options)."""
+    return _example_rows(db, run_id, int(step), tuple(sorted(options.items())), stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _example_calls(db: str, run_id: str, step: int, example_id: str, version: Stamp
+                   ) -> pd.DataFrame:
+    return debug.example_calls(db, run_id, step, example_id)
+
+
+def example_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
+    return _example_calls(db, run_id, int(step), example_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _node_history(db: str, run_id: str, node_id: str, version: Stamp
+                  ) -> dict[str, pd.DataFrame]:
+    return debug.node_history(db, run_id, node_id)
+
+
+def node_history(db: str, run_id: str, node_id: str) -> dict[str, pd.DataFrame]:
+    return _node_history(db, run_id, node_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _compare_rows(db: str, a: str, b: str, step_a: int, step_b: int, version: Stamp
+                  ) -> pd.DataFrame:
+    return debug.compare_rows(db, a, b, step_a, step_b)
+
+
+def compare_rows(db: str, a: str, b: str, step_a: int, step_b: int) -> pd.DataFrame:
+    return _compare_rows(db, a, b, int(step_a), int(step_b), stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _backward_calls(db: str, run_id: str, step: int, example_id: str, version: Stamp
+                    ) -> pd.DataFrame:
+    return debug.backward_calls(db, run_id, step, example_id)
+
+
+def backward_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
+    return _backward_calls(db, run_id, int(step), example_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _test_scores(db: str, version: Stamp) -> dict[str, float]:
+    frame = debug.test_scores(db)
+    return dict(zip(frame["run_id"], frame["test_score"]))
+
+
+def test_scores(db: str) -> dict[str, float]:
+    """run id -> test-split score, for the runs that evaluated one."""
+    return _test_scores(db, stamp(db)) if exists(db) else {}
 
 
 # --- derived values ---------------------------------------------------------------------
