@@ -7,6 +7,7 @@ function nodes apply a named, registered Python function and are never trainable
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ NODE_KEYS = {
     "trainable": "false freezes the prompt (default true for llm nodes)",
     "output": "true on exactly one node: the graph's answer",
     "max_tokens": "generation limit for this node's forward call",
+    "description": "what the node does; a function node's task in the backward pass",
 }
 METRICS = ("exact_match", "numeric", "choice", "yes_no", "auto", "judge")
 SPLIT_KEYS = ("train", "val", "test")
@@ -64,6 +66,9 @@ class Node:
     output: bool = False
     max_tokens: int | None = None
     line: int | None = None
+    description: str = ""
+    # a Python callable bound to this function node (engine.api); None: FUNCTIONS[function]
+    fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ class Graph:
     splits: dict[str, int] = field(default_factory=dict)
     path: str = ""
     yaml_text: str = ""
+    # a Python metric (engine.api): (example, prediction) -> float | (float, feedback)
+    metric_fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
     def node(self, node_id: str) -> Node:
         for n in self.nodes:
@@ -132,7 +139,8 @@ class Graph:
 # --- loading -------------------------------------------------------------------------
 
 
-def load_graph(path: str | Path) -> Graph:
+def load_graph(path: str | Path, functions: Mapping[str, Callable[..., Any]] | None = None
+               ) -> Graph:
     """Read and validate a graph file; raises GraphError with one clear line."""
     path = Path(path)
     try:
@@ -141,17 +149,23 @@ def load_graph(path: str | Path) -> Graph:
         raise GraphError(path, "file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise GraphError(path, f"cannot read file ({exc.__class__.__name__})") from None
-    return parse_graph(text, path)
+    return parse_graph(text, path, functions)
 
 
-def parse_graph(text: str, path: str | Path = "<graph>") -> Graph:
+def parse_graph(text: str, path: str | Path = "<graph>",
+                functions: Mapping[str, Callable[..., Any]] | None = None) -> Graph:
+    """Parse and validate graph text; `functions` binds extra function names to Python
+    callables (engine.api); a graph file alone never imports code."""
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise GraphError(path, f"YAML syntax error: {problem}",
                          line=mark.line + 1 if mark else None) from None
+    except RecursionError:
+        raise GraphError(path, "YAML nested too deeply to be a graph file") from None
+    _refuse_foreign_tags(root, path)
     if not isinstance(root, yaml.MappingNode):
         raise GraphError(path, "a graph file must be a YAML mapping with a 'nodes' list", line=1)
     top = _mapping(root, path, None)
@@ -166,9 +180,11 @@ def parse_graph(text: str, path: str | Path = "<graph>") -> Graph:
                 raise GraphError(path, f"missing required key '{key}'", line=1)
             return default
         value, line = top[key]
-        value = yaml.safe_load(yaml.serialize(value))
+        value = _plain(value, path, line, None)
         if value is not None and not isinstance(value, (str, int, float, bool)):
             raise GraphError(path, f"'{key}' must be a single value", line=line)
+        if value is None and required:
+            raise GraphError(path, f"'{key}' must not be empty", line=line)
         return value
 
     name = str(scalar("name", required=True))
@@ -184,7 +200,7 @@ def parse_graph(text: str, path: str | Path = "<graph>") -> Graph:
     nodes_node, nodes_line = top["nodes"]
     if not isinstance(nodes_node, yaml.SequenceNode) or not nodes_node.value:
         raise GraphError(path, "'nodes' must be a non-empty list", line=nodes_line)
-    nodes = [_parse_node(item, path) for item in nodes_node.value]
+    nodes = [_parse_node(item, path, functions or {}) for item in nodes_node.value]
     graph = Graph(
         name=name,
         nodes=tuple(nodes),
@@ -203,12 +219,45 @@ def parse_graph(text: str, path: str | Path = "<graph>") -> Graph:
     return graph
 
 
+# The tags `yaml.safe_load` builds plain data from; any other tag (e.g. !!python/object)
+# is refused before anything is constructed, so a graph file never runs code.
+SAFE_TAGS = frozenset(t for t in yaml.SafeLoader.yaml_constructors if t)
+
+
+def _refuse_foreign_tags(root: yaml.Node | None, path: str | Path) -> None:
+    """Walk the composed document (iteratively: it may be deep, or recursive through
+    aliases) and refuse a tag that safe loading cannot build."""
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.tag not in SAFE_TAGS:
+            raise GraphError(path, f"YAML tag '{node.tag}' is not allowed in a graph file "
+                             "(only plain data)", line=node.start_mark.line + 1)
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(n for pair in node.value for n in pair)
+
+
+def _plain(node: yaml.Node, path: str | Path, line: int, owner: str | None) -> Any:
+    """The plain Python value of a YAML node, or one GraphError line."""
+    try:
+        return yaml.safe_load(yaml.serialize(node))
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError):
+        raise GraphError(path, "cannot read this value", node=owner, line=line) from None
+
+
 def _mapping(node: yaml.Node, path: str | Path, owner: str | None) -> dict[str, tuple]:
     """Keys of a YAML mapping -> (value node, 1-based line); duplicate keys are errors."""
     out: dict[str, tuple] = {}
     for key_node, value_node in node.value:
-        key = str(key_node.value)
         line = key_node.start_mark.line + 1
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise GraphError(path, "a key must be a plain name", node=owner, line=line)
+        key = str(key_node.value)
         if key in out:
             raise GraphError(path, f"duplicate key '{key}'", node=owner, line=line)
         out[key] = (value_node, line)
@@ -221,13 +270,14 @@ def _string_list(top: dict, key: str, path, required=False, owner=None) -> list[
             raise GraphError(path, f"missing required key '{key}'", node=owner, line=1)
         return []
     value_node, line = top[key]
-    if isinstance(value_node, yaml.ScalarNode) and value_node.value:
-        return [str(value_node.value)]
-    if not isinstance(value_node, yaml.SequenceNode) or any(
-        not isinstance(v, yaml.ScalarNode) for v in value_node.value
+    names = _plain(value_node, path, line, owner)
+    if not isinstance(names, list) or not all(
+        isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip()
+        for v in names
     ):
-        raise GraphError(path, f"'{key}' must be a list of names", node=owner, line=line)
-    return [str(v.value) for v in value_node.value]
+        raise GraphError(path, f"'{key}' must be a list of names, like [question]",
+                         node=owner, line=line)
+    return [str(v) for v in names]
 
 
 def _splits(top: dict, path) -> dict[str, int]:
@@ -250,14 +300,18 @@ def _splits(top: dict, path) -> dict[str, int]:
     return out
 
 
-def _parse_node(item: yaml.Node, path) -> Node:
+def _parse_node(item: yaml.Node, path, bound: Mapping[str, Callable[..., Any]]) -> Node:
     line = item.start_mark.line + 1
     if not isinstance(item, yaml.MappingNode):
         raise GraphError(path, "each node must be a mapping with at least 'id'", line=line)
     fields = _mapping(item, path, None)
-    node_id = str(fields["id"][0].value) if "id" in fields else None
-    if not node_id:
+    if "id" not in fields:
         raise GraphError(path, "node without an 'id'", line=line)
+    node_id = _plain(fields["id"][0], path, fields["id"][1], None)
+    if isinstance(node_id, bool) or not isinstance(node_id, (str, int)) \
+            or not str(node_id).strip():
+        raise GraphError(path, "a node 'id' must be a plain name", line=fields["id"][1])
+    node_id = str(node_id)
     for key, (_, kline) in fields.items():
         if key not in NODE_KEYS:
             raise GraphError(path, f"unknown key '{key}' (allowed: {', '.join(NODE_KEYS)})",
@@ -266,7 +320,7 @@ def _parse_node(item: yaml.Node, path) -> Node:
     def value(key: str, default: Any = None) -> Any:
         if key not in fields:
             return default
-        return yaml.safe_load(yaml.serialize(fields[key][0]))
+        return _plain(fields[key][0], path, fields[key][1], node_id)
 
     kind = str(value("kind", "llm"))
     if kind not in ("llm", "function"):
@@ -274,9 +328,10 @@ def _parse_node(item: yaml.Node, path) -> Node:
                          node=node_id, line=fields["kind"][1])
     function = value("function")
     if kind == "function":
-        if function not in FUNCTIONS:
+        if not isinstance(function, str) or (function not in FUNCTIONS and function not in bound):
             raise GraphError(path, f"unknown function '{function}' (registered: "
-                             f"{', '.join(sorted(FUNCTIONS))})", node=node_id, line=line)
+                             f"{', '.join(sorted({*FUNCTIONS, *bound}))})", node=node_id,
+                             line=line)
     elif function is not None:
         raise GraphError(path, "'function' is only allowed with kind: function",
                          node=node_id, line=fields["function"][1])
@@ -288,7 +343,8 @@ def _parse_node(item: yaml.Node, path) -> Node:
             raise GraphError(path, f"'{flag}' must be true or false", node=node_id,
                              line=fields[flag][1])
     max_tokens = value("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
+    if max_tokens is not None and (not isinstance(max_tokens, int) or
+                                   isinstance(max_tokens, bool) or max_tokens <= 0):
         raise GraphError(path, "'max_tokens' must be a positive whole number", node=node_id,
                          line=fields["max_tokens"][1])
     inputs = _string_list(fields, "inputs", path, owner=node_id)
@@ -304,7 +360,16 @@ def _parse_node(item: yaml.Node, path) -> Node:
         output=bool(value("output", False)),
         max_tokens=max_tokens,
         line=line,
+        description=_description(value("description", ""), path, node_id, fields),
+        fn=bound.get(function) if kind == "function" else None,
     )
+
+
+def _description(text: Any, path, node_id: str, fields: dict) -> str:
+    if text is not None and not isinstance(text, str):
+        raise GraphError(path, "'description' must be text", node=node_id,
+                         line=fields["description"][1])
+    return text or ""
 
 
 def validate_structure(graph: Graph) -> None:
