@@ -35,6 +35,8 @@ PAGES = [
             url_path="step"),
     st.Page("screens/inspect.py", title="Node inspector",
             url_path="inspect"),
+    st.Page("screens/examples.py", title="Examples", url_path="examples"),
+    st.Page("screens/history.py", title="Prompt history", url_path="history"),
     st.Page("screens/curves.py", title="Curves", url_path="curves"),
     st.Page("screens/compare.py", title="Compare",
             url_path="compare"),

@@ -71,6 +71,28 @@ def diff_html(old: str, new: str, only_changes: bool = False, context_words: int
             f'font-size:0.85rem;line-height:1.5">{body}</div>')
 
 
+def side_by_side_html(old: str, new: str, only_changes: bool = False,
+                      context_words: int = 8) -> tuple[str, str]:
+    """The diff as two HTML panes: `old` with its removed words in red, `new` with its
+    added words in green (every piece escaped), for a before | after view."""
+    diff = word_diff(old, new)
+    left: list[str] = []
+    right: list[str] = []
+    for op, text in diff.pieces:
+        shown = _elide(text, context_words) if op == "equal" and only_changes else text
+        if op in ("equal", "removed"):
+            left.append(_escape(shown) if op == "equal" else
+                        f'<del style="{REMOVED_STYLE}">{_escape(text)}</del>')
+        if op in ("equal", "added"):
+            right.append(_escape(shown) if op == "equal" else
+                         f'<ins style="{ADDED_STYLE}">{_escape(text)}</ins>')
+    return tuple(  # type: ignore[return-value]
+        '<div class="semback-diff" style="white-space:pre-wrap;font-family:monospace;'
+        'font-size:0.85rem;line-height:1.5">'
+        + ("".join(p) if p else '<span style="color:#888">(empty)</span>') + "</div>"
+        for p in (left, right))
+
+
 def _elide(text: str, keep: int) -> str:
     words = _TOKEN.findall(text)
     if len(words) <= 4 * keep:

@@ -13,7 +13,7 @@ import re
 import pandas as pd
 import streamlit as st
 
-from dashboard.views.diff import diff_html
+from dashboard.views.diff import diff_html, side_by_side_html
 
 COLLAPSE_AT = 400  # characters: longer texts start collapsed
 
@@ -70,3 +70,20 @@ def fmt(value: object, spec: str = ".3f", empty: str = "–") -> str:
         return format(value, spec)
     except (TypeError, ValueError):
         return str(value)
+
+
+def show_side_by_side(old: str, new: str, *, labels: tuple[str, str] = ("before", "after"),
+                      only_changes: bool = False, inline: bool = False) -> None:
+    """A before | after diff in two columns (removed words red on the left, added green
+    on the right), or the inline diff when `inline`."""
+    if inline:
+        show_diff(old, new, only_changes=only_changes)
+        return
+    left_html, right_html = side_by_side_html(old or "", new or "", only_changes=only_changes)
+    left, right = st.columns(2)
+    with left:
+        st.caption(labels[0])
+        st.html(left_html)
+    with right:
+        st.caption(labels[1])
+        st.html(right_html)

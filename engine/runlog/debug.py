@@ -12,7 +12,7 @@ import pandas as pd
 from engine.runlog.reader import query
 from engine.runlog.schema import connect
 
-PREVIEW = 160  # characters of input, prediction and target kept per example row
+PREVIEW = 160  # characters of prediction and target kept per example row
 
 # An example fails when its loss has an error or a score below 1 (as in node_step_stats);
 # it flipped when its pass/fail state at the previous step differs.
@@ -42,7 +42,7 @@ _EXAMPLE_ROWS = f"""
         SELECT split, example_id, min(position) AS position, any_value(fields) AS fields
         FROM examples WHERE run_id = $run GROUP BY ALL),
     rows AS (
-        SELECT l.split, l.example_id, left(CAST(ex.fields AS VARCHAR), {PREVIEW}) AS input,
+        SELECT l.split, l.example_id, CAST(ex.fields AS VARCHAR) AS input,
                left(l.prediction, {PREVIEW}) AS prediction, left(l.target, {PREVIEW}) AS target,
                l.score, {_FAILING} AS failing,
                CASE WHEN p.failing IS NULL OR p.failing = {_FAILING} THEN NULL
@@ -65,7 +65,7 @@ _EXAMPLE_ROWS = f"""
 def example_rows(db: str | Path, run_id: str, step: int, *, split: str | None = None,
                  failing: bool = False, flipped: bool = False, errored: bool = False,
                  search: str = "", limit: int = 50, offset: int = 0) -> pd.DataFrame:
-    """One row per example evaluated at `step` (split, input preview, prediction, target,
+    """One row per example evaluated at `step` (split, input fields as JSON, prediction, target,
     score, failing, flipped 'fixed'/'broke' since step-1, errors and parse fallbacks,
     gradients received, blame from probes), filtered and paged in the database.
 

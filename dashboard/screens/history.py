@@ -1,0 +1,99 @@
+"""Prompt history: the versions of one node's prompt over the run, as a timeline: each
+step's proposal with its validation score, accepted or rejected (and why), the score of
+the edit alone where the per-node gate measured it, the examples that flipped after each
+accepted edit, and a before | after diff (inline as an option)."""
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data, links
+from dashboard.state import need_run, selection
+from dashboard.views.text import fmt, md, show_side_by_side, show_text
+
+COPY_WORDS = ("copies", "copy", "training example", "leak")
+
+
+def verdict(edit: dict) -> str:
+    changed = (edit.get("new_prompt") or "") != (edit.get("old_prompt") or "")
+    if edit.get("accepted"):
+        return "accepted"
+    return "rejected" if changed else "unchanged"
+
+
+def timeline(edits: pd.DataFrame, flips: pd.DataFrame) -> pd.DataFrame:
+    counts = flips.groupby(["step", "flipped"]).size().unstack(fill_value=0) \
+        if not flips.empty else pd.DataFrame()
+    return pd.DataFrame({
+        "step": edits["step"], "version": edits["version"],
+        "verdict": [verdict(e) for e in edits.to_dict("records")],
+        "validation before": edits["val_before"], "validation after": edits["val_after"],
+        "edit alone": edits["val_alone"],
+        "fixed after": [int(counts.get("fixed", {}).get(s, 0)) if not counts.empty else 0
+                        for s in edits["step"]],
+        "broke after": [int(counts.get("broke", {}).get(s, 0)) if not counts.empty else 0
+                        for s in edits["step"]],
+        "reason": edits["reject_reason"]})
+
+
+def edit_card(sel, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool) -> None:
+    kind = verdict(edit)
+    color = {"accepted": "green", "rejected": "red"}.get(kind, "gray")
+    title = (f"step {edit['step']} · {kind} · validation {fmt(edit['val_before'])} → "
+             f"{fmt(edit['val_after'])}")
+    with st.expander(title, expanded=kind != "unchanged"):
+        st.markdown(f":{color}-badge[{kind}]" + (
+            f" · edit alone on validation: **{fmt(edit['val_alone'])}**"
+            if pd.notna(edit.get("val_alone")) else ""))
+        reason = edit.get("reject_reason")
+        if isinstance(reason, str) and reason:
+            caveat = any(w in reason.lower() for w in COPY_WORDS)
+            (st.warning if caveat else st.info)(f"why: {reason}")
+        show_side_by_side(edit.get("old_prompt") or "", edit.get("new_prompt") or "",
+                          labels=("before", "after"), inline=inline, only_changes=only)
+        show_text("reasoning", edit.get("reasoning"))
+        mine = flips[flips["step"] == edit["step"]]
+        if kind == "accepted":
+            if mine.empty:
+                st.caption("No example changed pass/fail at the next step.")
+            else:
+                st.caption(f"Examples that flipped at step {int(edit['step']) + 1}, the first "
+                           "step run with this edit (edits of other nodes accepted at the "
+                           "same step share them):")
+                st.dataframe(mine.rename(columns={
+                    "split": "split", "example_id": "example", "score_before": "score before",
+                    "score_after": "score after", "flipped": "flipped"}).drop(columns="step"),
+                    hide_index=True)
+                first = mine.iloc[0]["example_id"]
+                st.page_link("screens/examples.py", label=f"Open step {int(edit['step']) + 1} "
+                             "in Examples, flipped only", icon=":material/table:",
+                             query_params={**sel.link(step=int(edit["step"]) + 1,
+                                                      example=first), "flipped": "1"})
+
+
+sel = selection()
+graph = need_run(sel)
+node = sel.node or graph.model.output
+st.title(f"Prompt history · {node}")
+history = data.node_history(sel.db, sel.run, node)
+edits, flips = history["edits"], history["flips"]
+prompts = data.prompt_history(sel.db, sel.run)
+versions = prompts[prompts["node_id"] == node]
+st.caption(f"run **{md(sel.run)}** · {len(versions)} prompt versions · "
+           f"{len(edits)} proposals, {sum(edits['accepted'].fillna(False))} accepted")
+if edits.empty:
+    st.info(f"No update was proposed for node {node} in this run (it is not trainable, or "
+            "no step back-propagated to it yet).")
+    show_text("prompt", dict(graph.prompts).get(node), expanded=True)
+    st.stop()
+st.dataframe(timeline(edits, flips), hide_index=True, column_config={
+    "validation before": st.column_config.NumberColumn(format="%.3f"),
+    "validation after": st.column_config.NumberColumn(format="%.3f"),
+    "edit alone": st.column_config.NumberColumn(
+        format="%.3f", help="validation score with only this node's edit applied")})
+c1, c2 = st.columns(2)
+links.page_option("inline", False, [True, False], cast=links.flag)
+inline = c1.toggle("inline diff", key="inline", help="one column instead of before | after")
+links.page_option("only", False, [True, False], cast=links.flag)
+only = c2.toggle("show only what changed", key="only")
+for edit in reversed(edits.to_dict("records")):
+    edit_card(sel, edit, flips, inline=inline, only=only)
