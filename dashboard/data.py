@@ -74,13 +74,14 @@ def run(db: str, run_id: str) -> dict | None:
 
 @st.cache_data(**_CACHE)
 def _graph(db: str, run_id: str, version: Stamp) -> RunGraph | None:
-    from engine.graph import GraphError, parse_graph
+    from engine.api_support import read_logged_graph
+    from engine.graph import GraphError
 
     record = reader.run_record(db, run_id)
     if record is None or not record.get("graph_yaml"):
         return None
-    try:
-        graph = parse_graph(record["graph_yaml"], f"<run {run_id}>")
+    try:  # a Python-built graph names its functions and metric; they are not run here
+        graph = read_logged_graph(record["graph_yaml"], f"<run {run_id}>")
     except GraphError:  # logged by another engine version: the pages say so, no crash
         return None
     return RunGraph(gh.GraphModel.from_graph(graph), tuple(graph.trainable_nodes),
@@ -254,6 +255,16 @@ def backward_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataF
 def _test_scores(db: str, version: Stamp) -> dict[str, float]:
     frame = debug.test_scores(db)
     return dict(zip(frame["run_id"], frame["test_score"]))
+
+
+@st.cache_data(**_CACHE)
+def _forks(db: str, run_id: str, version: Stamp) -> list[str]:
+    return debug.forks(db, run_id)
+
+
+def forks(db: str, run_id: str) -> list[str]:
+    """Runs forked from `run_id`, newest first."""
+    return _forks(db, run_id, stamp(db))
 
 
 def test_scores(db: str) -> dict[str, float]:

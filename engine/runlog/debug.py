@@ -199,3 +199,10 @@ def test_scores(db: str | Path) -> pd.DataFrame:
     return query(db, """
         SELECT run_id, arg_max(value, coalesce(step, -1)) AS test_score FROM metrics
         WHERE key = 'test_score' GROUP BY run_id""")
+
+
+def forks(db: str | Path, run_id: str) -> list[str]:
+    """The runs forked from `run_id` (runs.parent_run_id), newest first."""
+    frame = query(db, "SELECT run_id FROM runs WHERE parent_run_id = ? "
+                      "ORDER BY started_at DESC", [run_id])
+    return list(frame["run_id"])
