@@ -80,6 +80,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer-model", help="model for loss, backward and update calls")
     p.add_argument("--base-url", help="OpenAI-compatible server URL (default: OPENAI_BASE_URL)")
     p.add_argument("--method", choices=sorted(METHODS), default="semantic")
+    p.add_argument("--prompts", choices=("default", "paper"), default="default",
+                   help="prompt set: ours, or the paper reference code's structure "
+                        "(docs/methods.md)")
     p.add_argument("--steps", type=_non_negative, default=4)
     p.add_argument("--train", type=_non_negative, help="training examples (default: graph's)")
     p.add_argument("--val", type=_non_negative, help="validation examples (default: graph's)")
@@ -126,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         temperature=args.temperature, max_tokens=args.max_tokens,
         optimizer_max_tokens=args.optimizer_max_tokens, base_url=args.base_url,
         timeout=args.timeout, max_retries=args.max_retries, run_id=args.run_id,
-        method_options=_options(args.option))
+        method_options=_options(args.option), prompts=args.prompts)
     return _with_progress(lambda listeners: execute(config, listeners=listeners), config.steps)
 
 

@@ -67,6 +67,7 @@ class RunContext:
     step: int
     max_tokens: int = 512
     optimizer_max_tokens: int = 768
+    prompt_set: P.PromptSet = P.DEFAULT  # --prompts default | paper
 
 
 async def forward_pass(ctx: RunContext, prompts: Prompts, examples: list[Example],
@@ -116,7 +117,8 @@ async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, s
 async def _call_node(ctx: RunContext, prompts: Prompts, example: Example, node: Node,
                      values: dict[str, str], split: str) -> Activation:
     answer_format = ctx.graph.answer_format if node.output else ""
-    messages = P.forward_messages(prompts.text[node.id], values, answer_format)
+    messages = ctx.prompt_set.forward(prompts.text[node.id], values, answer_format,
+                                      frozenset(ctx.graph.input_fields))
     request = ctx.client.request(
         "forward", messages, max_tokens=node.max_tokens or ctx.max_tokens,
         meta={"role": "forward", "node": node.id, "output_node": node.output,

@@ -8,6 +8,8 @@ to a documented rule and say so in the returned `parse_error`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 # --- forward ---------------------------------------------------------------------------
 
@@ -31,8 +33,10 @@ def render_inputs(values: dict[str, str]) -> str:
     return "\n".join(INPUT_BLOCK.format(name=k, value=v) for k, v in values.items())
 
 
-def forward_messages(prompt: str, inputs: dict[str, str], answer_format: str = ""
-                     ) -> list[tuple[str, str]]:
+def forward_messages(prompt: str, inputs: dict[str, str], answer_format: str = "",
+                     fields: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """The default set's forward call; `fields` (which inputs are example fields) is used
+    by the paper set only."""
     fmt = f"\n{answer_format}" if answer_format else ""
     return [("system", FORWARD_SYSTEM),
             ("user", FORWARD_USER.format(prompt=prompt, inputs=render_inputs(inputs),
@@ -95,12 +99,17 @@ BACKWARD_SYSTEM = (
     "step's output, you explain how that step's inputs should have been different."
 )
 
-BACKWARD_JOINT = """A step of the pipeline has this task:
+# One backward call = the context a method chooses to show (a `BackwardView`) + the
+# question its mode asks. The context template and each mode's question are shared by
+# every method, so `semantic`, `semantic-nosibling` and `textgrad` differ ONLY in which
+# inputs they show, and `semantic-evaluative` only in its question.
+
+BACKWARD_CONTEXT = """A step of the pipeline has this task:
 <task>
 {prompt}
 </task>
 
-For one example it received these inputs, all together:
+For one example it read these inputs:
 {inputs}
 
 It produced this output:
@@ -113,53 +122,47 @@ Feedback on this output:
 {feedback}
 </feedback>
 
-For each input produced by an earlier step ({names}), explain how that input should change so that this step's output would satisfy the feedback. Consider the inputs together: what one input should contain depends on what the others already provide.
+"""
+
+BACKWARD_QUESTION = {
+    "directional": "For each input produced by an earlier step ({names}), explain how that "
+                   "input should change so that this step's output would satisfy the feedback.",
+    "evaluative": "For each input produced by an earlier step ({names}), comment on the "
+                  "quality of that input: how it helped or hurt this output, given the "
+                  "feedback. Judge each input on its own, without referring to the other "
+                  "inputs.",
+}
+
+BACKWARD_ANSWER = """
 Answer with one block per input, in this form:
 {blocks}"""
 
-BACKWARD_EVALUATIVE = """A step of the pipeline has this task:
-<task>
-{prompt}
-</task>
 
-For one example it received these inputs:
-{inputs}
+@dataclass(frozen=True)
+class BackwardView:
+    """What one backward call shows. The method picks the context (which inputs: example
+    fields, the node's predecessors, siblings or not); the prompt set picks the words."""
 
-It produced this output:
-<output>
-{output}
-</output>
+    task: str
+    inputs: dict[str, str]  # shown inputs, in declared order (fields and node outputs)
+    fields: frozenset[str]  # which shown inputs are example fields
+    output: str
+    feedback: str
+    asked: list[str]  # the inputs a gradient is asked for, in order
+    mode: str = "directional"  # or "evaluative"
 
-Feedback on this output:
-<feedback>
-{feedback}
-</feedback>
 
-For each input produced by an earlier step ({names}), comment on the quality of that input: how it helped or hurt this output, given the feedback. Judge each input on its own, without referring to the other inputs.
-Answer with one block per input, in this form:
-{blocks}"""
+def backward_messages(view: BackwardView) -> list[tuple[str, str]]:
+    user = (BACKWARD_CONTEXT.format(prompt=view.task, inputs=render_inputs(view.inputs),
+                                    output=view.output, feedback=view.feedback)
+            + BACKWARD_QUESTION[view.mode].format(names=", ".join(view.asked))
+            + BACKWARD_ANSWER.format(blocks=gradient_blocks(view.asked)))
+    return [("system", BACKWARD_SYSTEM), ("user", user)]
 
-BACKWARD_SINGLE = """A step of the pipeline has this task:
-<task>
-{prompt}
-</task>
 
-One of its inputs was:
-{inputs}
+def repair_message(missing: list[str], asked: list[str]) -> str:
+    return BACKWARD_REPAIR.format(names=", ".join(missing), blocks=gradient_blocks(missing))
 
-It produced this output:
-<output>
-{output}
-</output>
-
-Feedback on this output:
-<feedback>
-{feedback}
-</feedback>
-
-Explain how the input "{name}" should change so that the output would satisfy the feedback.
-Answer in this form:
-{blocks}"""
 
 GRADIENT_BLOCK = '<gradient input="{name}">your feedback on {name}</gradient>'
 
@@ -300,3 +303,34 @@ def parse_prompt(reply: str) -> tuple[str, str, str | None]:
     if not paragraphs:
         return "", "", "empty reply: no new prompt"
     return paragraphs[-1], "\n\n".join(paragraphs[:-1]), "no <prompt> tags: used the last paragraph"
+
+
+# --- prompt sets -----------------------------------------------------------------------
+# `--prompts default` is this file's templates; `--prompts paper` (engine/paper_prompts.py)
+# follows the structure of the paper's reference code in this project's own words. Both
+# are parsed by the same parsers above. docs/methods.md lists every difference.
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    name: str
+    forward: Callable[..., list[tuple[str, str]]]  # (prompt, inputs, answer_format, fields)
+    backward: Callable[[BackwardView], list[tuple[str, str]]]
+    repair: Callable[[list[str], list[str]], str]  # (missing, asked) -> follow-up message
+    update: Callable[..., list[tuple[str, str]]]  # (node, prompt, examples, rejected)
+
+
+DEFAULT = PromptSet("default", forward_messages, backward_messages, repair_message,
+                    update_messages)
+PROMPT_SET_NAMES = ("default", "paper")
+
+
+def prompt_set(name: str) -> PromptSet:
+    """The prompt set called `name`; ValueError for an unknown one."""
+    if name == "default":
+        return DEFAULT
+    if name == "paper":
+        from engine.paper_prompts import PAPER
+
+        return PAPER
+    raise ValueError(f"unknown prompt set '{name}' (choose from {', '.join(PROMPT_SET_NAMES)})")

@@ -13,7 +13,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -27,6 +27,7 @@ from engine.llm.base import Backend
 from engine.llm.client import CallStats, LLMClient, RetryPolicy
 from engine.methods import make_method
 from engine.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
+from engine.prompts import prompt_set
 from engine.runlog.schema import RunLogError
 from engine.runlog.state import load_cache, load_resume_state, run_exists
 from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
@@ -65,6 +66,7 @@ class RunConfig:
     max_retries: int = 4
     run_id: str | None = None
     method_options: dict[str, Any] = field(default_factory=dict)
+    prompts: str = "default"  # the prompt set: default | paper (engine/paper_prompts.py)
 
     def to_json(self) -> dict[str, Any]:
         """The config as stored in the run log: never an API key; a base URL loses any
@@ -159,6 +161,7 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
     split of their own (GSM8K, LIAR); it must be disjoint, which is checked."""
     graph = load_graph(config.graph)
     make_method(config.method, **config.method_options)  # fail fast on a bad method
+    prompt_set(config.prompts)  # and on an unknown prompt set
     if splits is None:
         splits = load_splits(config, graph)
     else:
@@ -215,7 +218,8 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     else:
         writer.set_status("running")
     max_tokens, optimizer_max_tokens = default_max_tokens(config)
-    ctx = RunContext(graph, client, bus.emit, config.run_id, 0, max_tokens, optimizer_max_tokens)
+    ctx = RunContext(graph, client, bus.emit, config.run_id, 0, max_tokens, optimizer_max_tokens,
+                     prompt_set(config.prompts))
     opt = OptimizerConfig(config.steps, config.failures_per_step, config.gate,
                           config.update_mode, config.seed, config.node_gates)
     loop = asyncio.get_running_loop()
@@ -233,8 +237,7 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     try:
         state = await optimize(ctx, method, splits, opt, state)
         if splits.test and not test_done:
-            test_ctx = RunContext(graph, client, bus.emit, config.run_id, state.step,
-                                  max_tokens, optimizer_max_tokens)
+            test_ctx = replace(ctx, step=state.step)
             test_score, _, _ = await evaluate(test_ctx, state.prompts, splits.test, "test")
             writer.flush(metrics={"test_score": test_score} if test_score is not None else {})
         writer.finish("finished")

@@ -204,3 +204,131 @@ def test_reject_reason_names_the_edit_alone_when_a_node_gate_scored_it():
         "rejected jointly: the candidate scored 0.4, not above 0.5")
     assert reject_reason(True, 0.5, 0.4, 0.6).endswith(
         "this edit alone scored 0.6 (an improvement on its own)")
+
+
+# --- the joint backward call shows the node's own output, its siblings and the fields -------
+
+DIAMOND = """
+name: diamond
+dataset: data.jsonl
+input_fields: [question]
+target_field: answer
+metric: numeric
+nodes:
+  - {id: a, prompt: Find the first quantity., inputs: [question]}
+  - {id: b, prompt: Find the second quantity., inputs: [question]}
+  - {id: c, prompt: Find the operation., inputs: [question]}
+  - {id: final, prompt: Solve the problem., inputs: [question, a, b, c], output: true}
+"""
+
+
+def _final_backward_calls(tmp_path, method: str, prompts: str = "default", responder=notes):
+    graph = write_graph(tmp_path, DIAMOND, arithmetic_rows())
+    backend = ScriptedBackend(responder=responder)
+    db = tmp_path / f"{method}-{prompts}.duckdb"
+    run_engine(graph, db, backend, steps=1, failures_per_step=1, method=method, prompts=prompts)
+    calls = [r for r in backend.requests if r.purpose == "backward"
+             and r.meta["node"] == "final" and not r.meta["role"].endswith("_repair")]
+    return calls, db
+
+
+def test_joint_call_shows_own_output_every_sibling_and_the_examples_fields(tmp_path):
+    (call,), db = _final_backward_calls(tmp_path, "semantic")
+    (example, output), = rows(db, "SELECT example_id, output_text FROM node_outputs WHERE "
+                                  "step = 1 AND split = 'train' AND node_id = 'final' AND "
+                                  "example_id IN (SELECT example_id FROM gradients)")
+    n = int(example.removeprefix("q"))
+    text = call.user_text
+    assert f"<output>\n{output}\n</output>" in text  # the node's own output
+    for sibling in ("a", "b", "c"):
+        assert f"NOTE-{sibling}-{n}\n" in text  # every sibling, for THIS example
+    assert f"Tom has {n} apples" in text  # the example's fields
+    assert "Solve the problem." in text and 'The expected output is: "' in text
+
+
+def _context_free(text: str) -> str:
+    """The call with the shown inputs, the asked-about names and the reply format (text
+    blocks or a JSON shape, engine/structured.py) taken out."""
+    text = text[:text.index("\nAnswer with")]
+    text = re.sub(r'<input name="[^"]+">\n.*?\n</input>\n?', "", text, flags=re.S)
+    return re.sub(r"\(([a-z_, ]+)\)", "(NAMES)", text)
+
+
+def test_ablations_differ_from_semantic_only_in_the_context_they_show(tmp_path):
+    (joint,), _ = _final_backward_calls(tmp_path, "semantic")
+    per_input = {m: _final_backward_calls(tmp_path, m)[0]
+                 for m in ("semantic-nosibling", "textgrad", "textgrad-lib")}
+    for method, calls in per_input.items():
+        assert len(calls) == 3, method  # one call per predecessor
+        for call in calls:
+            assert call.messages[0] == joint.messages[0], method  # same system message
+            assert _context_free(call.user_text) == _context_free(joint.user_text), method
+    shown = {m: [re.findall(r'<input name="([^"]+)">', c.user_text) for c in calls]
+             for m, calls in per_input.items()}
+    assert re.findall(r'<input name="([^"]+)">', joint.user_text) == ["question", "a", "b", "c"]
+    assert sorted(shown["semantic-nosibling"]) == [["question", "a"], ["question", "b"],
+                                                   ["question", "c"]]
+    assert sorted(shown["textgrad"]) == [["a"], ["b"], ["c"]]
+    assert shown["textgrad-lib"] == [["question", "a", "b", "c"]] * 3
+
+
+def test_evaluative_differs_from_semantic_only_in_its_question(tmp_path):
+    (joint,), _ = _final_backward_calls(tmp_path, "semantic")
+    (evaluative,), _ = _final_backward_calls(tmp_path, "semantic-evaluative")
+    assert evaluative.meta["role"] == "backward_evaluative"
+    diff = [(x, y) for x, y in zip(joint.user_text.splitlines(),
+                                   evaluative.user_text.splitlines()) if x != y]
+    assert len(diff) == 1
+    assert "explain how that input should change" in diff[0][0]
+    assert "comment on the quality of that input" in diff[0][1]
+
+
+# --- the paper's prompt set ------------------------------------------------------------------
+
+def test_paper_prompt_set_follows_the_reference_structure(tmp_path):
+    def responder(request):
+        if request.purpose == "backward":
+            return "Hint 1: GRAD-FIRST\nHint 2: GRAD-SECOND\nHint 3: GRAD-THIRD"
+        return notes(request)
+
+    (call,), db = _final_backward_calls(tmp_path, "semantic", "paper", responder)
+    assert [role for role, _ in call.messages] == ["user"]  # no system message
+    text = call.user_text
+    order = [text.index(h) for h in ("Task:", "Question:", "Hints:", "Output the step gave:",
+                                     "Feedback on that output:", '"Hint i"')]
+    assert order == sorted(order)
+    assert re.search(r"1\. NOTE-a-\d+\n\s+2\. NOTE-b-\d+\n\s+3\. NOTE-c-\d+", text)
+    got = dict(rows(db, "SELECT node_id, content FROM gradients WHERE from_node_id = 'final'"))
+    assert got == {"a": "GRAD-FIRST", "b": "GRAD-SECOND", "c": "GRAD-THIRD"}
+
+
+def test_paper_prompt_set_forward_and_update_calls(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    backend = ScriptedBackend(responder=notes)
+    run_engine(graph, tmp_path / "r.duckdb", backend, steps=1, failures_per_step=1,
+               prompts="paper")
+    final = next(r for r in backend.requests if r.purpose == "forward"
+                 and r.meta["node"] == "final")
+    assert [role for role, _ in final.messages] == ["user"]
+    text = final.user_text
+    order = [text.index(h) for h in ("Context:", "Use these hints:", "Task:",
+                                     "Reason step by step", "<output>")]
+    assert order == sorted(order)
+    update = next(r for r in backend.requests if r.purpose == "update")
+    assert 'must not use the word "feedback"' in update.user_text
+    assert "## Example 1" in update.user_text and "My output:" in update.user_text
+
+
+def test_paper_evaluative_mode_frames_the_request_with_examples(tmp_path):
+    (call,), _ = _final_backward_calls(tmp_path, "semantic-evaluative", "paper")
+    system = call.messages[0]
+    assert system[0] == "system" and "NOT allowed" in system[1] and "allowed:" in system[1]
+    assert '"Hint i: This hint"' in call.user_text
+
+
+def test_unknown_prompt_set_is_refused(tmp_path):
+    import pytest
+
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    with pytest.raises(ValueError, match="unknown prompt set 'papers'"):
+        run_engine(graph, tmp_path / "r.duckdb", steps=0, prompts="papers")

@@ -9,10 +9,11 @@ from engine.methods.none import NoGradients
 from engine.methods.nosibling import SemanticNoSibling
 from engine.methods.semantic import SemanticBackprop
 from engine.methods.textgrad import TextGrad
+from engine.methods.textgrad_lib import TextGradLib
 
 METHODS: dict[str, type[Method]] = {
-    m.name: m for m in (SemanticBackprop, SemanticEvaluative, TextGrad, NoGradients,
-                        SemanticNoSibling, GTBP)
+    m.name: m for m in (SemanticBackprop, SemanticEvaluative, TextGrad, TextGradLib,
+                        NoGradients, SemanticNoSibling, GTBP)
 }
 
 

@@ -108,7 +108,7 @@ class Method:
         current = prompts.text[node_id]
         shown = [{"input": s.input_text, "output": s.output_text,
                   "feedback": s.feedback if self.uses_gradients else ""} for s in samples]
-        messages = P.update_messages(node_id, current, shown, rejected)
+        messages = ctx.prompt_set.update(node_id, current, shown, rejected)
         request = ctx.client.request("update", messages, max_tokens=ctx.optimizer_max_tokens,
                                      meta={"role": "update", "node": node_id, "prompt": current})
         record = await ctx.client.call(request, step=ctx.step, node_id=node_id)
@@ -128,13 +128,12 @@ def function_messages(function: str, message: str, values: dict[str, str],
     return {p: NodeGradient(split[p], None, note) for p in predecessors if split.get(p)}
 
 
-async def ask_backward(ctx: RunContext, node_id: str, example_id: str, template: str,
-                       names: list[str], role: str, **fields: str) -> tuple[dict[str, str],
-                                                                            str | None,
-                                                                            str | None]:
-    """One backward call; returns (gradient per name, call_id, parse or call error)."""
-    user = template.format(names=", ".join(names), blocks=P.gradient_blocks(names), **fields)
-    request = ctx.client.request("backward", [("system", P.BACKWARD_SYSTEM), ("user", user)],
+async def ask_backward(ctx: RunContext, node_id: str, example_id: str, view: P.BackwardView,
+                       role: str) -> tuple[dict[str, str], str | None, str | None]:
+    """One backward call showing `view` in the run's prompt set; returns (gradient per
+    asked input, call_id, parse or call error)."""
+    names = view.asked
+    request = ctx.client.request("backward", ctx.prompt_set.backward(view),
                                  max_tokens=ctx.optimizer_max_tokens,
                                  meta={"role": role, "node": node_id, "inputs": names})
     record = await ctx.client.call(request, step=ctx.step, node_id=node_id,
@@ -154,8 +153,8 @@ async def repair_gradients(ctx: RunContext, request, reply: str, grads: dict[str
     """ONE follow-up call naming the inputs the reply had no block for. What it still
     leaves out stays empty, with the parse error saying so: an input never receives
     another input's text."""
-    missing = P.missing_gradients(grads)
-    ask = P.BACKWARD_REPAIR.format(names=", ".join(missing), blocks=P.gradient_blocks(missing))
+    names, missing = list(grads), P.missing_gradients(grads)
+    ask = ctx.prompt_set.repair(missing, names)
     repair = ctx.client.request("backward", [*request.messages, ("assistant", reply),
                                              ("user", ask)],
                                 max_tokens=ctx.optimizer_max_tokens,
@@ -163,9 +162,10 @@ async def repair_gradients(ctx: RunContext, request, reply: str, grads: dict[str
                                       "inputs": missing})
     record = await ctx.client.call(repair, step=ctx.step, node_id=node_id,
                                    example_id=example_id)
-    fixed = {} if record.error else P.parse_gradients(record.response, missing,
-                                                             whole_reply_for_one=False)[0]
-    grads = {n: grads[n] or fixed.get(n, "") for n in grads}
+    # parsed against every asked name, so "Hint i" keeps its original position
+    fixed = {} if record.error else P.parse_gradients(record.response, names,
+                                                      whole_reply_for_one=False)[0]
+    grads = {n: grads[n] or (fixed.get(n, "") if n in missing else "") for n in grads}
     still = P.missing_gradients(grads)
     note = f"no block for {', '.join(missing)}: " + (
         f"still none for {', '.join(still)} after one repair request: empty gradient" if still

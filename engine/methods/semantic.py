@@ -15,14 +15,15 @@ from engine.methods.base import Method, NodeGradient, ask_backward
 
 class SemanticBackprop(Method):
     name = "semantic"
-    template = P.BACKWARD_JOINT
+    mode = "directional"
     role = "backward_joint"
 
     async def node_gradients(self, ctx: RunContext, prompts: Prompts, trace: ExampleTrace,
                              node_id: str, feedback: str) -> dict[str, NodeGradient]:
         predecessors = ctx.graph.predecessors(node_id)
-        grads, call_id, problem = await ask_backward(
-            ctx, node_id, trace.example.id, self.template, predecessors, self.role,
-            prompt=prompts.text[node_id], inputs=P.render_inputs(trace.inputs[node_id]),
-            output=trace.output(node_id), feedback=feedback)
+        view = P.BackwardView(prompts.text[node_id], dict(trace.inputs[node_id]),
+                              frozenset(ctx.graph.input_fields), trace.output(node_id),
+                              feedback, predecessors, self.mode)
+        grads, call_id, problem = await ask_backward(ctx, node_id, trace.example.id, view,
+                                                     self.role)
         return {p: NodeGradient(grads[p], call_id, problem) for p in predecessors}

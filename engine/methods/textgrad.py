@@ -1,5 +1,11 @@
-"""The TextGrad baseline: one independent call per (node, predecessor), each seeing only
-that one input, the node's task, its output and its feedback: no sibling values."""
+"""The TextGrad baseline as the paper describes it formally: one independent call per
+(node, predecessor), each seeing only that one input, the node's task, its output and its
+feedback: no sibling values, no example fields.
+
+The instruction text is the one `semantic` uses (engine/prompts.py): the two differ only
+in the context they show. For the TextGrad library's own backward, which shows the full
+formatted prompt, see `textgrad-lib` (textgrad_lib.py).
+"""
 
 from __future__ import annotations
 
@@ -15,18 +21,24 @@ class TextGrad(Method):
     role = "backward_single"
     include_fields = False
 
+    def shown_inputs(self, ctx: RunContext, values: dict[str, str], pred: str
+                     ) -> dict[str, str]:
+        """The inputs one call shows, in declared order: `pred`, plus the example's fields
+        when `include_fields`; never a sibling."""
+        return {k: v for k, v in values.items()
+                if k == pred or (self.include_fields and k in ctx.graph.input_fields)}
+
     async def node_gradients(self, ctx: RunContext, prompts: Prompts, trace: ExampleTrace,
                              node_id: str, feedback: str) -> dict[str, NodeGradient]:
         predecessors = ctx.graph.predecessors(node_id)
         values = trace.inputs[node_id]
-        fields = {k: v for k, v in values.items() if k in ctx.graph.input_fields}
 
         async def one(pred: str) -> NodeGradient:
-            shown = {**fields, pred: values[pred]} if self.include_fields else {pred: values[pred]}
-            grads, call_id, problem = await ask_backward(
-                ctx, node_id, trace.example.id, P.BACKWARD_SINGLE, [pred], self.role,
-                prompt=prompts.text[node_id], inputs=P.render_inputs(shown),
-                output=trace.output(node_id), feedback=feedback, name=pred)
+            view = P.BackwardView(prompts.text[node_id], self.shown_inputs(ctx, values, pred),
+                                  frozenset(ctx.graph.input_fields), trace.output(node_id),
+                                  feedback, [pred])
+            grads, call_id, problem = await ask_backward(ctx, node_id, trace.example.id, view,
+                                                         self.role)
             return NodeGradient(grads[pred], call_id, problem)
 
         results = await asyncio.gather(*(one(p) for p in predecessors))
