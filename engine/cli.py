@@ -24,6 +24,8 @@ from engine.events import CallRecord, Proposal, StepFinished
 from engine.graph import GraphError, load_graph
 
 EXIT_BAD_INPUT = 2
+FUNCTIONS_HELP = ("a Python file to import: the graph's kind: function nodes bind to its "
+                  "functions by name")
 console = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
@@ -47,7 +49,7 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from engine.data.datasets import DATA_DIR_ENV
 
-    graph = load_graph(args.graph)
+    graph = _graph_with_functions(args) or load_graph(args.graph)
     # The dataset is checked whenever it can be found without the network: a .jsonl path
     # (relative to the graph), or a named dataset with a data directory.
     resolvable = bool(graph.dataset) and (
@@ -130,7 +132,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         optimizer_max_tokens=args.optimizer_max_tokens, base_url=args.base_url,
         timeout=args.timeout, max_retries=args.max_retries, run_id=args.run_id,
         method_options=_options(args.option), prompts=args.prompts)
-    return _with_progress(lambda listeners: execute(config, listeners=listeners), config.steps)
+    graph = _graph_with_functions(args)
+    return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
+                          config.steps)
+
+
+def _graph_with_functions(args: argparse.Namespace) -> Any:
+    """--functions FILE.py: import the file the user chose and bind the graph's function
+    names to its functions. Without it, a graph file never imports code."""
+    if not getattr(args, "functions", None):
+        return None
+    from engine.api import Graph
+    from engine.api_support import load_functions
+
+    return Graph.from_yaml(args.graph, functions=load_functions(args.functions)).spec
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -283,12 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("graph")
     p.add_argument("--data-dir", help="where named datasets live")
     p.add_argument("--check-data", action="store_true", help="also load the graph's dataset")
+    p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("run", help="optimize a graph's prompts")
     p.add_argument("graph")
     p.add_argument("--db", default="runs.duckdb")
     p.add_argument("--data-dir", help="where named datasets live")
+    p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
     add_run_options(p)
     p.set_defaults(func=cmd_run)
 
@@ -301,11 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default="runs.duckdb")
     p.set_defaults(func=cmd_runs)
 
-    from engine import experiment
+    from engine import experiment, probe_cli
     from engine.runlog import export
 
     export.register_cli(sub)
     experiment.register_cli(sub)
+    probe_cli.register_cli(sub)
     return parser
 
 

@@ -154,12 +154,13 @@ def _example_rows(run_id: str, splits: Splits) -> list[dict]:
 async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
                   optimizer_backend: Backend | None = None,
                   listeners: tuple[Callable[[Any], None], ...] = (),
-                  splits: Splits | None = None) -> RunResult:
+                  splits: Splits | None = None, graph: Graph | None = None) -> RunResult:
     """Validate, load, and run an optimization, logging every event to `config.db`.
 
     `splits` replaces the seeded cut of the graph's dataset, for benchmarks with a test
-    split of their own (GSM8K, LIAR); it must be disjoint, which is checked."""
-    graph = load_graph(config.graph)
+    split of their own (GSM8K, LIAR); it must be disjoint, which is checked. `graph`, a
+    graph already built (engine.api), replaces loading `config.graph`."""
+    graph = graph or load_graph(config.graph)
     make_method(config.method, **config.method_options)  # fail fast on a bad method
     prompt_set(config.prompts)  # and on an unknown prompt set
     if splits is None:

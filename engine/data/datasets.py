@@ -108,10 +108,28 @@ def with_target(examples: Iterable[Example], target_field: str) -> list[Example]
     for example in examples:
         if target_field not in example.fields:
             known = ", ".join(sorted(example.fields)) or "none"
-            raise DatasetError(f"example '{example.id}' has no field '{target_field}' "
+            where = f"{example.source}: " if example.source else ""
+            raise DatasetError(f"{where}example '{example.id}' has no field '{target_field}' "
                                f"(its fields: {known})")
-        out.append(Example(example.id, dict(example.fields), example.fields[target_field]))
+        out.append(Example(example.id, dict(example.fields), example.fields[target_field],
+                           example.source))
     return out
+
+
+def check_input_fields(examples: Iterable[Example], input_fields: Iterable[str],
+                       dataset: str) -> None:
+    """Every row must give every input field as text; DatasetError names the file and line
+    of the first row that does not (a missing, null or nested value would otherwise reach
+    the model as an empty input)."""
+    wanted = list(input_fields)
+    for example in examples:
+        for name in wanted:
+            if name not in example.fields:
+                where = example.source or f"dataset '{dataset}'"
+                known = ", ".join(sorted(example.fields)) or "none"
+                raise DatasetError(f"{where}: example '{example.id}' has no text for input "
+                                   f"field '{name}' (missing, null or nested; its fields: "
+                                   f"{known})")
 
 
 def bbh_tasks(data_dir: str | Path | None = None) -> list[str]:
@@ -136,7 +154,7 @@ def load_jsonl(path: str | Path) -> list[Example]:
             raise DatasetError(f"{path}:{line_no}: duplicate id '{example_id}' "
                                f"(first on line {seen[example_id]})")
         seen[example_id] = line_no
-        examples.append(Example(example_id, fields))
+        examples.append(Example(example_id, fields, source=f"{path}:{line_no}"))
     return examples
 
 
@@ -270,7 +288,7 @@ def _liar_examples(rows: Iterable[tuple[str, list[str], str]]) -> list[Example]:
         seen.add(example_id)
         fields = {k: record[k] for k in LIAR_FIELDS}
         fields["is_lie"] = target
-        examples.append(Example(example_id, fields, target))
+        examples.append(Example(example_id, fields, target, where))
     return examples
 
 

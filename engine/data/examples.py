@@ -13,6 +13,8 @@ class Example:
     id: str
     fields: dict[str, str] = field(hash=False)
     target: str = ""
+    # where the row came from ("file:line"), for error messages; not part of equality
+    source: str = field(default="", compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True)
