@@ -1,0 +1,398 @@
+"""Counterfactual probes: change one thing in a logged run, re-run only what depends on it.
+
+A semantic gradient is a claim: "had this node's output been like this, the answer would
+have been right". A probe tests such a claim by intervention, as activation patching does
+in a network (docs/probes.md):
+
+- `output`: replace node N's output on example E with a given text;
+- `gradient`: ask the optimizer model to rewrite N's output as the gradient N received
+  says, and use that;
+- `edit`: run N with another prompt (that step's proposal, or the user's), every other
+  prompt as it was.
+
+Then N's descendants are re-run and the example is scored again. Upstream activations come
+from the run log; new calls go through the run's client and reply cache, so a repeated
+probe makes no model call. Calls are logged in `llm_calls` with purpose `probe`, results in
+`probes`, re-computed outputs in `probe_outputs`: never in the run's own activations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from engine import prompts as P
+from engine.data.examples import Example
+from engine.events import Activation, CallRecord
+from engine.forward import ExampleTrace, Prompts, RunContext, _call_node, call_function
+from engine.graph import Graph, parse_graph
+from engine.llm.base import Backend
+from engine.loss import example_loss
+from engine.runlog.schema import RunLogError, check_readable, connect
+from engine.runlog.state import load_cache
+from engine.runlog.writer import insert_rows
+
+KINDS = ("output", "gradient", "edit")
+
+# The gradient probe's call: the optimizer model follows a node's gradient by rewriting
+# that node's output (parsed like a forward reply, with prompts.parse_output).
+PROBE_REWRITE = """A step of the pipeline has this task:
+<task>
+{prompt}
+</task>
+
+For one example it received these inputs:
+{inputs}
+
+It produced this output:
+<output>
+{output}
+</output>
+
+Feedback on this output:
+<feedback>
+{feedback}
+</feedback>
+
+Rewrite the output as the feedback says it should have been. Change only what the feedback asks for and keep the output's form. Write the rewritten output between <output> and </output>."""
+
+
+def probe_rewrite_messages(prompt: str, inputs: dict[str, str], output: str, feedback: str
+                           ) -> list[tuple[str, str]]:
+    return [("system", P.BACKWARD_SYSTEM),
+            ("user", PROBE_REWRITE.format(prompt=prompt, inputs=P.render_inputs(inputs),
+                                          output=output, feedback=feedback))]
+
+
+class ProbeError(ValueError):
+    """A probe asked of something the run log does not have (bad input: one line, exit 2)."""
+
+
+@dataclass
+class ProbeOutput:
+    """A node output a probe re-computed (or replaced): a `probe_outputs` row."""
+
+    node_id: str
+    output_text: str
+    error: str | None = None
+    call_id: str | None = None
+
+
+@dataclass
+class ProbeResult:
+    """One intervention on one example: a `probes` row. before/after_output are the graph's
+    final output (the prediction); the intervened node's new text is `intervention` for
+    output and gradient probes, and its row in `outputs` for every kind."""
+
+    run_id: str
+    step: int
+    example_id: str
+    node_id: str
+    kind: str
+    intervention: str
+    before_output: str
+    after_output: str
+    before_score: float | None
+    after_score: float | None
+    call_ids: list[str] = field(default_factory=list)
+    leaks_target: bool = False
+    error: str | None = None
+    outputs: list[ProbeOutput] = field(default_factory=list)
+    probe_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def flipped(self) -> bool:
+        """The intervention turned a wrong answer right."""
+        return (self.error is None and (self.before_score or 0.0) < 1.0
+                and (self.after_score or 0.0) >= 1.0)
+
+    def row(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "outputs"}
+        data["call_ids"] = json.dumps(self.call_ids)
+        return data
+
+
+@dataclass
+class LoggedRun:
+    """What a probe reads from the run log: the run as it was at one step."""
+
+    db: str
+    run_id: str
+    step: int
+    config: dict[str, Any]
+    graph: Graph
+    examples: dict[str, Example]
+    split_of: dict[str, str]
+    prompts: Prompts  # in effect when the step started (its training forward pass)
+    running: list[str]  # runs of this log still being written by another process
+
+    def example(self, example_id: str) -> Example:
+        if example_id not in self.examples:
+            raise ProbeError(f"run '{self.run_id}' has no example '{example_id}'")
+        return self.examples[example_id]
+
+    def node(self, node_id: str, need_prompt: bool = False):
+        if node_id not in self.graph.node_ids:
+            raise ProbeError(f"graph '{self.graph.name}' has no node '{node_id}' (nodes: "
+                             f"{', '.join(self.graph.node_ids)})")
+        node = self.graph.node(node_id)
+        if need_prompt and node.kind != "llm":
+            raise ProbeError(f"node '{node_id}' is a function node: it has no prompt to edit")
+        return node
+
+
+def load_run(db: str, run_id: str, step: int) -> LoggedRun:
+    check_readable(db)
+    with connect(db, read_only=True) as con:
+        run = con.execute("SELECT config, graph_yaml FROM runs WHERE run_id = ?",
+                          [run_id]).fetchone()
+        if run is None:
+            raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
+        steps = [r[0] for r in con.execute("SELECT step FROM steps WHERE run_id = ? "
+                                           "ORDER BY step", [run_id]).fetchall()]
+        if step not in steps:
+            done = f"steps {steps[0]}..{steps[-1]}" if steps else "no complete step"
+            raise ProbeError(f"run '{run_id}' has no complete step {step} ({done})")
+        rows = con.execute("SELECT split, example_id, fields, target FROM examples "
+                           "WHERE run_id = ? ORDER BY split, position", [run_id]).fetchall()
+        versions = con.execute(
+            "SELECT node_id, version, prompt FROM prompt_versions WHERE run_id = ? AND accepted "
+            "AND step <= ? ORDER BY step, version", [run_id, max(step - 1, 0)]).fetchall()
+        running = [r[0] for r in con.execute(
+            "SELECT run_id FROM runs WHERE status = 'running'").fetchall()]
+    config = json.loads(run[0])
+    graph = parse_graph(run[1], config.get("graph", "<graph>"))
+    prompts = Prompts.initial(graph)
+    text, version = dict(prompts.text), dict(prompts.version)
+    for node_id, v, prompt in versions:
+        text[node_id], version[node_id] = prompt, v
+    examples = {r[1]: Example(r[1], json.loads(r[2]), r[3]) for r in rows}
+    return LoggedRun(db, run_id, step, config, graph, examples, {r[1]: r[0] for r in rows},
+                     Prompts(text, version), running)
+
+
+def descendants(graph: Graph, node_id: str) -> set[str]:
+    found, stack = set(), list(graph.successors(node_id))
+    while stack:
+        node = stack.pop()
+        if node not in found:
+            found.add(node)
+            stack.extend(graph.successors(node))
+    return found
+
+
+def leaks_target(text: str, target: str) -> bool:
+    """The intervention contains the target verbatim (as a whole word): a flip it causes
+    may be the answer copied through, not credit."""
+    target = target.strip()
+    if not target:
+        return False
+    return re.search(rf"(?<!\w){re.escape(target)}(?!\w)", text, flags=re.I) is not None
+
+
+@dataclass
+class Baseline:
+    """One example's trace and score with the step's prompts."""
+
+    trace: ExampleTrace
+    score: float | None
+    prediction: str
+    split: str
+
+
+class Prober:
+    """Runs probes on one logged step with the run's client and cache; collects the rows
+    and calls to write, then `save()` writes them in one short transaction."""
+
+    def __init__(self, run: LoggedRun, ctx: RunContext, cache) -> None:
+        self.run, self.ctx, self.cache = run, ctx, cache
+        self.calls: list[CallRecord] = []
+        self.results: list[ProbeResult] = []
+        self._baselines: dict[str, asyncio.Future] = {}
+
+    def on_call(self, record: CallRecord) -> None:
+        record.purpose = "probe"  # routed as forward or optimizer calls; logged as probes
+        self.calls.append(record)
+
+    async def baseline(self, example_id: str) -> Baseline:
+        """The step's own trace of the example when the log has one with the step's prompts
+        (the training forward pass); else a forward pass with those prompts, through the
+        cache."""
+        if example_id not in self._baselines:
+            self._baselines[example_id] = asyncio.ensure_future(self._baseline(example_id))
+        return await self._baselines[example_id]
+
+    async def _baseline(self, example_id: str) -> Baseline:
+        example, split = self.run.example(example_id), self.run.split_of[example_id]
+        logged = logged_trace(self.run, example)
+        if logged is not None:
+            return logged
+        trace = ExampleTrace(example)
+        await self._rerun(trace, self.run.prompts, self.run.graph.topological_order(), {})
+        loss = await example_loss(self.ctx, trace, split)
+        return Baseline(trace, loss.score, loss.prediction, split)
+
+    async def _rerun(self, trace: ExampleTrace, prompts: Prompts, nodes: list[str],
+                     replaced: dict[str, ProbeOutput]) -> list[ProbeOutput]:
+        """Run `nodes` (in topological order) on the trace, in place; return their outputs."""
+        outputs = []
+        for node_id in nodes:
+            node = self.run.graph.node(node_id)
+            if node_id in replaced:
+                new = replaced[node_id]
+                trace.activations[node_id] = replace(
+                    trace.activations[node_id], output_text=new.output_text, error=None,
+                    call_id=new.call_id)
+                outputs.append(new)
+                continue
+            activation = await self._activation(trace, prompts, node)
+            trace.activations[node_id] = activation
+            outputs.append(ProbeOutput(node_id, activation.output_text, activation.error,
+                                       activation.call_id))
+        return outputs
+
+    async def _activation(self, trace: ExampleTrace, prompts: Prompts, node) -> Activation:
+        values: dict[str, str] = {}
+        split = self.run.split_of[trace.example.id]
+        for name in node.inputs:
+            upstream = trace.activations.get(name)
+            if upstream is None:
+                values[name] = trace.example.fields.get(name, "")
+            elif upstream.error:
+                return _failed(self.ctx, trace.example, node.id, split,
+                               f"upstream node '{name}' failed")
+            else:
+                values[name] = upstream.output_text
+        trace.inputs[node.id] = values
+        if node.kind == "function":
+            output, error = await call_function(node, values)
+            return replace(_failed(self.ctx, trace.example, node.id, split, error),
+                           output_text=output)
+        return await _call_node(self.ctx, prompts, trace.example, node, values, split)
+
+    async def intervene(self, kind: str, example_id: str, node_id: str, *,
+                        text: str | None = None, feedback: str | None = None,
+                        prompt: str | None = None) -> ProbeResult:
+        """One probe. output: `text` replaces the node's output; gradient: the optimizer
+        model rewrites the output following `feedback`; edit: the node runs with `prompt`."""
+        base = await self.baseline(example_id)
+        example, graph = base.trace.example, self.run.graph
+        trace = ExampleTrace(example, dict(base.trace.activations), dict(base.trace.inputs))
+        later = [n for n in graph.topological_order() if n in descendants(graph, node_id)]
+        prompts, replaced, error = self.run.prompts, {}, None
+        if kind == "edit":
+            prompts = prompts.updated({node_id: (-1, prompt or "")})
+            intervention = prompt or ""
+        else:
+            intervention, call_id, error = (text or "", None, None) if kind == "output" else \
+                await self.follow_gradient(base.trace, node_id, feedback or "")
+            replaced[node_id] = ProbeOutput(node_id, intervention, error, call_id)
+        if error:  # the rewrite call failed: nothing to re-run
+            result = ProbeResult(self.run.run_id, self.run.step, example_id, node_id, kind, "",
+                                 base.prediction, "", base.score, None,
+                                 [replaced[node_id].call_id or ""], False, error)
+            self.results.append(result)
+            return result
+        outputs = await self._rerun(trace, prompts, [node_id, *later], replaced)
+        loss = await example_loss(self.ctx, trace, base.split)
+        call_ids = [o.call_id for o in outputs if o.call_id] + \
+            ([loss.call_id] if loss.call_id else [])
+        result = ProbeResult(
+            self.run.run_id, self.run.step, example_id, node_id, kind, intervention,
+            base.prediction, loss.prediction, base.score, loss.score, call_ids,
+            leaks_target(intervention, example.target), loss.error, outputs)
+        self.results.append(result)
+        return result
+
+    async def follow_gradient(self, trace: ExampleTrace, node_id: str, feedback: str
+                              ) -> tuple[str, str | None, str | None]:
+        """(rewritten output, call id, error): the optimizer model applies the gradient."""
+        node = self.run.graph.node(node_id)
+        messages = probe_rewrite_messages(self.run.prompts.text.get(node_id, ""),
+                                            trace.inputs.get(node_id, {}),
+                                            trace.output(node_id), feedback)
+        request = self.ctx.client.request(
+            "probe", messages, max_tokens=self.ctx.optimizer_max_tokens,
+            meta={"role": "probe_rewrite", "node": node.id, "output": trace.output(node_id),
+                  "feedback": feedback})
+        record = await self.ctx.client.call(request, step=self.run.step, node_id=node_id,
+                                            example_id=trace.example.id)
+        if record.error:
+            return "", record.call_id, f"rewrite call failed: {record.error}"
+        rewritten, _ = P.parse_output(record.response)
+        return rewritten, record.call_id, None
+
+    def save(self) -> None:
+        """Write calls, probes, re-computed outputs and new cache entries in one transaction
+        (retried while a running run holds the file: that run is never blocked for long)."""
+        outputs = [{"probe_id": r.probe_id, "run_id": r.run_id, "step": r.step,
+                    "example_id": r.example_id, **asdict(o)}
+                   for r in self.results for o in r.outputs]
+        with connect(self.run.db) as con:
+            con.execute("BEGIN TRANSACTION")
+            insert_rows(con, "llm_calls", [asdict(c) for c in self.calls])
+            insert_rows(con, "probes", [r.row() for r in self.results])
+            insert_rows(con, "probe_outputs", outputs)
+            insert_rows(con, "llm_cache", self.cache.drain())
+            con.execute("COMMIT")
+        self.calls, self.results = [], []
+
+
+def _failed(ctx: RunContext, example: Example, node_id: str, split: str,
+            error: str | None) -> Activation:
+    return Activation(ctx.run_id, ctx.step, split, example.id, node_id, 0, "", "", error)
+
+
+def logged_trace(run: LoggedRun, example: Example) -> Baseline | None:
+    """The example's logged trace whose every node ran with the step's prompt versions;
+    the probe's own step first, then the latest such."""
+    with connect(run.db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT step, split, node_id, prompt_version, input_text, output_text, error, "
+            "raw_text, parse_error, call_id FROM node_outputs WHERE run_id = ? AND "
+            "example_id = ? ORDER BY step = ? DESC, step DESC",
+            [run.run_id, example.id, run.step]).fetchall()
+        losses = {(r[0], r[1]): (r[2], r[3]) for r in con.execute(
+            "SELECT step, split, score, prediction FROM losses WHERE run_id = ? AND "
+            "example_id = ?", [run.run_id, example.id]).fetchall()}
+    groups: dict[tuple[int, str], dict[str, Activation]] = {}
+    for r in rows:
+        groups.setdefault((r[0], r[1]), {})[r[2]] = Activation(
+            run.run_id, r[0], r[1], example.id, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9])
+    wanted = run.prompts.version
+    for key, acts in groups.items():
+        if set(acts) == set(wanted) and key in losses and all(
+                acts[n].prompt_version == v for n, v in wanted.items()):
+            trace = ExampleTrace(example, acts, _inputs(run.graph, example, acts))
+            return Baseline(trace, losses[key][0], losses[key][1], key[1])
+    return None
+
+
+def _inputs(graph: Graph, example: Example, acts: dict[str, Activation]
+            ) -> dict[str, dict[str, str]]:
+    return {node.id: {name: acts[name].output_text if name in acts
+                      else example.fields.get(name, "") for name in node.inputs}
+            for node in graph.nodes}
+
+
+def open_prober(run: LoggedRun, forward_backend: Backend | None = None,
+                optimizer_backend: Backend | None = None) -> Prober:
+    """A prober with the run's backends, models and settings, and its reply cache."""
+    from engine.run import RunConfig, default_max_tokens, make_client
+
+    config = RunConfig.from_json(run.config)
+    cache = load_cache(run.db, config.cache)
+    client = make_client(config, cache, forward_backend, optimizer_backend)
+    client.run_id = run.run_id
+    max_tokens, optimizer_max_tokens = default_max_tokens(config)
+    ctx = RunContext(run.graph, client, lambda event: None, run.run_id, run.step, max_tokens,
+                     optimizer_max_tokens)
+    prober = Prober(run, ctx, cache)
+    client.on_call = prober.on_call
+    return prober
