@@ -7,13 +7,16 @@ function nodes apply a named, registered Python function and are never trainable
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from engine.data.answers import check_no_answer_inputs
 from engine.functions import FUNCTIONS
 
 GRAPH_KEYS = {
@@ -72,6 +75,41 @@ class Node:
 
 
 @dataclass(frozen=True)
+class _Topology:
+    """A graph's edges and Kahn order, built once per Graph in O((V + E) log V)."""
+
+    order: tuple[str, ...]
+    predecessors: dict[str, tuple[str, ...]]
+    successors: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, nodes: tuple[Node, ...], index: dict[str, Node]) -> _Topology:
+        position = {n.id: i for i, n in reversed(list(enumerate(nodes)))}
+        preds = {i: tuple(x for x in index[i].inputs if x in index) for i in index}
+        readers: dict[str, list[str]] = {i: [] for i in index}
+        indegree = {}
+        for node_id, inputs in preds.items():
+            distinct = dict.fromkeys(inputs)
+            indegree[node_id] = len(distinct)
+            for name in distinct:
+                readers[name].append(node_id)
+        ready = [position[i] for i in index if indegree[i] == 0]
+        heapq.heapify(ready)
+        order: list[str] = []
+        while ready:
+            current = nodes[heapq.heappop(ready)].id
+            order.append(current)
+            for reader in readers[current]:
+                indegree[reader] -= 1
+                if indegree[reader] == 0:
+                    heapq.heappush(ready, position[reader])
+        rank = {node_id: i for i, node_id in enumerate(order)}
+        successors = {i: tuple(sorted((r for r in readers[i] if r in rank), key=rank.get))
+                      for i in index}
+        return cls(tuple(order), preds, successors)
+
+
+@dataclass(frozen=True)
 class Graph:
     name: str
     nodes: tuple[Node, ...]
@@ -88,11 +126,21 @@ class Graph:
     # a Python metric (engine.api): (example, prediction) -> float | (float, feedback)
     metric_fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
-    def node(self, node_id: str) -> Node:
+    # Graphs are immutable, so the id index and the topology are computed once, on first
+    # use, and every query after that is a dictionary lookup: O(V + E) in all.
+    @cached_property
+    def _index(self) -> dict[str, Node]:
+        index: dict[str, Node] = {}
         for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise KeyError(node_id)
+            index.setdefault(n.id, n)  # a duplicate id is refused by validate_structure
+        return index
+
+    @cached_property
+    def _topology(self) -> _Topology:
+        return _Topology.of(self.nodes, self._index)
+
+    def node(self, node_id: str) -> Node:
+        return self._index[node_id]
 
     @property
     def node_ids(self) -> list[str]:
@@ -104,29 +152,16 @@ class Graph:
 
     def predecessors(self, node_id: str) -> list[str]:
         """Node inputs of `node_id` (example fields excluded), in declared order."""
-        ids = set(self.node_ids)
-        return [i for i in self.node(node_id).inputs if i in ids]
+        return list(self._topology.predecessors[node_id])
 
     def successors(self, node_id: str) -> list[str]:
         """Nodes that read `node_id`, in topological order (a fixed, documented order)."""
-        return [n for n in self.topological_order() if node_id in self.node(n).inputs]
+        return list(self._topology.successors[node_id])
 
     def topological_order(self) -> list[str]:
-        """Kahn's algorithm; ties broken by declaration order, so the order is stable."""
-        ids = self.node_ids
-        indegree = {i: len(self.predecessors(i)) for i in ids}
-        order: list[str] = []
-        ready = [i for i in ids if indegree[i] == 0]
-        while ready:
-            current = ready.pop(0)
-            order.append(current)
-            for i in ids:
-                if current in self.node(i).inputs:
-                    indegree[i] -= 1
-                    if indegree[i] == 0:
-                        ready.append(i)
-            ready.sort(key=ids.index)
-        return order
+        """Kahn's algorithm; ties broken by declaration order, so the order is stable.
+        Nodes on a cycle are left out (validate_structure reports them)."""
+        return list(self._topology.order)
 
     @property
     def trainable_nodes(self) -> list[str]:
@@ -392,6 +427,9 @@ def validate_structure(graph: Graph) -> None:
             if name == n.id:
                 raise GraphError(path, "node reads its own output (cycle)", node=n.id,
                                  line=n.line)
+        if len(set(n.inputs)) < len(n.inputs):
+            twice = next(name for name in n.inputs if n.inputs.count(name) > 1)
+            raise GraphError(path, f"input '{twice}' is listed twice", node=n.id, line=n.line)
     outputs = [n for n in graph.nodes if n.output]
     if not outputs:
         raise GraphError(path, "no output node: mark exactly one node with 'output: true'")
@@ -401,7 +439,8 @@ def validate_structure(graph: Graph) -> None:
                          node=outputs[1].id, line=outputs[1].line)
     order = graph.topological_order()
     if len(order) < len(graph.nodes):
-        stuck = [n for n in graph.nodes if n.id not in order][0]
+        placed = set(order)
+        stuck = next(n for n in graph.nodes if n.id not in placed)
         raise GraphError(path, "cycle through this node", node=stuck.id, line=stuck.line)
     reaches = {outputs[0].id}
     for node_id in reversed(order):
@@ -411,3 +450,4 @@ def validate_structure(graph: Graph) -> None:
         if n.id not in reaches:
             raise GraphError(path, f"cannot reach the output node '{outputs[0].id}'",
                              node=n.id, line=n.line)
+    check_no_answer_inputs(graph)

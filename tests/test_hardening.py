@@ -126,3 +126,29 @@ def test_two_hints_graph_still_validates(tmp_path, capsys):
     assert main(["validate", str(path)]) == 0
     assert json.dumps("ok")[1:-1] in capsys.readouterr().out
     assert Path(path).exists()
+
+
+# --- item 6: graph operations in O(V + E) ------------------------------------------------
+
+
+def test_topology_is_computed_once_per_graph(monkeypatch):
+    from benchmarks.large_graph import graph_yaml
+    from engine import graph as graph_module
+
+    built = []
+    original = graph_module._Topology.of
+    monkeypatch.setattr(graph_module._Topology, "of",
+                        classmethod(lambda cls, *a: built.append(1) or original(*a)))
+    graph = graph_module.parse_graph(graph_yaml(300))
+    for node_id in graph.node_ids:
+        graph.successors(node_id), graph.predecessors(node_id), graph.node(node_id)
+    assert graph.topological_order() == [f"n{i}" for i in range(300)]
+    assert graph.successors("n5") == ["n6", "n8"] and graph.predecessors("n5") == ["n4", "n2"]
+    assert len(built) == 1
+
+
+def test_duplicate_input_is_named(tmp_path, capsys):
+    path = write_graph(tmp_path, HEAD + "  - {id: a, prompt: p, inputs: [question, question], "
+                                        "output: true}\n", arithmetic_rows(5))
+    assert main(["validate", str(path)]) == 2
+    assert "input 'question' is listed twice" in one_error_line(capsys)
