@@ -9,6 +9,7 @@ whole evaluation.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,7 +31,9 @@ class Prompts:
 
     @classmethod
     def initial(cls, graph: Graph) -> Prompts:
-        return cls({n.id: n.prompt for n in graph.nodes}, {n.id: 0 for n in graph.nodes})
+        # a function node's text is its description: its task in a joint backward call
+        return cls({n.id: n.prompt or n.description for n in graph.nodes},
+                   {n.id: 0 for n in graph.nodes})
 
     def updated(self, changes: dict[str, tuple[int, str]]) -> Prompts:
         text, version = dict(self.text), dict(self.version)
@@ -95,8 +98,9 @@ async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, s
                 values[name] = example.fields.get(name, "")
         trace.inputs[node.id] = values
         if node.kind == "function":
-            output = FUNCTIONS[node.function](*values.values())
-            return _activation(ctx, split, example, node, prompts, values, output=output)
+            output, error = await call_function(node, values)
+            return _activation(ctx, split, example, node, prompts, values, output=output,
+                               error=error)
         return await _call_node(ctx, prompts, example, node, values, split)
 
     for node_id in ctx.graph.topological_order():
@@ -112,6 +116,20 @@ async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, s
     for activation in trace.activations.values():
         ctx.emit(activation)
     return trace
+
+
+async def call_function(node: Node, values: dict[str, str]) -> tuple[str, str | None]:
+    """Apply a function node to its input values (in declared order): a bound Python
+    callable, sync or async, or a registered function. Whatever it raises fails this
+    example, with the exception recorded as the activation's error, as a failed call is."""
+    fn = node.fn or FUNCTIONS[node.function]
+    try:
+        result = fn(*values.values())
+        if inspect.isawaitable(result):
+            result = await result
+    except Exception as exc:  # noqa: BLE001 - a user's tool may raise anything
+        return "", f"function '{node.function}' raised {exc.__class__.__name__}: {exc}"
+    return ("" if result is None else str(result)), None
 
 
 async def _call_node(ctx: RunContext, prompts: Prompts, example: Example, node: Node,

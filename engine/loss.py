@@ -8,6 +8,10 @@ its critique becomes the output gradient.
 from __future__ import annotations
 
 import asyncio
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
 
 from engine import prompts as P
 from engine.data.graders import grade
@@ -32,6 +36,11 @@ async def example_loss(ctx: RunContext, trace: ExampleTrace, split: str) -> Loss
                 prediction=prediction, target=target)
     if trace.error:
         return LossRecord(**base, score=0.0, feedback="", error=trace.error)
+    if graph.metric_fn is not None:
+        example = {**trace.example.fields, graph.target_field: target}
+        score, feedback = python_metric(graph.metric_fn, example, prediction)
+        return LossRecord(**base, score=score,
+                          feedback=feedback or P.OUTPUT_GRADIENT.format(target=target))
     if graph.metric != "judge":
         score = grade(graph.metric, prediction, target)
         return LossRecord(**base, score=score, feedback=P.OUTPUT_GRADIENT.format(target=target))
@@ -50,6 +59,28 @@ async def example_loss(ctx: RunContext, trace: ExampleTrace, split: str) -> Loss
     score, critique, _ = P.parse_judge(record.response)
     return LossRecord(**base, score=score, feedback=critique or record.response,
                       call_id=record.call_id)
+
+
+class MetricError(ValueError):
+    """A Python metric raised, or returned something other than a number or a
+    (number, text) pair: the run fails with this one line."""
+
+
+def python_metric(metric: Callable[..., Any], example: dict[str, str], prediction: str
+                  ) -> tuple[float, str]:
+    """Call a user's metric: `(example, prediction) -> float | (float, feedback_text)`.
+    Returns (score, feedback); feedback '' when the metric gave none."""
+    name = getattr(metric, "__name__", type(metric).__name__)
+    try:
+        value = metric(example, prediction)
+    except Exception as exc:  # noqa: BLE001 - a user's metric may raise anything
+        raise MetricError(f"metric '{name}' raised {exc.__class__.__name__}: {exc}") from None
+    score, feedback = value if isinstance(value, tuple) and len(value) == 2 else (value, "")
+    if not isinstance(score, numbers.Real) or not math.isfinite(score) \
+            or not isinstance(feedback, str):
+        raise MetricError(f"metric '{name}' returned {value!r:.80}; it must return a number "
+                          "or a (number, text) pair")
+    return float(score), feedback
 
 
 def mean_score(records: list[LossRecord]) -> float | None:
