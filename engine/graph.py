@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from engine.data.answers import check_no_answer_inputs
+from engine.data.answers import check_no_answer_inputs
 from engine.functions import FUNCTIONS
 
 GRAPH_KEYS = {
@@ -450,4 +451,5 @@ def validate_structure(graph: Graph) -> None:
         if n.id not in reaches:
             raise GraphError(path, f"cannot reach the output node '{outputs[0].id}'",
                              node=n.id, line=n.line)
+    check_no_answer_inputs(graph)
     check_no_answer_inputs(graph)

@@ -118,8 +118,7 @@ def test_gsm8k_files_load(data_dir, split, rows):
     for e in examples:
         assert re.fullmatch(r"-?\d+(\.\d+)?", e.target), e
         assert e.fields["answer"] == e.target
-        assert e.fields["solution"].rstrip().endswith(e.fields["solution"].split("####")[-1]
-                                                      .strip())
+        assert "solution" not in e.fields  # issue 12: it ends in the answer; never readable
         assert e.fields["question"].strip()
 
 
@@ -136,7 +135,8 @@ def test_gsm8k_removes_thousands_separators(tmp_path):
     row = {"question": "How much?", "answer": "It costs 1,200.\n#### 1,200"}
     (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps(row) + "\n")
     [example] = load_examples("gsm8k/test", data_dir=str(tmp_path))
-    assert example.target == "1200" and example.fields["solution"] == row["answer"]
+    assert example.target == "1200" and example.fields == {"question": "How much?",
+                                                           "answer": "1200"}
 
 
 # --- LIAR --------------------------------------------------------------------------------
@@ -150,17 +150,21 @@ def test_liar_files_keep_true_and_false_only(data_dir, split):
     assert len({e.id for e in examples}) == len(examples)
     assert {e.target for e in examples} == {"Yes", "No"}
     for e in examples:
-        assert e.target == {"false": "Yes", "true": "No"}[e.fields["label"]]
         assert e.fields["is_lie"] == e.target
         assert e.fields["statement"].strip() and e.fields["speaker"].strip()
         assert not e.id.endswith(".json")
-        assert set(e.fields) >= {"statement", "subject", "speaker", "job_title", "state",
-                                 "party", "context", "label"}
+        assert set(e.fields) == {"statement", "subject", "speaker", "job_title", "state",
+                                 "party", "context", "is_lie"}  # no 6-way label (issue 12)
+        for name in ("statement", "job_title", "state", "party", "context"):
+            letters = "".join(ch for ch in e.fields[name] if ch.isalpha()).lower()
+            assert letters not in ("", "none"), (e.id, name)  # the reference's rule
 
 
 def test_liar_exact_counts_and_combined(data_dir):
     counts = [len(_load(f"liar/{s}")) for s in LIAR_FILES]
-    assert counts == [3681, 432, 461]
+    # true/false statements whose statement, job title, state, party and context are all
+    # present (issue 12: the reference drops the others); 3681, 432, 461 before that
+    assert counts == [2343, 276, 296]
     both = _load("liar")
     assert len(both) == sum(counts) and len({e.id for e in both}) == len(both)
     first = both[0]
@@ -174,8 +178,8 @@ def test_liar_quotes_are_text_and_line_breaks_join_rows(tmp_path):
     lines = [
         '1.json\tfalse\t"Quoted" start and an odd " quote\ttax\tann\tMayor\tOhio\tdemocrat'
         + counts + "a speech",
-        "2.json\ttrue\tFirst line of a statement\nsecond line\teconomy\tbob\t\t\tnone"
-        + counts + "a tweet",
+        "2.json\ttrue\tFirst line of a statement\nsecond line\teconomy\tbob\tSenator\tIowa\t"
+        "green" + counts + "a tweet",
         "3.json\thalf-true\tIgnored\tx\ty\t\t\tnone" + counts + "a post",
     ]
     (tmp_path / "liar" / "test.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -184,6 +188,24 @@ def test_liar_quotes_are_text_and_line_breaks_join_rows(tmp_path):
     assert (first.id, first.target) == ("1", "Yes")
     assert second.fields["statement"] == "First line of a statement\nsecond line"
     assert (second.id, second.target, second.fields["context"]) == ("2", "No", "a tweet")
+
+
+def test_liar_drops_statements_with_a_missing_field_as_the_reference_does(tmp_path):
+    (tmp_path / "liar").mkdir()
+    counts = "\t0\t1\t0\t0\t0\t"
+    full = ["Taxes went up", "tax", "ann", "Mayor", "Ohio", "democrat"]
+    rows = [[f"{i}.json", "false", *full] for i in range(6)]
+    rows[1][5] = ""  # no job title
+    rows[2][6] = "None"  # state 'none'
+    rows[3][7] = "none."  # party: letters spell none
+    rows[4][2] = "..."  # a statement with no letters
+    lines = ["\t".join(r) + counts + ("a speech" if i != 5 else "none") for i, r in
+             enumerate(rows)]
+    lines.append("\t".join(["6.json", "true", *full]) + counts + "a speech")
+    (tmp_path / "liar" / "test.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    kept = load_examples("liar/test", data_dir=str(tmp_path))
+    assert [e.id for e in kept] == ["0", "6"]  # row 5's context is 'none'
+    assert "label" not in kept[0].fields
 
 
 def test_liar_bad_row_names_file_and_line(tmp_path):
@@ -325,8 +347,9 @@ def test_hub_liar_uses_label_names(monkeypatch):
         features: ClassVar[dict] = {"label": types.SimpleNamespace(
             int2str=lambda i: ["false", "half-true", "mostly-true", "true"][i])}
 
-    row = {"id": "9.json", "statement": "S", "subject": "s", "speaker": "p", "job_title": "",
-           "state_info": "Ohio", "party_affiliation": "none", "context": "c"}
+    row = {"id": "9.json", "statement": "S", "subject": "s", "speaker": "p",
+           "job_title": "Mayor", "state_info": "Ohio", "party_affiliation": "green",
+           "context": "c"}
     table = Table([{**row, "label": 0}, {**row, "id": "8.json", "label": 1},
                    {**row, "id": "7.json", "label": 3}])
     _install_fake_hub(monkeypatch, _FakeHub({("ucsbnlp/liar", None, "validation"): table}))

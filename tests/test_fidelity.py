@@ -332,3 +332,46 @@ def test_unknown_prompt_set_is_refused(tmp_path):
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     with pytest.raises(ValueError, match="unknown prompt set 'papers'"):
         run_engine(graph, tmp_path / "r.duckdb", steps=0, prompts="papers")
+
+
+# --- no node reads the answer ----------------------------------------------------------------
+
+def _leaky(dataset: str, target: str, field: str) -> str:
+    return f"""
+name: leaky
+dataset: {dataset}
+input_fields: [question, {field}]
+target_field: {target}
+metric: auto
+nodes:
+  - {{id: hint, prompt: Think., inputs: [question]}}
+  - {{id: final, prompt: Solve., inputs: [question, hint, {field}], output: true}}
+"""
+
+
+def test_validate_refuses_a_node_that_reads_the_answer_naming_it():
+    import pytest
+
+    from engine.graph import GraphError, parse_graph
+
+    cases = [("data.jsonl", "answer", "answer", "the target field"),
+             ("gsm8k/train", "answer", "solution", "holds the answer or label"),
+             ("liar", "is_lie", "label", "holds the answer or label"),
+             ("bbh/navigate", "target", "target", "the target field")]
+    for dataset, target, field, what in cases:
+        with pytest.raises(GraphError) as caught:
+            parse_graph(_leaky(dataset, target, field), "leaky.yaml")
+        message = str(caught.value)
+        assert message.startswith("leaky.yaml:9: node 'final': ")
+        assert f"input '{field}'" in message and what in message
+    parse_graph(_leaky("data.jsonl", "answer", "notes"), "fine.yaml")  # any other field
+
+
+def test_cli_validate_prints_one_error_line_for_a_leaky_graph(tmp_path, capsys):
+    from engine.cli import main
+
+    path = tmp_path / "leaky.yaml"
+    path.write_text(_leaky("gsm8k", "answer", "solution"), encoding="utf-8")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "node 'final'" in err[0]

@@ -131,10 +131,14 @@ def test_liar_graph_has_five_analyses_and_six_prompts():
     assert len(graph.trainable_nodes) == 6
     analyses = graph.predecessors("final")
     assert len(analyses) == 5 and "statement" in graph.node("final").inputs
-    read = {graph.node(a).inputs[0] for a in analyses}
-    assert read == {"statement", "party", "job_title", "speaker", "state"}
+    # issue 12: as in the reference, every analysis node sees the statement together with
+    # the metadata; "source" is the context the statement was made in, not the speaker
+    shown = ("statement", "job_title", "state", "party", "context")
     for node_id in analyses:
+        assert graph.node(node_id).inputs == shown
         assert "two sentences" in graph.node(node_id).prompt
+    assert graph.node("final").inputs[:5] == shown
+    assert "speaker" not in graph.input_fields
 
 
 def test_faulty_pipeline_names_its_fault():

@@ -7,7 +7,9 @@ importable do the loaders fall back to the Hugging Face hub.
 
 Every named dataset also keeps its target as a field, so `with_target(examples, field)`
 works the same for every source: gsm8k `answer` (the number after ####), bbh `target`,
-liar `is_lie` (Yes for label false, No for label true).
+liar `is_lie` (Yes for label false, No for label true). Fields that only restate the
+answer are not kept (GSM8K's worked solution, LIAR's six-way label); `validate` refuses a
+node that reads a field holding the answer (engine/data/answers.py).
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ LIAR_FILES = ("train", "valid", "test")
 LIAR_COLUMNS = ("id", "label", "statement", "subject", "speaker", "job_title", "state",
                 "party", "barely_true_count", "false_count", "half_true_count",
                 "mostly_true_count", "pants_on_fire_count", "context")
-LIAR_FIELDS = ("statement", "subject", "speaker", "job_title", "state", "party", "context",
-               "label")
+# Fields nodes may read: the 6-way `label` holds the answer, so it is not among them.
+LIAR_FIELDS = ("statement", "subject", "speaker", "job_title", "state", "party", "context")
+# As in the paper's reference code, a statement is kept only when each field its graph
+# shows is present: a value with no letters, or whose letters spell "none", is missing.
+LIAR_REQUIRED = ("statement", "job_title", "state", "party", "context")
 # The paper asks "is this statement a lie?": only the two clear-cut labels are kept.
 LIAR_TARGETS = {"false": "Yes", "true": "No"}
 
@@ -264,7 +269,8 @@ def _gsm8k_examples(split: str, rows: Iterable[dict], where: str) -> list[Exampl
         if "####" not in solution:
             raise DatasetError(f"{where}: row {index} has no '#### <answer>' line")
         answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
-        fields = {"question": str(row["question"]), "solution": solution, "answer": answer}
+        # the worked solution ends in the answer: no node may read it, so it is not kept
+        fields = {"question": str(row["question"]), "answer": answer}
         examples.append(Example(f"{split}-{index}", fields, answer))
     return examples
 
@@ -276,7 +282,7 @@ def _liar_examples(rows: Iterable[tuple[str, list[str], str]]) -> list[Example]:
     for split, cells, where in rows:
         record = dict(zip(LIAR_COLUMNS, (c.strip() for c in cells), strict=True))
         target = LIAR_TARGETS.get(record["label"])
-        if target is None:
+        if target is None or any(_liar_missing(record[k]) for k in LIAR_REQUIRED):
             continue
         example_id = record["id"].removesuffix(".json")
         if not example_id:
@@ -290,6 +296,11 @@ def _liar_examples(rows: Iterable[tuple[str, list[str], str]]) -> list[Example]:
         fields["is_lie"] = target
         examples.append(Example(example_id, fields, target, where))
     return examples
+
+
+def _liar_missing(value: str) -> bool:
+    letters = "".join(ch for ch in value if ch.isalpha())
+    return letters.lower() in ("", "none")
 
 
 def _bbh_examples(task: str, rows: Iterable[dict], where: str) -> list[Example]:
