@@ -17,7 +17,6 @@ from typing import Any
 import yaml
 
 from engine.data.answers import check_no_answer_inputs
-from engine.data.answers import check_no_answer_inputs
 from engine.functions import FUNCTIONS
 
 GRAPH_KEYS = {
@@ -451,5 +450,4 @@ def validate_structure(graph: Graph) -> None:
         if n.id not in reaches:
             raise GraphError(path, f"cannot reach the output node '{outputs[0].id}'",
                              node=n.id, line=n.line)
-    check_no_answer_inputs(graph)
     check_no_answer_inputs(graph)
