@@ -28,7 +28,7 @@ from engine.events import (
     StepFinished,
 )
 from engine.llm.cache import Cache
-from engine.runlog.schema import column_names, connect, ensure_schema
+from engine.runlog.schema import RunLogError, column_names, connect, ensure_schema
 
 TABLE_OF = {
     CallRecord: "llm_calls",
@@ -127,3 +127,17 @@ def run_row(run_id: str, graph: Any, config: dict, backend: str, model: str,
         "config": json.dumps(config, sort_keys=True), "status": "running",
         "started_at": time.time(), "ended_at": None, "error": None,
     }
+
+
+def set_notes(db: str | Path, run_id: str, notes: str | None, tags: list[str] | None
+              ) -> None:
+    """Replace a run's notes and tags (runs.notes, runs.tags as a JSON list): the one write
+    the dashboard makes. One short transaction through `connect`, which retries while the
+    engine holds the file, so a running run is not disturbed."""
+    clean = sorted({t.strip() for t in tags or [] if t and t.strip()})
+    with connect(db) as con:
+        if not con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]
+                           ).fetchone()[0]:
+            raise RunLogError(f"{db}: no run {run_id!r}")
+        con.execute("UPDATE runs SET notes = ?, tags = ? WHERE run_id = ?",
+                    [notes or None, json.dumps(clean), run_id])
