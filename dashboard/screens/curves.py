@@ -8,6 +8,10 @@ from dashboard.state import need_run, selection
 from dashboard.views.figures import score_curves, usage_by, usage_by_phase
 from dashboard.views.text import fmt, md
 
+TOTAL_LABELS = {"node_id": "node", "purpose": "phase", "prompt_tokens": "tokens in",
+                "completion_tokens": "tokens out", "cost_usd": "cost (USD)",
+                "cache_hits": "cache hits", "mean_latency_ms": "mean latency (ms)"}
+
 sel = selection()
 need_run(sel)
 st.title("Curves")
@@ -18,11 +22,14 @@ if steps.empty:
     st.stop()
 best = steps["val_score"].max()
 accepted = int(steps["accepted"].fillna(False).astype(bool).sum())
-c1, c2, c3, c4 = st.columns(4)
+c1, c2, c3, c4, c5 = st.columns(5)
 c1.metric("steps", int(steps["step"].max()))
 c2.metric("initial validation", fmt(steps["val_score"].iloc[0]))
 c3.metric("best validation", fmt(best))
-c4.metric("steps with an accepted edit", accepted)
+c4.metric("test (final prompts)", fmt(data.test_scores(sel.db).get(sel.run)),
+          help="the test split, scored once with the final prompts; – when the run had no "
+               "test examples")
+c5.metric("steps with an accepted edit", accepted)
 st.plotly_chart(score_curves(steps), key="score_curves")
 
 totals = data.token_totals(sel.db, sel.run)
@@ -41,4 +48,4 @@ with right:
                     key="usage_step")
 st.plotly_chart(usage_by_phase(totals), key="usage_phase")
 with st.expander("Calls, tokens and cost per node and phase (table)"):
-    st.dataframe(totals, hide_index=True)
+    st.dataframe(totals.rename(columns=TOTAL_LABELS), hide_index=True)

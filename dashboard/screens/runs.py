@@ -9,13 +9,14 @@ import streamlit as st
 
 from dashboard import data, jobs
 from dashboard.state import PENDING_RUN_KEY, selection
+from dashboard.views.run_panel import run_panel
 from dashboard.views.text import fmt, md
 
 SAMPLE_GRAPHS = jobs.ROOT / "sample_graphs"
 UPLOAD = "(upload a graph file)"
 
 
-def runs_table(runs: pd.DataFrame) -> None:
+def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
     c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
     text = c1.text_input("Filter", placeholder="run id or graph contains…", key="runs_filter")
     statuses = c2.multiselect("Status", sorted(runs["status"].dropna().unique()),
@@ -29,7 +30,9 @@ def runs_table(runs: pd.DataFrame) -> None:
         "models": [m if (o is None or o == m) else f"{m} / {o}"
                    for m, o in zip(runs["model"], runs["optimizer_model"])],
         "backend": runs["backend"], "status": runs["status"], "steps": runs["steps"],
-        "best val": runs["best_val"], "calls": runs["calls"], "tokens": runs["tokens"],
+        "best validation": runs["best_val"],
+        "test": [tests.get(r) for r in runs["run_id"]],
+        "calls": runs["calls"], "tokens": runs["tokens"],
         "cost (USD)": runs["cost_usd"],
         "started": [datetime.fromtimestamp(t) if pd.notna(t) else None
                     for t in runs["started_at"]],
@@ -53,7 +56,8 @@ def runs_table(runs: pd.DataFrame) -> None:
         table, hide_index=True, key="runs_table", on_select=lambda: _pick_row(table),
         selection_mode="single-row",
         column_config={
-            "best val": st.column_config.NumberColumn(format="%.3f"),
+            "best validation": st.column_config.NumberColumn(format="%.3f"),
+            "test": st.column_config.NumberColumn(format="%.3f", help="test-split score"),
             "cost (USD)": st.column_config.NumberColumn(format="$%.4f"),
             "tokens": st.column_config.NumberColumn(format="%d"),
             "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
@@ -144,6 +148,9 @@ def new_run_form(db: str) -> None:
 
     samples = sorted(p.name for p in SAMPLE_GRAPHS.glob("*.yaml"))
     with st.expander("New run", expanded=False, icon=":material/play_arrow:"):
+        # outside the form, so that choosing a method shows only that method's fields
+        method = st.selectbox("Method", sorted(METHODS), key="new_run_method",
+                              index=sorted(METHODS).index("semantic"))
         with st.form("new_run"):
             c1, c2 = st.columns(2)
             choice = c1.selectbox("Graph", [*samples, UPLOAD],
@@ -162,19 +169,20 @@ def new_run_form(db: str) -> None:
             backend = b1.selectbox("Backend", BACKENDS, index=list(BACKENDS).index("local"))
             model = b2.text_input("Model", placeholder="backend's default")
             optimizer_model = b3.text_input("Optimizer model", placeholder="same as model")
-            m1, m2, m3 = st.columns(3)
-            method = m1.selectbox("Method", sorted(METHODS),
-                                  index=sorted(METHODS).index("semantic"))
+            m2, m3 = st.columns(2)
             steps = m2.number_input("Steps", min_value=0, value=2)
             seed = m3.number_input("Seed", value=0, step=1)
             data_dir = st.text_input(
                 "Data directory", value=os.environ.get("SEMBACK_DATA_DIR", ""),
                 placeholder="where gsm8k/, liar/ and bbh/ live (for the paper's graphs)")
-            g1, g2, g3 = st.columns(3)
-            m0 = g1.number_input("gtbp: initial edit budget m0", min_value=1, value=2)
-            m_plus = g2.number_input("gtbp: a new claim every m+ steps", min_value=1, value=2)
-            m_minus = g3.number_input("gtbp: budget shrinks every m- steps", min_value=1,
-                                      value=2)
+            m0 = m_plus = m_minus = 2
+            if method == "gtbp":
+                g1, g2, g3 = st.columns(3)
+                m0 = g1.number_input("gtbp: initial edit budget m0", min_value=1, value=2)
+                m_plus = g2.number_input("gtbp: a new claim every m+ steps", min_value=1,
+                                         value=2)
+                m_minus = g3.number_input("gtbp: budget shrinks every m- steps",
+                                          min_value=1, value=2)
             submitted = st.form_submit_button("Start run", type="primary")
     if not submitted:
         return
@@ -223,7 +231,7 @@ if all_runs.empty:
                      key="run_demo"):
             start_demo(sel.db)
 else:
-    runs_table(all_runs)
+    runs_table(all_runs, data.test_scores(sel.db))
     if sel.run:
         row = all_runs[all_runs["run_id"] == sel.run]
         if not row.empty and isinstance(row.iloc[0]["error"], str) and row.iloc[0]["error"]:
@@ -231,5 +239,6 @@ else:
         if not row.empty:
             st.caption(f"Selected: **{md(sel.run)}** · best validation "
                        f"{fmt(row.iloc[0]['best_val'])}")
+            run_panel(sel.db, sel.run)
 jobs_panel(sel.db)
 new_run_form(sel.db)

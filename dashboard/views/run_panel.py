@@ -1,0 +1,82 @@
+"""The selected run's panel on the Runs page: its test score, notes and tags (stored in
+the run log through engine.runlog.writer.set_notes, the dashboard's one write), and
+export as JSON, Parquet (a zip of one file per table) or OpenTelemetry JSON lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import streamlit as st
+
+from dashboard import data
+from dashboard.views.text import fmt, md
+from engine.runlog import export
+from engine.runlog.writer import set_notes
+
+FORMATS = {  # label -> (exporter, file suffix, MIME type)
+    "JSON": (export.export_json, ".json", "application/json"),
+    "Parquet (zip)": (export.export_parquet, "_parquet.zip", "application/zip"),
+    "OpenTelemetry (JSON lines)": (export.export_otel, ".otel.jsonl", "application/x-ndjson"),
+}
+
+
+def export_bytes(db: str, run_id: str, label: str) -> bytes:
+    """The run exported in one format, as bytes (Parquet's folder zipped)."""
+    exporter = FORMATS[label][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = exporter(db, run_id, Path(tmp) / "export")
+        if out.is_file():
+            return out.read_bytes()
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            for file in sorted(out.iterdir()):
+                archive.write(file, file.name)
+        return buffer.getvalue()
+
+
+def file_stem(run_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
+
+
+def _deferred(db: str, run_id: str, label: str) -> Callable[[], bytes]:
+    return lambda: export_bytes(db, run_id, label)
+
+
+def tags_of(record: dict) -> list[str]:
+    try:
+        tags = json.loads(record.get("tags") or "[]")
+    except (TypeError, ValueError):
+        return []
+    return [str(t) for t in tags] if isinstance(tags, list) else []
+
+
+def run_panel(db: str, run_id: str) -> None:
+    record = data.run(db, run_id) or {}
+    test = data.test_scores(db).get(run_id)
+    st.subheader(f"Run {run_id}", divider="gray")
+    parent = record.get("parent_run_id")
+    st.caption(f"test score **{fmt(test)}**" + (
+        f" · forked from **{md(parent)}** at step {record.get('fork_step')}"
+        if isinstance(parent, str) else ""))
+    notes_col, export_col = st.columns([3, 2])
+    with notes_col, st.form(f"notes_{run_id}", border=False):
+        notes = st.text_area("Notes", value=record.get("notes") or "", height=90)
+        tags = st.text_input("Tags (comma-separated)", value=", ".join(tags_of(record)))
+        if st.form_submit_button("Save notes and tags"):
+            try:
+                set_notes(db, run_id, notes, tags.split(","))
+                st.toast("Saved notes and tags")
+                st.rerun()
+            except Exception as exc:  # noqa: BLE001 - a locked or unreadable file: one line
+                st.error(f"Could not save: {exc}")
+    with export_col:
+        label = st.radio("Export", list(FORMATS), key="export_format")
+        suffix, mime = FORMATS[label][1], FORMATS[label][2]
+        st.download_button(f"Download {label}", data=_deferred(db, run_id, label),
+                           file_name=f"{file_stem(run_id)}{suffix}", mime=mime,
+                           icon=":material/download:", key="export_download")
