@@ -70,6 +70,11 @@ def test_a_deep_link_works_on_a_fresh_server(log, monkeypatch):
     assert at.selectbox(key="run").value == log.semantic
 
 
+def new_run_form(at: AppTest):
+    """The New-run form (the Runs page also has the selected run's notes form)."""
+    return next(f for f in at.get("form") if "Graph" in {s.label for s in f.selectbox})
+
+
 def texts(at: AppTest) -> str:
     """Every text the page shows (markdown, captions, code blocks, plain text, metrics)."""
     parts = [e.value for kind in ("markdown", "caption", "code", "text", "title", "subheader",
@@ -131,7 +136,7 @@ def test_runs_table_shows_the_numbers_in_the_run_log(open_page, log):
     for run_id, (calls, tokens) in truth.items():
         assert table.loc[run_id, "calls"] == calls
         assert table.loc[run_id, "tokens"] == tokens
-        assert table.loc[run_id, "best val"] == pytest.approx(best[run_id])
+        assert table.loc[run_id, "best validation"] == pytest.approx(best[run_id])
     assert table.loc[log.semantic, "method"] == "semantic"
     assert table.loc[log.textgrad, "status"] == "finished"
     assert table.loc[log.semantic, "steps"] == 2
@@ -177,7 +182,7 @@ def test_new_run_form_builds_the_engine_command(open_page, log, started):
     from dashboard import jobs
 
     at = open_page()
-    form = at.get("form")[0]
+    form = new_run_form(at)
     selects = {s.label: s for s in form.selectbox}
     numbers = {n.label: n for n in form.number_input}
     uploads = {u.label: u for u in form.file_uploader}
@@ -186,7 +191,7 @@ def test_new_run_form_builds_the_engine_command(open_page, log, started):
     uploads["Dataset (JSONL, optional)"].upload("tiny.jsonl", data_file.read_bytes(),
                                                 "application/jsonl")
     selects["Backend"].select("scripted")
-    selects["Method"].select("textgrad")
+    at.selectbox(key="new_run_method").select("textgrad")
     numbers["Steps"].set_value(3)
     numbers["Train examples"].set_value(6)
     numbers["Seed"].set_value(5)
@@ -206,8 +211,9 @@ def test_new_gtbp_run_passes_its_schedule_and_data_dir(open_page, log, started):
     from dashboard import jobs
 
     at = open_page()
-    form = at.get("form")[0]
-    {s.label: s for s in form.selectbox}["Method"].select("gtbp")
+    assert not any(n.label.startswith("gtbp") for n in new_run_form(at).number_input)
+    at.selectbox(key="new_run_method").select("gtbp").run()
+    form = new_run_form(at)
     numbers = {n.label: n for n in form.number_input}
     numbers["gtbp: initial edit budget m0"].set_value(3)
     numbers["gtbp: budget shrinks every m- steps"].set_value(4)
