@@ -141,10 +141,38 @@ def results_markdown(plan: Plan, rows: list[dict], metrics: dict[str, dict], db:
              "forward). Calls, tokens and cost are totals, cached replies included at no "
              "cost.", ""]
     lines += _md_table([r for r in rows if r["level"] != "task"], group_ids=True)
+    lines += baseline_notes(rows)
     tasks = [r for r in rows if r["level"] == "task"]
     if tasks:
         lines += ["", "## BBH per task", ""] + _md_table(tasks, group_ids=False)
     return "\n".join(lines) + "\n"
+
+
+# Which TextGrad each baseline is. Both use this project's update step (the update prompt
+# of engine/prompts.py and the validation gate), not TextGrad's optimizer.
+BASELINES = {
+    "textgrad": "the paper's formal description of TextGrad: one backward call per input, "
+                "showing only that input (no siblings, no example fields)",
+    "textgrad-lib": "the TextGrad library's own backward: one call per input, showing "
+                    "everything the node's forward call showed, siblings included",
+}
+BASELINE_MARK = " \u2020"
+
+
+def baseline_notes(rows: list[dict]) -> list[str]:
+    """The footnote under the table: which variant each baseline row is, which one stands
+    beside a TextGrad figure from the paper, and whose update step they use."""
+    methods = [m for m in BASELINES if any(r["method"] == m for r in rows)]
+    if not methods:
+        return []
+    notes = ["", f"{BASELINE_MARK.strip()} Baselines. The update step both use is this "
+             "project's (its update prompt and validation gate), not TextGrad's optimizer."]
+    notes += [f"- `{m}`: {BASELINES[m]}." for m in methods]
+    for r in rows:
+        if r["method"] in BASELINES and r["paper_pct"] is not None and r["level"] != "task":
+            notes.append(f"- The paper's {_num(r['paper_pct'])}% for TextGrad on {r['set']} "
+                         f"stands beside `{r['method']}`.")
+    return notes
 
 
 def _md_table(rows: list[dict], group_ids: bool) -> list[str]:
@@ -157,7 +185,8 @@ def _md_table(rows: list[dict], group_ids: bool) -> list[str]:
             f"{done} (ids in results.csv)"
         if r["runs_finished"] < r["runs_planned"] and r["runs_planned"] == 1:
             runs = "not run"
-        cells = [r["entry"], r["set"], r["label"], _num(r["test_pct"]), _num(r["paper_pct"]),
+        label = r["label"] + (BASELINE_MARK if group_ids and r["method"] in BASELINES else "")
+        cells = [r["entry"], r["set"], label, _num(r["test_pct"]), _num(r["paper_pct"]),
                  _num(r["val_pct"]), _num(r["steps"]), str(r["accepted_edits"]),
                  f"{r['calls']:,}", f"{r['tokens']:,}",
                  "" if r["cost_usd"] is None else f"{r['cost_usd']:.2f}", runs]
