@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts only dashboard/ on the pat
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, links
+from dashboard import data, links, live_view
 from dashboard.state import NODE_KEY, PENDING_RUN_KEY, SELECTION_KEY, Selection
 from dashboard.views.text import fmt, md
 
@@ -104,10 +104,13 @@ def sidebar() -> Selection:
     steps = data.steps(db, run)
     step_ids = [int(s) for s in steps["step"]]
     step = example = node = None
+    follow = False
     if step_ids:
         keep_valid("step", step_ids, default_step(steps), int, what="step",
                    nearest=links.nearest_number(step_ids))
-        step = st.selectbox("Step", step_ids, index=None, key="step")
+        follow = live_view.follow_newest(run, row["status"], step_ids)
+        step = st.selectbox("Step", step_ids, index=None, key="step",
+                            on_change=live_view.pin, args=(run,))
     if step is not None:
         examples = data.step_examples(db, run, step)
         example_ids = list(dict.fromkeys(examples["example_id"]))
@@ -125,22 +128,14 @@ def sidebar() -> Selection:
         order = list(graph.model.order)
         keep_valid(NODE_KEY, order, graph.model.output, what="node")
         node = st.selectbox("Node", order, index=None, key=NODE_KEY,
-                            help="Also set by clicking the node chart on the Graph page")
+                            help="Also set by clicking a node in the graph drawing")
         st.session_state["selected_node"] = node
-    links.write({"run": run, "step": step, "example": example, "node": node})
+    links.write({"run": run, "step": step, "example": example, "node": node,
+                 "follow": 1 if follow else None})
     if row["status"] == "running":
-        live_refresh(db, data.stamp(db))
+        live_view.live_panel(db, run, data.stamp(db))
     return Selection(db=db, run=run, step=step, example=example, node=node,
                      status=row["status"], method=row["method"])
-
-
-@st.fragment(run_every=2.0)
-def live_refresh(db: str, seen: tuple) -> None:
-    """While the selected run is running: rerun the whole app when the run log changes
-    (the engine writes one transaction per step)."""
-    if data.stamp(db) != seen:
-        st.rerun(scope="app")
-    st.caption(":material/sync: live: this view refreshes as steps are written")
 
 
 # No :material: page icons: the current page's icon becomes the favicon, which the

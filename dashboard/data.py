@@ -281,9 +281,3 @@ def current_prompts(db: str, run_id: str) -> dict[str, str]:
     accepted = history[history["accepted"].fillna(False).astype(bool)]
     latest = accepted.sort_values("version").groupby("node_id").tail(1)
     return dict(zip(latest["node_id"], latest["prompt"]))
-
-
-@st.cache_data(show_spinner=False, max_entries=48)
-def graph_page(model: gh.GraphModel, deco: gh.Decoration) -> str:
-    """The pyvis HTML (about 0.7 MB with vis-network inlined), cached per drawing."""
-    return gh.graph_html(model, deco)

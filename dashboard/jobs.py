@@ -60,6 +60,7 @@ class Job:
     returncode: int | None = None
     stopped: bool = False
     ended_at: float | None = None  # when this module first saw the process gone
+    kind: str = "run"  # run | probe | blame | fork (a fork is a run too)
 
     @property
     def seconds(self) -> float:
@@ -101,9 +102,13 @@ def start(spec: RunSpec) -> Job:
     graph = load_graph(spec.graph)
     spec.run_id = spec.run_id or new_run_id(graph.name, spec.method)
     spec.db = str(Path(spec.db).resolve())
-    folder = jobs_dir(spec.db)
-    log_path = folder / f"{spec.run_id}.log"
-    cmd = build_command(spec)
+    return launch(build_command(spec), spec.run_id, spec.db, spec.steps, spec.run_id)
+
+
+def launch(cmd: list[str], run_id: str, db: str, steps: int, name: str, kind: str = "run"
+           ) -> Job:
+    """Start `cmd` in a new process group, its output in `<name>.log` in the jobs folder."""
+    log_path = jobs_dir(db) / f"{name}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "w", encoding="utf-8") as log:
@@ -112,7 +117,7 @@ def start(spec: RunSpec) -> Job:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     _PROCESSES[proc.pid] = proc
-    job = Job(spec.run_id, spec.db, proc.pid, str(log_path), cmd, time.time(), spec.steps)
+    job = Job(run_id, db, proc.pid, str(log_path), cmd, time.time(), steps, kind=kind)
     _save(job)
     return job
 
@@ -121,13 +126,16 @@ def _save(job: Job) -> None:
     job.record.write_text(json.dumps(asdict(job)), encoding="utf-8")
 
 
-def list_jobs(db: str | Path) -> list[Job]:
-    """Jobs started for this run log, newest first, with their exit codes refreshed."""
+def list_jobs(db: str | Path, kinds: tuple[str, ...] = ("run", "fork")) -> list[Job]:
+    """Jobs of these kinds started for this run log, newest first, with their exit codes
+    refreshed (probes and blame are listed only when asked for)."""
     jobs = []
     for record in jobs_dir(db).glob("*.json"):
         try:
             job = Job(**json.loads(record.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):
+            continue
+        if job.kind not in kinds:
             continue
         poll(job)
         jobs.append(job)
@@ -208,3 +216,124 @@ def forget(job: Job) -> None:
     if not poll(job):
         for path in (job.record, Path(job.log)):
             path.unlink(missing_ok=True)
+
+
+# --- probes, blame and forks (issue 10): the engine writes the run log, never the page ---
+
+
+@dataclass
+class ProbeSpec:
+    """One counterfactual probe, as `python -m engine probe` takes it.
+
+    kind 'output': replace the node's output on the example with `text`; 'gradient':
+    follow the gradient the node received; 'edit': apply the step's proposed prompt
+    (`text` None) or the prompt `text` to the node alone, on `examples`."""
+
+    run_id: str
+    db: str
+    step: int
+    node: str
+    kind: str
+    example: str | None = None
+    text: str | None = None
+    examples: str | None = None  # failing | val | ID,ID (edit probes)
+
+
+def _text_file(db: str, name: str, text: str) -> Path:
+    """A file beside the job logs holding a text the engine reads with @FILE."""
+    path = jobs_dir(db) / f"{name}.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _job_name(kind: str, *parts: object) -> str:
+    digest = hashlib.sha256(repr((parts, time.time())).encode()).hexdigest()[:10]
+    return f"{kind}-{digest}"
+
+
+def probe_command(spec: ProbeSpec, text_file: Path | None = None) -> list[str]:
+    """The pinned command line: `python -m engine probe RUN_ID --db DB --step S --node N
+    (--example E --output @FILE | --example E --gradient | --edit proposed|@FILE
+    [--examples ...]) --json`."""
+    cmd = [sys.executable, "-m", "engine", "probe", spec.run_id, "--db", str(spec.db),
+           "--step", str(spec.step), "--node", spec.node]
+    if spec.kind in ("output", "gradient"):
+        cmd += ["--example", str(spec.example)]
+    if spec.kind == "output":
+        cmd += ["--output", f"@{text_file}"]
+    elif spec.kind == "gradient":
+        cmd += ["--gradient"]
+    elif spec.kind == "edit":
+        cmd += ["--edit", f"@{text_file}" if text_file else "proposed"]
+        if spec.examples:
+            cmd += ["--examples", spec.examples]
+        elif spec.example:
+            cmd += ["--examples", spec.example]
+    else:
+        raise ValueError(f"unknown probe kind {spec.kind!r}")
+    return cmd + ["--json"]
+
+
+def start_probe(spec: ProbeSpec) -> Job:
+    """Start a probe in the background; its rows land in the `probes` table."""
+    spec.db = str(Path(spec.db).resolve())
+    name = _job_name("probe", spec.run_id, spec.step, spec.node, spec.example, spec.kind)
+    needs_file = spec.kind == "output" or (spec.kind == "edit" and spec.text is not None)
+    text_file = _text_file(spec.db, name, spec.text or "") if needs_file else None
+    return launch(probe_command(spec, text_file), spec.run_id, spec.db, 0, name, "probe")
+
+
+def blame_command(run_id: str, db: str, step: int, examples: str | None = None) -> list[str]:
+    """`python -m engine blame RUN_ID --db DB --step S [--examples failing|val]`."""
+    cmd = [sys.executable, "-m", "engine", "blame", run_id, "--db", str(db), "--step",
+           str(step)]
+    return cmd + (["--examples", examples] if examples else [])
+
+
+def start_blame(run_id: str, db: str, step: int, examples: str | None = None) -> Job:
+    """Follow the gradient at every LLM node for every failing example of the step."""
+    db = str(Path(db).resolve())
+    return launch(blame_command(run_id, db, step, examples), run_id, db, 0,
+                  _job_name("blame", run_id, step), "blame")
+
+
+@dataclass
+class ForkSpec:
+    """A new run from the state of `run_id` after `step`, with hand-edited prompts."""
+
+    run_id: str
+    db: str
+    step: int
+    prompts: dict[str, str] = field(default_factory=dict)  # node -> prompt text
+    steps: int = 1
+    new_run_id: str | None = None
+    extra: list[str] = field(default_factory=list)
+
+
+def fork_command(spec: ForkSpec, prompt_files: dict[str, Path]) -> list[str]:
+    """`python -m engine run --fork RUN_ID --from-step S [--set-prompt NODE=@FILE ...]
+    --db DB --steps N [--run-id NEW]`."""
+    cmd = [sys.executable, "-m", "engine", "run", "--fork", spec.run_id, "--from-step",
+           str(spec.step), "--db", str(spec.db), "--steps", str(spec.steps)]
+    for node, path in prompt_files.items():
+        cmd += ["--set-prompt", f"{node}=@{path}"]
+    if spec.new_run_id:
+        cmd += ["--run-id", spec.new_run_id]
+    return cmd + list(spec.extra)
+
+
+def start_fork(spec: ForkSpec, graph_name: str = "fork", method: str = "semantic") -> Job:
+    """Start the fork in the background; it shows on the Runs page like any run."""
+    from engine.run import new_run_id
+
+    spec.db = str(Path(spec.db).resolve())
+    spec.new_run_id = spec.new_run_id or new_run_id(graph_name, method)
+    files = {node: _text_file(spec.db, f"{spec.new_run_id}-{node}", text)
+             for node, text in spec.prompts.items()}
+    return launch(fork_command(spec, files), spec.new_run_id, spec.db, spec.steps,
+                  spec.new_run_id, "fork")
+
+
+def probe_jobs(db: str | Path, run_id: str) -> list[Job]:
+    """Probe and blame jobs started for a run, newest first."""
+    return [j for j in list_jobs(db, kinds=("probe", "blame")) if j.run_id == run_id]

@@ -233,8 +233,40 @@ def test_a_live_run_refreshes_itself(open_page, log, tmp_path):
     with duckdb.connect(str(db)) as con:
         con.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", [log.semantic])
     at = open_page("curves", db=db, run=log.semantic)
-    assert "live: this view refreshes" in texts(at)
+    assert ":material/sync: live · 3 of 3 steps written" in texts(at)
     assert "running" in texts(at)
+
+
+def test_a_live_run_is_followed_until_a_step_is_pinned(open_page, log, tmp_path):
+    """While running: the newest step is shown (not the default step with edits), with
+    the phase and calls from the job's log; a step picked by hand stays."""
+    from dashboard import jobs
+
+    db = tmp_path / "live.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", [log.semantic])
+        con.execute("DELETE FROM steps WHERE run_id = ? AND step = 2", [log.semantic])
+    job = jobs.Job(log.semantic, str(db.resolve()), 999_999_997, "", [], 0.0, 2)
+    job.log = str(jobs.jobs_dir(db) / f"{log.semantic}.log")
+    Path(job.log).write_text("step 0 done: train 0.250, val 0.250; 30 calls so far\n"
+                             "step 1 done: train 0.500, val 0.500; 70 calls so far\n"
+                             "step 2 backward: 3/8 calls (96 in all)\n")
+    job.returncode = None
+    jobs._save(job)
+    at = open_page("graph", db=db, run=log.semantic)
+    assert at.selectbox(key="step").value == 1 and at.toggle(key="follow_newest").value
+    assert "now step 2: backward, 3 of 8 calls" in texts(at)
+    assert at.query_params["follow"] in ("1", ["1"])  # the address keeps the following
+    at.selectbox(key="step").select(0).run()  # pin step 0
+    assert at.selectbox(key="step").value == 0 and not at.toggle(key="follow_newest").value
+    with duckdb.connect(str(db)) as con:  # a new step lands: the pinned view stays
+        con.execute("INSERT INTO steps SELECT * REPLACE (2 AS step) FROM steps "
+                    "WHERE run_id = ? AND step = 1", [log.semantic])
+    at.run()
+    assert at.selectbox(key="step").value == 0
+    at.toggle(key="follow_newest").set_value(True).run()
+    assert at.selectbox(key="step").value == 2
 
 
 def test_an_unreadable_file_is_reported(open_page, tmp_path):
@@ -318,50 +350,51 @@ def test_example_and_step_pickers_change_the_view(open_page, log):
 # --- Graph -----------------------------------------------------------------------------------
 
 
-def test_graph_page_draws_an_escaped_offline_graph_and_a_clickable_chart(open_page, log):
+def drawing(at: AppTest) -> dict:
+    """The spec handed to the graph component (the one drawing)."""
+    found = unknown(at, "component_instance")
+    assert len(found) == 1, "exactly one graph drawing"
+    return json.loads(found[0].json_args)["spec"]
+
+
+def test_graph_page_draws_the_graph_component_with_the_selection(open_page, log):
     at = open_page("graph", run=log.semantic, step=1, example=log.example, node="hint_a")
-    frames = unknown(at, "iframe")
-    assert len(frames) == 1
-    page = frames[0].srcdoc
-    assert "vis.Network" in page and "<img src=x" not in page
-    assert "\\u0026lt;img src=x onerror=" in page  # escaped, then JSON-encoded
-    assert "cdn.jsdelivr" not in page
-    chart = json.loads(unknown(at, "plotly_chart")[0].spec)
-    nodes = next(t for t in chart["data"] if t.get("name") == "nodes")
-    assert nodes["customdata"] == ["hint_a", "hint_b", "final"]
-    sizes = dict(zip(nodes["customdata"], values(nodes["marker"]["size"])))
-    assert sizes["hint_a"] > sizes["final"]  # the selected node stands out
+    spec = drawing(at)
+    nodes = {n["id"]: n for n in spec["nodes"]}
+    assert {"hint_a", "hint_b", "final"} <= set(nodes)
+    assert spec["selected"] == "hint_a" and nodes["hint_a"]["selected"]
+    assert HINT_A_OUTPUT in nodes["hint_a"]["tooltip"]  # plain text, set as textContent
+    assert not unknown(at, "plotly_chart")  # no second chart to click: the drawing is it
+    gradient = [e for e in spec["edges"] if e["kind"] == "gradient"]
+    assert gradient and all("× ∇" in e["label"] for e in gradient)
     assert "Node hint_a" in texts(at)
     assert HINT_A_OUTPUT in code_blocks(at)
+    assert "not probed" in texts(at)  # the per-node blame, before any probe
+    assert "failing" not in " ".join(at.dataframe[0].value.columns)
 
 
 def test_graph_selection_follows_the_picker_and_the_colour_choice(open_page, log):
     at = open_page("graph", run=log.semantic, step=1, example=log.example, node="hint_a")
     at.selectbox(key="node").select("final").run()
-    chart = json.loads(unknown(at, "plotly_chart")[0].spec)
-    nodes = next(t for t in chart["data"] if t.get("name") == "nodes")
-    sizes = dict(zip(nodes["customdata"], values(nodes["marker"]["size"])))
-    assert sizes["final"] > sizes["hint_a"]
+    assert drawing(at)["selected"] == "final"
     assert "Node final" in texts(at)
     at.radio(key="graph_quantity").set_value("edit").run()
-    assert "edit accepted" in unknown(at, "iframe")[0].srcdoc
+    assert any("edit accepted" in n["label"] for n in drawing(at)["nodes"])
     at.radio(key="graph_quantity").set_value("grad_chars").run()
-    assert "chars" in unknown(at, "iframe")[0].srcdoc
+    assert any("chars" in n["label"] for n in drawing(at)["nodes"])
 
 
-def test_a_chart_click_selects_the_node(open_page, log):
-    """Plotly clicks cannot be simulated: check the callback's reading of a click's state,
-    then give the node picker the value the callback writes."""
-    from dashboard.views.graph_view import clicked_node
+def test_a_click_in_the_drawing_selects_the_node(open_page, log):
+    """A click cannot be simulated in AppTest: check the callback's reading of the
+    component's value, then give the node picker the value the callback writes."""
+    from dashboard.views.graph_component import clicked
 
-    click = {"selection": {"points": [{"x": 190, "y": 95, "customdata": "hint_b"}],
-                           "point_indices": [1]}}
-    assert clicked_node(click) == "hint_b"
-    assert clicked_node({"selection": {"points": []}}) is None
+    assert clicked({"node": "hint_b", "clicks": 1}) == "hint_b"
     at = open_page("graph", run=log.semantic, step=1, example=log.example, node="hint_a")
-    at.session_state["node"] = clicked_node(click)
+    at.session_state["node"] = clicked({"node": "hint_b", "clicks": 1})
     at.run()
     assert "Node hint_b" in texts(at)
+    assert drawing(at)["selected"] == "hint_b"
     assert at.session_state["selected_node"] == "hint_b"
 
 
@@ -372,8 +405,7 @@ def test_step_through_walks_forward_loss_backward_update(open_page, log):
     at = open_page("step", run=log.semantic, step=1, example=log.example, node="final")
     assert "1 / 8: Forward: hint_a" in texts(at)
     assert HINT_A_OUTPUT in code_blocks(at)
-    frame = unknown(at, "iframe")[0].srcdoc
-    assert '"borderWidth": 5, "color": {"background"' in frame  # one node outlined
+    assert drawing(at)["selected"] == "hint_a"  # the walk's node is outlined
     for _ in range(3):
         at.button(key="walk_next").click().run()
     shown = texts(at)
@@ -437,8 +469,7 @@ def test_compare_two_runs(open_page, log):
     curves = json.loads(unknown(at, "plotly_chart")[0].spec)
     assert {"A validation", "B validation"} <= {t["name"] for t in curves["data"]}
     shown = texts(at)
-    assert f"{log.semantic} · gradient from final" in shown
-    assert f"{log.textgrad} · gradient from final" in shown
+    assert "A gradient (semantic)" in shown and "B gradient (textgrad)" in shown
     assert "Prompts: A's latest accepted version" in shown
     assert "semback-diff" in html_blocks(at)
 

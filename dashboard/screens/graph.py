@@ -1,26 +1,28 @@
-"""Graph: the agentic graph at the selected step, nodes coloured by a per-step quantity,
-gradient flows drawn as orange edges; a clickable node chart and the sidebar picker
-select a node."""
+"""Graph: the agentic graph at the selected step, nodes coloured by a per-node quantity
+(blame from probes, gradient length, edit fate), gradient flows drawn as labelled orange
+edges; clicking a node in the drawing (or the sidebar picker) selects it."""
 
+import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, probe_data
 from dashboard.state import need_run, need_step, selection
-from dashboard.views.colors import QUANTITIES
-from dashboard.views.graph_view import clickable_node_chart, draw_graph
-from dashboard.views.text import fmt, md, show_text
+from dashboard.views.colors import QUANTITIES, color_nodes
+from dashboard.views.graph_view import draw_graph, node_rows
+from dashboard.views.text import md, show_text
 
 
-@st.fragment
 def graph_panel(sel, graph, quantity: str) -> None:
-    """The pyvis drawing, isolated: its own controls rerun only this fragment."""
+    """The drawing; a click on a node selects it."""
     scope = st.segmented_control(
         "Gradient flows", ["this example", "all sampled examples"], default="this example",
         key="graph_flows", help="Which backward messages the orange edges count")
     draw_graph(sel, graph, quantity, example_flows=scope != "all sampled examples")
-    st.caption("Grey arrows: the forward pass. Dashed orange arrows: gradients, drawn from "
-               "the node that wrote them to the node they are about (count × ∇, mean "
-               "characters). Hover a node for its numbers and output.")
+    st.caption("Click a node to select it. Grey arrows: the forward pass. Dashed orange "
+               "arrows: gradients, drawn from the node that wrote them to the node they are "
+               "about (count × ∇, mean characters). Dashed ellipses (ƒ): Python functions. "
+               "Hover a node for its numbers and output.")
+    st.caption(color_nodes(node_rows(sel), quantity).legend)
 
 
 def node_summary(sel, graph) -> None:
@@ -32,9 +34,18 @@ def node_summary(sel, graph) -> None:
     stats = data.node_stats(sel.db, sel.run, sel.step)
     row = stats[stats["node_id"] == node]
     r = row.iloc[0].to_dict() if not row.empty else {}
-    c1, c2 = st.columns(2)
-    c1.metric("failing", fmt(r.get("fail_share"), ".0%"))
-    c2.metric("gradients in", int(r.get("gradients") or 0))
+    blame = probe_data.node_blame(sel.db, sel.run, sel.step)
+    b = blame[blame["node_id"] == node]
+    b = b.iloc[0].to_dict() if not b.empty else {}
+    c1, c2, c3 = st.columns(3)
+    c1.metric("fixed by its gradient", f"{int(b.get('flips') or 0)} / {int(b.get('probed') or 0)}"
+              if b.get("probed") else "not probed",
+              help="Of the failing examples probed at this node, how many turned correct "
+              "when its output was rewritten the way its gradient said (python -m engine "
+              "blame)")
+    c2.metric("fixed by its edit alone", f"{int(b.get('edit_flips') or 0)} / "
+              f"{int(b.get('edit_probed') or 0)}" if b.get("edit_probed") else "not probed")
+    c3.metric("gradients in", int(r.get("gradients") or 0))
     st.markdown(f"edit at step {sel.step}: **{md(r.get('edit') or 'none proposed')}**")
     kind = "function" if node in graph.model.functions else (
         "trainable" if node in graph.trainable else "frozen")
@@ -63,15 +74,26 @@ st.caption(f"Run **{md(sel.run)}** · step {step}"
 if graph.description:
     with st.expander("About this graph"):
         st.text(graph.description)
+has_probes = not probe_data.node_blame(sel.db, sel.run, step).empty
+if st.session_state.get("graph_quantity") not in QUANTITIES:
+    st.session_state["graph_quantity"] = "blame" if has_probes else "grad_chars"
 quantity = st.radio("Colour nodes by", list(QUANTITIES), format_func=QUANTITIES.get,
                     horizontal=True, key="graph_quantity")
-left, right = st.columns([3, 2])
-with left:
-    graph_panel(sel, graph, quantity)
-with right:
-    clickable_node_chart(sel, graph, quantity)
-    node_summary(sel, graph)
+if not has_probes:
+    st.caption("No probes at this step yet: `python -m engine blame RUN --step S` (or the "
+               "inspector's What if panel) follows each node's gradient and records which "
+               "one fixes the answer.")
+graph_panel(sel, graph, quantity)
+node_summary(sel, graph)
 st.subheader(f"Nodes at step {step}")
-st.dataframe(data.node_stats(sel.db, sel.run, step), hide_index=True,
-             column_config={"fail_share": st.column_config.ProgressColumn(
-                 "failing", format="percent", min_value=0, max_value=1)})
+st.dataframe(
+    pd.DataFrame(node_rows(sel)).drop(columns=["fail_share"], errors="ignore"),
+    hide_index=True, column_config={
+        "node_id": "node", "activations": "activations", "errors": "errors",
+        "grad_chars": st.column_config.NumberColumn("mean gradient (chars)", format="%.0f"),
+        "gradients": "gradients received", "edit": "edit",
+        "calls": "calls", "tokens": "tokens",
+        "cost_usd": st.column_config.NumberColumn("cost (USD)", format="%.5f"),
+        "probed": "failing examples probed", "flips": "fixed by following its gradient",
+        "edit_probed": "probed with its edit alone", "edit_flips": "fixed by its edit alone",
+        "leaks": "fixes that leak the target"})

@@ -4,7 +4,7 @@ them, the aggregated gradient, the proposed edit as a diff, and the call's costs
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, probe_data
 from dashboard.state import need_run, need_step, selection
 from dashboard.views.panes import (
     aggregate_pane,
@@ -15,7 +15,8 @@ from dashboard.views.panes import (
     sent_pane,
     update_pane,
 )
-from dashboard.views.text import md
+from dashboard.views.text import md, show_text
+from dashboard.views.whatif import fork_panel, whatif_panel
 
 sel = selection()
 graph = need_run(sel)
@@ -34,6 +35,16 @@ st.caption(f"run **{md(sel.run)}** · step {step} · example **{md(sel.example)}
 if not act.empty:
     call_metrics(act.iloc[0].to_dict())
 
+is_function = sel.node in graph.model.functions
+if is_function:
+    st.subheader("Function", divider="gray")
+    name, description = probe_data.function_node(sel.db, sel.run, sel.node) or ("", "")
+    st.markdown(f"Python function **{md(name or sel.node)}**: no prompt, nothing to train; "
+                "the backward pass passes gradients through it.")
+    show_text("what it does", description or "(no description recorded)", expanded=True)
+    if not act.empty:
+        show_text("the input it got", act.iloc[0]["input_text"], expanded=True)
+        show_text("what it returned", act.iloc[0]["output_text"], expanded=True)
 st.subheader("Forward", divider="gray")
 forward_pane(view)
 st.subheader("Gradients received", divider="gray")
@@ -51,3 +62,11 @@ for update in updates.to_dict("records"):
     update_pane(update, node=sel.node)
 st.subheader("Gradients this node sent to its predecessors", divider="gray")
 sent_pane(view)
+st.subheader("What if", divider="gray")
+st.caption("Intervene on this node for this example and re-run only what depends on it "
+           "(`python -m engine probe`, in the background; the engine writes the result).")
+whatif_panel(sel, view, is_function)
+st.subheader("Fork from here", divider="gray")
+st.caption(f"A new run from the state after step {step}, with the prompt below for this "
+           "node (`python -m engine run --fork`).")
+fork_panel(sel, view, is_function, graph_name=data.run(sel.db, sel.run)["graph_name"])

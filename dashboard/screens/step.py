@@ -19,7 +19,7 @@ from dashboard.views.text import md
 from dashboard.views.walk import walk
 
 WALK_KEY = "walk"
-COLOR_BY_PHASE = {"forward": "fail_share", "loss": "fail_share", "backward": "grad_chars",
+COLOR_BY_PHASE = {"forward": "blame", "loss": "blame", "backward": "grad_chars",
                   "update": "edit"}
 
 

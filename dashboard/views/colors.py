@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 QUANTITIES = {
-    "fail_share": "Share of failing examples",
+    "blame": "Blame from probes",
     "grad_chars": "Gradient length (mean characters)",
     "edit": "Edit accepted or rejected",
 }
@@ -47,6 +47,8 @@ def color_nodes(rows: list[dict], quantity: str) -> Coloring:
     """Colours and short captions per node from `reader.node_step_stats` rows."""
     colors: dict[str, str] = {}
     captions: dict[str, str] = {}
+    if quantity == "blame":
+        return _blame(rows)
     if quantity == "fail_share":
         for r in rows:
             v = r.get("fail_share")
@@ -72,3 +74,21 @@ def color_nodes(rows: list[dict], quantity: str) -> Coloring:
                         "green: edit accepted · red: rejected by the gate · yellow: prompt "
                         "kept · grey: no update")
     raise ValueError(f"unknown quantity {quantity!r}")
+
+
+def _blame(rows: list[dict]) -> Coloring:
+    """Per node, from the probes: the share of probed failing examples that following the
+    node's gradient (or replacing its output) turned correct. Red: the probes blame it."""
+    colors: dict[str, str] = {}
+    captions: dict[str, str] = {}
+    for r in rows:
+        probed = r.get("probed")
+        if _missing(probed) or not probed:
+            continue
+        flips = 0 if _missing(r.get("flips")) else int(r["flips"])
+        colors[r["node_id"]] = red_green(flips / int(probed))
+        captions[r["node_id"]] = f"fixes {flips}/{int(probed)}"
+    return Coloring(colors, captions,
+                    "fixes k/n: of n failing examples probed at this node, following its "
+                    "gradient turned k correct · red: the probes blame this node · grey: not "
+                    "probed yet")

@@ -1,30 +1,16 @@
-"""The agentic graph drawn with pyvis: a left-to-right layered layout computed in Python,
-physics off, every resource inlined (works offline), every text escaped.
+"""The shape of an agentic graph for drawing (GraphModel), what a drawing shows on top of
+it (Decoration), and the left-to-right layered order of its nodes.
 
-pyvis labels are drawn on the canvas, but its tooltips are HTML: this module always
-renders them through pyvis' HTML popup (each tooltip carries a link to the node
-inspector), so `escape` is what keeps a model reply such as
-`<img src=x onerror=alert(1)>` a piece of text.
+`graph_spec` turns these into the data of the one drawing (the vis-network component).
 """
 
 from __future__ import annotations
 
-import html
-import json
-import re
 from dataclasses import dataclass, field
-from urllib.parse import urlencode
-
-from pyvis.network import Network
 
 LOSS_ID = "__loss__"
 FIELD_PREFIX = "__field__:"
-GREY = "#d9d9d9"
-HIGHLIGHT_BORDER = "#ff6f00"
-FORWARD_EDGE = "#9e9e9e"
-GRADIENT_EDGE = "#e65100"
 X_GAP, Y_GAP = 170, 90
-TOOLTIP_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -73,11 +59,6 @@ class Decoration:
     height: int = 440
 
 
-def escape(text: object) -> str:
-    """HTML-escape any text that reaches pyvis (labels, tooltips, link URLs)."""
-    return html.escape("" if text is None else str(text), quote=True)
-
-
 def layered_positions(model: GraphModel) -> dict[str, tuple[float, float]]:
     """x from the node's layer (longest path from the inputs), y spread within the layer;
     fields sit in a layer before the first node and the loss after the output node.
@@ -116,100 +97,3 @@ def _barycentre(model: GraphModel, node: str, positions: dict) -> float:
 
 def _rank(model: GraphModel, node: str) -> int:
     return model.order.index(node) if node in model.order else len(model.order)
-
-
-def vis_nodes(model: GraphModel, deco: Decoration) -> list[dict]:
-    """The node dicts handed to pyvis (positions fixed, every text escaped)."""
-    positions = layered_positions(model)
-    colors, captions, tips = dict(deco.colors), dict(deco.captions), dict(deco.tooltips)
-    nodes = []
-    for name, (x, y) in positions.items():
-        if name.startswith(FIELD_PREFIX):
-            label = name[len(FIELD_PREFIX):]
-            nodes.append(_node(name, escape(label), x, y, "#f3f3f3", "box",
-                               f"<b>input field</b> {escape(label)}", deco.highlight, 16))
-        elif name == LOSS_ID:
-            nodes.append(_node(name, "loss", x, y, "#ffe0e0", "hexagon",
-                               "<b>loss</b>: the metric on the output, and the output "
-                               "gradient", deco.highlight, 18))
-        else:
-            label = escape(name) + (f"\n{escape(captions[name])}" if captions.get(name) else "")
-            shape = "diamond" if name in model.functions else "box"
-            title = _tooltip(name, tips.get(name, ""), deco.link)
-            nodes.append(_node(name, label, x, y, colors.get(name, GREY), shape, title,
-                               deco.highlight, 20))
-    return nodes
-
-
-def _node(node_id: str, label: str, x: float, y: float, color: str, shape: str, title: str,
-          highlight: str | None, size: int) -> dict:
-    chosen = node_id == highlight
-    return {
-        "id": node_id, "label": label, "x": x, "y": y, "physics": False, "shape": shape,
-        "title": title, "borderWidth": 5 if chosen else 1,
-        "color": {"background": color, "border": HIGHLIGHT_BORDER if chosen else "#555555",
-                  "highlight": {"background": color, "border": HIGHLIGHT_BORDER}},
-        "font": {"size": size + (4 if chosen else 0), "face": "monospace"},
-        "margin": 10,
-    }
-
-
-def _tooltip(node: str, text: str, link: tuple[tuple[str, str], ...]) -> str:
-    short = text if len(text) <= TOOLTIP_CHARS else text[:TOOLTIP_CHARS] + " …"
-    body = "<br>".join(escape(line) for line in short.splitlines())
-    href = escape("./inspect?" + urlencode([*link, ("node", node)]))
-    return (f'<div style="max-width:360px;padding:6px;font:12px monospace;white-space:normal">'
-            f"<b>{escape(node)}</b><br>{body}<br>"
-            f'<a href="{href}" target="_blank" rel="noopener">open in the node inspector</a>'
-            "</div>")
-
-
-def vis_edges(model: GraphModel, deco: Decoration) -> list[dict]:
-    """Forward edges (grey) plus one curved orange edge per gradient flow, drawn in the
-    direction the gradient travelled (from the successor back to the node)."""
-    edges = []
-    for node, inputs in model.inputs:
-        for source in inputs:
-            src = FIELD_PREFIX + source if source in model.fields else source
-            edges.append({"from": src, "to": node, "arrows": "to", "color": FORWARD_EDGE,
-                          "width": 1.5, "smooth": False})
-    edges.append({"from": model.output, "to": LOSS_ID, "arrows": "to", "color": FORWARD_EDGE,
-                  "width": 1.5, "dashes": True, "smooth": False})
-    for source, target, messages, chars in deco.flows:
-        src = LOSS_ID if source == "loss" else source
-        edges.append({
-            "from": src, "to": target, "arrows": "to", "color": GRADIENT_EDGE,
-            "width": min(1.5 + messages, 6), "dashes": [6, 4],
-            "label": escape(f"{messages}× ∇ {int(chars or 0)}c"),
-            "font": {"size": 10, "color": GRADIENT_EDGE, "strokeWidth": 3},
-            "smooth": {"enabled": True, "type": "curvedCW", "roundness": 0.3},
-        })
-    return edges
-
-
-_OPTIONS = {
-    "physics": {"enabled": False},
-    "interaction": {"hover": True, "tooltipDelay": 120, "dragNodes": True,
-                    "zoomView": True, "navigationButtons": False},
-    "layout": {"hierarchical": {"enabled": False}},
-    "edges": {"selectionWidth": 2},
-}
-# The page template links Bootstrap from a CDN that the graph does not need: dropped so
-# the page makes no network request.
-_CDN_TAGS = re.compile(r"<link[^>]*cdn\.jsdelivr\.net[^>]*/?>|<script[^>]*cdn\.jsdelivr\.net"
-                       r"[^>]*>\s*</script>", re.S)
-
-
-def graph_html(model: GraphModel, deco: Decoration) -> str:
-    """A self-contained HTML page (vis-network inlined, no CDN) drawing the graph."""
-    net = Network(height=f"{deco.height}px", width="100%", directed=True,
-                  cdn_resources="in_line", heading="", bgcolor="#ffffff")
-    for node in vis_nodes(model, deco):
-        net.add_node(node.pop("id"), **node)
-    for edge in vis_edges(model, deco):
-        net.add_edge(edge.pop("from"), edge.pop("to"), **edge)
-    net.set_options(json.dumps(_OPTIONS))
-    page = net.generate_html()
-    page = _CDN_TAGS.sub("", page)
-    # The template's empty <h1> headings take vertical space: drop them.
-    return re.sub(r"<center>\s*<h1>\s*</h1>\s*</center>", "", page)

@@ -1,14 +1,14 @@
-"""The graph drawing and the clickable node chart, decorated for the selected step."""
+"""The graph drawing (one vis-network component; a click selects a node), decorated for
+the selected step."""
 
 from __future__ import annotations
 
-import streamlit as st
-
-from dashboard import data
-from dashboard.state import Selection, set_node
+from dashboard import data, probe_data
+from dashboard.state import Selection
 from dashboard.views import graph_html as gh
 from dashboard.views.colors import color_nodes
-from dashboard.views.figures import node_chart
+from dashboard.views.graph_component import graph_drawing
+from dashboard.views.graph_spec import graph_spec
 from dashboard.views.text import fmt
 
 
@@ -16,7 +16,7 @@ def decoration(sel: Selection, graph: data.RunGraph, quantity: str, *,
                highlight: str | None = None, example_flows: bool = True,
                height: int = 440) -> gh.Decoration:
     """Colours, captions, tooltips and gradient flows for the graph at the selected step."""
-    stats = data.node_stats(sel.db, sel.run, sel.step).to_dict("records")
+    stats = node_rows(sel)
     coloring = color_nodes(stats, quantity)
     flows = data.flows(sel.db, sel.run, sel.step, sel.example if example_flows else None)
     tooltips = node_tooltips(sel, graph, stats)
@@ -27,6 +27,16 @@ def decoration(sel: Selection, graph: data.RunGraph, quantity: str, *,
                     for r in flows.itertuples()),
         highlight=highlight if highlight is not None else sel.node,
         link=tuple(sel.link(node=None).items()), height=height)
+
+
+def node_rows(sel: Selection) -> list[dict]:
+    """reader.node_step_stats rows with the probes' blame columns (probed, flips,
+    edit_probed, edit_flips, leaks) merged in."""
+    stats = data.node_stats(sel.db, sel.run, sel.step).to_dict("records")
+    blame = {r["node_id"]: r for r in
+             probe_data.node_blame(sel.db, sel.run, sel.step).to_dict("records")}
+    return [{**r, **{k: v for k, v in blame.get(r["node_id"], {}).items() if k != "node_id"}}
+            for r in stats]
 
 
 def node_tooltips(sel: Selection, graph: data.RunGraph, stats: list[dict]) -> dict[str, str]:
@@ -40,7 +50,9 @@ def node_tooltips(sel: Selection, graph: data.RunGraph, stats: list[dict]) -> di
     tips = {}
     for node in graph.model.order:
         r = by_node.get(node, {})
-        lines = [f"failing: {fmt(r.get('fail_share'), '.0%')}",
+        probed = r.get("probed")
+        lines = [(f"blame: following its gradient fixed {r.get('flips', 0)} of {probed} "
+                  "failing examples probed" if probed else "blame: no probes at this node yet"),
                  f"gradients received: {r.get('gradients', 0)}",
                  f"mean aggregated gradient: {fmt(r.get('grad_chars'), '.0f')} chars",
                  f"edit: {r.get('edit') or 'none'}",
@@ -51,36 +63,8 @@ def node_tooltips(sel: Selection, graph: data.RunGraph, stats: list[dict]) -> di
     return tips
 
 
-def draw_graph(sel: Selection, graph: data.RunGraph, quantity: str, **kwargs) -> None:
+def draw_graph(sel: Selection, graph: data.RunGraph, quantity: str, *,
+               key: str = "graph_drawing", **kwargs) -> None:
+    """The one drawing of the graph (vis-network component); clicking a node selects it."""
     deco = decoration(sel, graph, quantity, **kwargs)
-    st.iframe(data.graph_page(graph.model, deco), height=deco.height + 20)
-
-
-def clicked_node(state: object) -> str | None:
-    """The node id of the first point in a plotly selection state (customdata)."""
-    selection_ = state.get("selection", {}) if isinstance(state, dict) else getattr(
-        state, "selection", {})
-    points = selection_.get("points", []) if isinstance(selection_, dict) else []
-    for point in points:
-        node = point.get("customdata")
-        if isinstance(node, list):
-            node = node[0] if node else None
-        if isinstance(node, str):
-            return node
-    return None
-
-
-def _chart_clicked(chart_key: str) -> None:
-    set_node(clicked_node(st.session_state.get(chart_key) or {}))
-
-
-def clickable_node_chart(sel: Selection, graph: data.RunGraph, quantity: str,
-                         key: str = "node_chart") -> None:
-    """Plotly node chart; clicking a node selects it (pyvis cannot report clicks)."""
-    stats = data.node_stats(sel.db, sel.run, sel.step).to_dict("records")
-    coloring = color_nodes(stats, quantity)
-    hover = {n: f"{n}\n{coloring.captions.get(n, '')}" for n in graph.model.order}
-    fig = node_chart(graph.model, coloring.colors, hover, sel.node)
-    st.plotly_chart(fig, key=key, on_select=lambda: _chart_clicked(key),
-                    selection_mode="points", config={"displayModeBar": False})
-    st.caption(coloring.legend)
+    graph_drawing(graph_spec(graph.model, deco), key=key)

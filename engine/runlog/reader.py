@@ -277,3 +277,43 @@ def step_totals(db: str | Path, run_id: str) -> pd.DataFrame:
         SELECT step, purpose, count(*) AS calls,
                sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd
         FROM llm_calls WHERE run_id = ? GROUP BY ALL ORDER BY step, purpose""", [run_id])
+
+
+def probe_rows(db: str | Path, run_id: str, step: int | None = None,
+               example_id: str | None = None, node_id: str | None = None) -> pd.DataFrame:
+    """Counterfactual probes of a run (see docs/runlog.md), oldest first, optionally of
+    one step, example and node."""
+    where, params = "run_id = ?", [run_id]
+    for column, value in (("step", step), ("example_id", example_id), ("node_id", node_id)):
+        if value is not None:
+            where += f" AND {column} = ?"
+            params.append(value)
+    return query(db, f"SELECT * FROM probes WHERE {where} ORDER BY created_at, probe_id",
+                 params)
+
+
+def probe_outputs(db: str | Path, probe_id: str) -> pd.DataFrame:
+    """The node outputs one probe re-computed (its downstream nodes), never the run's own."""
+    return query(db, "SELECT * FROM probe_outputs WHERE probe_id = ? ORDER BY node_id",
+                 [probe_id])
+
+
+def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
+    """Per node at one step, from the probes: failing examples probed by following the
+    gradient or replacing the output, how many of them that flipped to correct, and the
+    same for the node's edit applied alone; leaks counts flips whose intervention
+    contained the target (not credit)."""
+    return query(db, """
+        SELECT node_id,
+            count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
+                AND before_score < 1 AND error IS NULL) AS probed,
+            count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
+                AND before_score < 1 AND after_score >= 1) AS flips,
+            count(DISTINCT example_id) FILTER (WHERE kind = 'edit' AND before_score < 1
+                AND error IS NULL) AS edit_probed,
+            count(DISTINCT example_id) FILTER (WHERE kind = 'edit' AND before_score < 1
+                AND after_score >= 1) AS edit_flips,
+            count(DISTINCT example_id) FILTER (WHERE before_score < 1 AND after_score >= 1
+                AND coalesce(leaks_target, false)) AS leaks
+        FROM probes WHERE run_id = ? AND step = ? GROUP BY node_id ORDER BY node_id""",
+                 [run_id, step])

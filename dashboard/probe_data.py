@@ -1,0 +1,112 @@
+"""Cached reads of the counterfactual probes (issue 10) and of live progress, for the
+pages: the same stamp-keyed caching as `dashboard.data` (pages write no SQL)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.data import _CACHE, Stamp, stamp
+from engine.runlog import reader
+
+
+@st.cache_data(**_CACHE)
+def _probes(db: str, run_id: str, step: int | None, example_id: str | None,
+            node_id: str | None, version: Stamp) -> pd.DataFrame:
+    return reader.probe_rows(db, run_id, step, example_id, node_id)
+
+
+def probes(db: str, run_id: str, step: int | None = None, example_id: str | None = None,
+           node_id: str | None = None) -> pd.DataFrame:
+    """Probe rows, oldest first (empty for a log without probes)."""
+    return _probes(db, run_id, None if step is None else int(step), example_id, node_id,
+                   stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _probe_outputs(db: str, probe_id: str, version: Stamp) -> pd.DataFrame:
+    return reader.probe_outputs(db, probe_id)
+
+
+def probe_outputs(db: str, probe_id: str) -> pd.DataFrame:
+    return _probe_outputs(db, probe_id, stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _node_blame(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
+    return reader.node_blame(db, run_id, step)
+
+
+def node_blame(db: str, run_id: str, step: int) -> pd.DataFrame:
+    """Per node: failing examples probed, flips by following the gradient (or a replaced
+    output), flips by the node's edit alone (see reader.node_blame)."""
+    return _node_blame(db, run_id, int(step), stamp(db))
+
+
+@st.cache_data(**_CACHE)
+def _step_calls(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
+    return reader.query(db, """
+        SELECT purpose, count(*) AS calls FROM llm_calls
+        WHERE run_id = ? AND step = ? GROUP BY purpose""", [run_id, step])
+
+
+def step_calls(db: str, run_id: str, step: int) -> dict[str, int]:
+    """Calls per purpose (forward, loss, backward, update, ...) written for one step."""
+    frame = _step_calls(db, run_id, int(step), stamp(db))
+    return {str(p): int(c) for p, c in zip(frame["purpose"], frame["calls"])}
+
+
+@st.cache_data(**_CACHE)
+def _train_texts(db: str, run_id: str, version: Stamp) -> tuple[str, ...]:
+    frame = reader.query(db, "SELECT fields FROM examples WHERE run_id = ? AND split = 'train'",
+                         [run_id])
+    texts: list[str] = []
+    for raw in frame["fields"]:
+        try:
+            fields = json.loads(raw) if isinstance(raw, str) else dict(raw or {})
+        except (TypeError, ValueError):
+            continue
+        texts += [str(v) for v in fields.values() if isinstance(v, str)]
+    return tuple(texts)
+
+
+MIN_COPY_CHARS = 24  # a shorter shared string is a phrase, not a copied example
+
+
+def copied_examples(db: str, run_id: str, prompt: str) -> list[str]:
+    """Training-example texts (at least MIN_COPY_CHARS long, whitespace-normalised) that
+    appear verbatim in `prompt`: for runs logged before updates.reject_reason."""
+    flat = " ".join(str(prompt or "").split()).lower()
+    found = []
+    for text in _train_texts(db, run_id, stamp(db)):
+        norm = " ".join(text.split()).lower()
+        if len(norm) >= MIN_COPY_CHARS and norm in flat:
+            found.append(text)
+    return found
+
+
+@st.cache_data(**_CACHE)
+def _function_nodes(db: str, run_id: str, version: Stamp) -> dict[str, tuple[str, str]]:
+    import yaml
+
+    from engine.functions import FUNCTIONS
+
+    record = reader.run_record(db, run_id) or {}
+    try:
+        spec = yaml.safe_load(record.get("graph_yaml") or "") or {}
+    except yaml.YAMLError:
+        return {}
+    found = {}
+    for node in spec.get("nodes") or []:
+        if isinstance(node, dict) and node.get("kind") == "function":
+            name = str(node.get("function") or "")
+            doc = (FUNCTIONS[name].__doc__ or "") if name in FUNCTIONS else ""
+            found[str(node.get("id"))] = (name, str(node.get("description") or doc).strip())
+    return found
+
+
+def function_node(db: str, run_id: str, node_id: str) -> tuple[str, str] | None:
+    """(function name, description) of a function node, from the run's logged graph."""
+    return _function_nodes(db, run_id, stamp(db)).get(node_id)

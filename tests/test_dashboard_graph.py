@@ -1,0 +1,181 @@
+"""The one graph drawing (issue 11, item 4) and the probe / fork commands the dashboard
+starts (issue 10): pure functions, no Streamlit server."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from dashboard import jobs
+from dashboard.views import graph_html as gh
+from dashboard.views.colors import EDIT_COLORS, blues, color_nodes, red_green
+from dashboard.views.graph_component import FOLDER, clicked
+from dashboard.views.graph_spec import (
+    GRADIENT_LABEL,
+    contrast,
+    graph_spec,
+    placed_boxes,
+    text_color,
+)
+
+XSS = "<img src=x onerror=alert(1)>"
+TINY = gh.GraphModel(order=("hint_a", "hint_b", "final"),
+                     inputs=(("hint_a", ("question",)), ("hint_b", ("question",)),
+                             ("final", ("question", "hint_a", "hint_b"))),
+                     fields=("question",), output="final")
+
+
+def wide_graph(n: int, seed: int) -> gh.GraphModel:
+    """n nodes: a few layers of long-named nodes, each reading 1-3 earlier ones."""
+    import random
+
+    rng = random.Random(seed)
+    names = [f"node_{i}_{'x' * rng.randint(0, 14)}" for i in range(n)]
+    inputs = []
+    for i, name in enumerate(names[:-1]):
+        earlier = names[:i]
+        reads = rng.sample(earlier, k=min(len(earlier), rng.randint(0, 3))) or ["text"]
+        inputs.append((name, tuple(reads)))
+    inputs.append((names[-1], tuple(names[:-1][-3:]) or ("text",)))
+    return gh.GraphModel(order=tuple(names), inputs=tuple(inputs), fields=("text",),
+                         output=names[-1], functions=tuple(names[1::7]))
+
+
+def overlaps(a, b) -> bool:
+    (ax, ay, aw, ah), (bx, by, bw, bh) = a, b
+    return abs(ax - bx) * 2 < aw + bw and abs(ay - by) * 2 < ah + bh
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hs.integers(min_value=1, max_value=30), seed=hs.integers(0, 10_000))
+def test_no_two_boxes_overlap_up_to_30_nodes(n, seed):
+    model = wide_graph(n, seed)
+    captions = tuple((node, "fixes 12/12") for node in model.order)
+    boxes = placed_boxes(model, gh.Decoration(captions=captions))
+    assert len(boxes) == n + 2  # the nodes, one field, the loss
+    for (a, box_a), (b, box_b) in itertools.combinations(boxes.items(), 2):
+        assert not overlaps(box_a, box_b), (a, b)
+
+
+def test_boxes_are_wide_enough_for_their_labels_and_layers_run_left_to_right():
+    deco = gh.Decoration(captions=(("hint_a", "∇ 8200 chars"),))
+    spec = graph_spec(TINY, deco)
+    boxes = placed_boxes(TINY, deco)
+    label = next(n["label"] for n in spec["nodes"] if n["id"] == "hint_a")
+    assert label == "hint_a · ∇ 8200 chars"  # one line: no clipped descenders
+    assert boxes["hint_a"][2] >= len(label) * 16 * 0.6  # monospace 16 px, at least
+    x = {name: box[0] for name, box in boxes.items()}
+    assert x[gh.FIELD_PREFIX + "question"] < x["hint_a"] == x["hint_b"] < x["final"] \
+        < x[gh.LOSS_ID]
+
+
+def test_text_colour_meets_wcag_aa_on_every_fill_the_pages_use():
+    fills = [red_green(t / 10) for t in range(11)] + [blues(t / 10) for t in range(11)]
+    fills += list(EDIT_COLORS.values()) + ["#d9d9d9", "#f3f3f3", "#ffe0e0", "#1565c0"]
+    for fill in fills:
+        assert contrast(fill, text_color(fill)) >= 4.5, fill
+    assert text_color("#1565c0") == "#ffffff" and text_color("#ffd54f") == "#000000"
+    assert contrast(GRADIENT_LABEL, "#ffffff") >= 4.5  # edge labels on the white canvas
+
+
+def test_spec_carries_kinds_selection_tooltips_and_labelled_gradient_edges():
+    model = gh.GraphModel(order=("extract", "answer"), inputs=(("extract", ("q",)),
+                                                              ("answer", ("q", "extract"))),
+                          fields=("q",), output="answer", functions=("extract",))
+    deco = gh.Decoration(tooltips=(("answer", f"output: {XSS}"),), highlight="answer",
+                         flows=(("loss", "answer", 1, 31.0), ("answer", "extract", 2, 120.4)))
+    spec = graph_spec(model, deco)
+    nodes = {n["id"]: n for n in spec["nodes"]}
+    assert nodes["extract"]["kind"] == "function" and nodes["extract"]["label"] == "ƒ extract"
+    assert nodes["answer"]["kind"] == "llm" and nodes["answer"]["selected"]
+    assert not nodes["extract"]["selected"] and spec["selected"] == "answer"
+    assert XSS in nodes["answer"]["tooltip"]  # plain text: the component sets textContent
+    gradients = [e for e in spec["edges"] if e["kind"] == "gradient"]
+    assert [(e["from"], e["to"], e["label"]) for e in gradients] == [
+        (gh.LOSS_ID, "answer", "1× ∇ 31 chars"), ("answer", "extract", "2× ∇ 120 chars")]
+
+
+def test_the_component_is_served_locally_and_never_parses_model_text_as_html():
+    page = (FOLDER / "index.html").read_text()
+    assert '<script src="./vis-network.min.js">' in page
+    assert "http://" not in page and "https://" not in page.replace(
+        "https://visjs", "")  # no CDN
+    assert "innerHTML" not in page and "textContent = text;" in page
+    assert "streamlit:setComponentValue" in page
+    script = (FOLDER / "vis-network.min.js").read_text()
+    assert "@license" in script[:2000] and "MIT" in script[:2000]
+
+
+def test_a_click_value_names_the_node():
+    assert clicked({"node": "final", "clicks": 3}) == "final"
+    assert clicked(None) is None and clicked({"clicks": 1}) is None
+    assert clicked({"node": 7}) is None
+
+
+def test_blame_colours_say_what_they_count():
+    rows = [{"node_id": "a", "probed": 4, "flips": 4}, {"node_id": "b", "probed": 4, "flips": 0},
+            {"node_id": "c", "probed": None, "flips": None}]
+    coloring = color_nodes(rows, "blame")
+    assert coloring.captions == {"a": "fixes 4/4", "b": "fixes 0/4"}
+    assert coloring.colors["a"] == red_green(1.0) and coloring.colors["b"] == red_green(0.0)
+    assert "c" not in coloring.colors  # not probed: grey
+    assert "following its gradient" in coloring.legend
+
+
+# --- commands the dashboard starts ------------------------------------------------------------
+
+
+def test_probe_commands_follow_the_pinned_cli(tmp_path):
+    db = str(tmp_path / "runs.duckdb")
+    base = [sys.executable, "-m", "engine", "probe", "r1", "--db", db, "--step", "1",
+            "--node", "hint_a"]
+    spec = jobs.ProbeSpec("r1", db, 1, "hint_a", "gradient", example="q01")
+    assert jobs.probe_command(spec) == [*base, "--example", "q01", "--gradient", "--json"]
+    spec = jobs.ProbeSpec("r1", db, 1, "hint_a", "output", example="q01", text="x")
+    assert jobs.probe_command(spec, Path("/t/o.txt")) == [
+        *base, "--example", "q01", "--output", "@/t/o.txt", "--json"]
+    spec = jobs.ProbeSpec("r1", db, 1, "hint_a", "edit", example="q01")
+    assert jobs.probe_command(spec) == [*base, "--edit", "proposed", "--examples", "q01",
+                                        "--json"]
+    spec = jobs.ProbeSpec("r1", db, 1, "hint_a", "edit", examples="val", text="P")
+    assert jobs.probe_command(spec, Path("/t/p.txt"))[-4:] == [
+        "@/t/p.txt", "--examples", "val", "--json"]
+    assert jobs.blame_command("r1", db, 2) == [sys.executable, "-m", "engine", "blame", "r1",
+                                               "--db", db, "--step", "2"]
+
+
+def test_start_probe_writes_the_text_file_and_records_a_probe_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    started = []
+    monkeypatch.setattr(jobs.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or
+                        type("P", (), {"pid": 999_999_999, "poll": lambda self: 0})())
+    db = str(tmp_path / "runs.duckdb")
+    job = jobs.start_probe(jobs.ProbeSpec("r1", db, 1, "hint_a", "output", example="q01",
+                                          text="The numbers are 3 and 9."))
+    cmd = started[0]
+    at = cmd.index("--output") + 1
+    assert Path(cmd[at][1:]).read_text() == "The numbers are 3 and 9."
+    assert job.kind == "probe" and job.run_id == "r1"
+    assert jobs.list_jobs(db) == []  # probes stay off the Runs page's list of runs
+    assert [j.log for j in jobs.probe_jobs(db, "r1")] == [job.log]
+
+
+def test_fork_command_sets_the_hand_edited_prompt(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    started = []
+    monkeypatch.setattr(jobs.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or
+                        type("P", (), {"pid": 999_999_998, "poll": lambda self: 0})())
+    db = str(tmp_path / "runs.duckdb")
+    job = jobs.start_fork(jobs.ForkSpec("r1", db, 1, {"final": "Answer with a number."},
+                                        steps=2), graph_name="tiny")
+    cmd = started[0]
+    assert cmd[2:9] == ["engine", "run", "--fork", "r1", "--from-step", "1", "--db"]
+    assert cmd[cmd.index("--steps") + 1] == "2"
+    node, file = cmd[cmd.index("--set-prompt") + 1].split("=@")
+    assert node == "final" and Path(file).read_text() == "Answer with a number."
+    assert cmd[cmd.index("--run-id") + 1] == job.run_id and job.run_id.startswith("tiny-")
+    assert job.kind == "fork" and [j.run_id for j in jobs.list_jobs(db)] == [job.run_id]

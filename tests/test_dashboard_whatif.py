@@ -1,0 +1,146 @@
+"""The node inspector's What if panel and Fork button (issue 10), and the function-node
+card (issue 14), under AppTest on the engine-built run log (conftest_dashboard.py).
+Processes are never started: `jobs.launch` is replaced by a recorder, and probe results
+are rows written into a copy of the run log the way the engine writes them."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
+
+import duckdb
+import pytest
+from conftest_dashboard import build_run_log, like_a_live_server
+from streamlit.testing.v1 import AppTest
+
+from dashboard import jobs
+
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory):
+    return build_run_log(tmp_path_factory.mktemp("whatif"))
+
+
+@pytest.fixture
+def started(monkeypatch, tmp_path):
+    """Commands the pages asked to start; nothing runs."""
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    commands: list[list[str]] = []
+
+    def launch(cmd, run_id, db, steps, name, kind="run"):
+        commands.append(cmd)
+        job = jobs.Job(run_id, db, 999_999_990, str(jobs.jobs_dir(db) / f"{name}.log"), cmd,
+                       time.time(), steps, returncode=0, kind=kind)
+        jobs._save(job)
+        return job
+
+    monkeypatch.setattr(jobs, "launch", launch)
+    return commands
+
+
+@pytest.fixture(autouse=True)
+def _restore_db(monkeypatch):
+    monkeypatch.setenv("SEMBACK_DB", "")  # restored after each test
+
+
+def inspector(db: Path, **query) -> AppTest:
+    import os
+
+    os.environ["SEMBACK_DB"] = str(db)  # the autouse fixture restores it
+    with like_a_live_server():
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update({k: str(v) for k, v in query.items()})
+        at.run()
+        at.switch_page("screens/inspect.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def all_text(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "caption", "code", "success", "warning", "error",
+                                  "info", "subheader") for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts).replace("\\", "")
+
+
+def test_follow_the_gradient_starts_the_pinned_probe_command(log, started):
+    at = inspector(log.db, run=log.semantic, step=1, example=log.example, node="hint_a")
+    assert "What if" in all_text(at) and "No probe of this node on this example yet." \
+        in all_text(at)
+    slot = f"{log.semantic}|1|{log.example}|hint_a"
+    at.radio(key=f"whatif_kind|{slot}").set_value("gradient").run()
+    at.button(key=f"whatif_run|{slot}").click().run()
+    (cmd,) = started
+    assert cmd[1:5] == ["-m", "engine", "probe", log.semantic]
+    assert cmd[5:] == ["--db", str(log.db.resolve()), "--step", "1", "--node", "hint_a",
+                       "--example", log.example, "--gradient", "--json"]
+    assert "Probe started" in all_text(at)
+
+
+def test_edit_the_output_passes_the_typed_text_through_a_file(log, started):
+    at = inspector(log.db, run=log.semantic, step=1, example=log.example, node="hint_a")
+    slot = f"{log.semantic}|1|{log.example}|hint_a"
+    assert at.radio(key=f"whatif_kind|{slot}").value == "output"
+    at.text_area(key=f"whatif_output|{slot}").input("Compare 3 and 9: 9 is larger.").run()
+    at.button(key=f"whatif_run|{slot}").click().run()
+    (cmd,) = started
+    file = cmd[cmd.index("--output") + 1]
+    assert file.startswith("@") and Path(file[1:]).read_text() == "Compare 3 and 9: 9 is larger."
+
+
+def test_apply_a_prompt_proposed_or_hand_written(log, started):
+    at = inspector(log.db, run=log.semantic, step=1, example=log.example, node="hint_a")
+    slot = f"{log.semantic}|1|{log.example}|hint_a"
+    at.radio(key=f"whatif_kind|{slot}").set_value("edit").run()
+    at.button(key=f"whatif_run|{slot}").click().run()
+    assert started[-1][-5:] == ["--edit", "proposed", "--examples", log.example, "--json"]
+    at.radio(key=f"whatif_source|{slot}").set_value("mine").run()
+    at.text_area(key=f"whatif_prompt|{slot}").input("List both numbers.").run()
+    at.button(key=f"whatif_run|{slot}").click().run()
+    edit = started[-1][started[-1].index("--edit") + 1]
+    assert Path(edit[1:]).read_text() == "List both numbers."
+
+
+def test_probe_results_show_the_rerun_nodes_and_the_new_score(log, started, tmp_path):
+    db = tmp_path / "probed.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("""INSERT INTO probes (probe_id, run_id, step, example_id, node_id, kind,
+            intervention, before_output, after_output, before_score, after_score, created_at,
+            call_ids, leaks_target, error) VALUES ('p1', ?, 1, ?, 'hint_a', 'gradient',
+            'The numbers are 3 and 9; 9 is larger.', '3', '9', 0.0, 1.0, 1.0, '[]', false,
+            NULL)""", [log.semantic, log.example])
+        con.execute("""INSERT INTO probe_outputs VALUES ('p1', ?, 1, ?, 'final',
+            'Re-run answer: 9', NULL, NULL)""", [log.semantic, log.example])
+    at = inspector(db, run=log.semantic, step=1, example=log.example, node="hint_a")
+    text = all_text(at)
+    assert "Follow the gradient" in text and "score 0.00 → 1.00" in text
+    assert "fixed: the example now passes" in text
+    codes = [c.value for c in at.code]
+    assert "Re-run answer: 9" in codes and "The numbers are 3 and 9; 9 is larger." in codes
+    # the Graph page colours hint_a by this blame
+    at.switch_page("screens/graph.py").run()
+    assert "fixes 1/1" in " ".join(n["label"] for n in __import__("json").loads(
+        [c for c in at.get("component_instance")][0].proto.json_args)["spec"]["nodes"])
+
+
+def test_fork_from_here_starts_a_fork_with_the_edited_prompt(log, started):
+    at = inspector(log.db, run=log.semantic, step=1, example=log.example, node="final")
+    slot = f"{log.semantic}|1|final"
+    box = at.text_area(key=f"fork_prompt|{slot}")
+    assert box.value  # the prompt in force after step 1
+    box.input("Answer with the larger number, digits only.").run()
+    at.number_input(key=f"fork_steps|{slot}").set_value(2).run()
+    at.button(key=f"fork_run|{slot}").click().run()
+    (cmd,) = started
+    assert cmd[3:8] == ["run", "--fork", log.semantic, "--from-step", "1"]
+    assert cmd[cmd.index("--steps") + 1] == "2"
+    node, file = cmd[cmd.index("--set-prompt") + 1].split("=@")
+    assert node == "final"
+    assert Path(file).read_text() == "Answer with the larger number, digits only."
+    assert "Fork tiny-" in all_text(at) and "started from step 1" in all_text(at)
