@@ -119,6 +119,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.llm.factory import default_backend_kind
     from engine.run import RunConfig, execute
 
+    if args.fork or args.from_step is not None or args.set_prompt:
+        from engine.probe_cli import cmd_fork
+
+        return cmd_fork(args, add_run_options, _with_progress)
+    if not args.graph:
+        raise UsageError("run needs a graph file (or --fork RUN_ID --from-step S)")
     config = RunConfig(
         graph=args.graph, method=args.method, backend=args.backend or default_backend_kind(),
         model=args.model, optimizer_backend=args.optimizer_backend,
@@ -302,7 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("run", help="optimize a graph's prompts")
-    p.add_argument("graph")
+    p.add_argument("graph", nargs="?", help="the graph file (not with --fork)")
+    p.add_argument("--fork", metavar="RUN_ID", help="start from another run's state "
+                                                    "(with --from-step)")
+    p.add_argument("--from-step", type=_non_negative, metavar="S",
+                   help="the parent's step to fork from")
+    p.add_argument("--set-prompt", action="append", default=[], metavar="NODE=@FILE",
+                   help="with --fork: a hand-edited prompt for a node (repeatable)")
     p.add_argument("--db", default="runs.duckdb")
     p.add_argument("--data-dir", help="where named datasets live")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)

@@ -192,3 +192,36 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     lines.append(f"cost: {report.calls} calls ({report.model_calls} to the model), "
                  f"{report.seconds:.1f} s")
     return lines
+
+
+# --- forks (python -m engine run --fork RUN_ID --from-step S ...) ------------------------
+
+
+def cmd_fork(args: argparse.Namespace, add_run_options: Any, with_progress: Any) -> int:
+    """Fork a run: options given on the command line replace the parent's."""
+    from dataclasses import fields
+
+    from engine.fork import plan_fork, run_fork
+    from engine.run import RunConfig
+
+    if not args.fork or args.from_step is None:
+        raise ProbeError("a fork needs both --fork RUN_ID and --from-step S")
+    if args.graph:
+        raise ProbeError("a fork runs its parent's graph: drop the graph argument")
+    defaults = argparse.ArgumentParser()
+    add_run_options(defaults)
+    default = vars(defaults.parse_args([]))
+    known = {f.name for f in fields(RunConfig)}
+    overrides = {k: v for k, v in vars(args).items()
+                 if k in known and k in default and v != default[k]}
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    prompts = {}
+    for item in args.set_prompt:
+        node, sep, value = item.partition("=")
+        if not sep or not node:
+            raise ProbeError(f"--set-prompt expects NODE=TEXT or NODE=@FILE, not {item!r}")
+        prompts[node] = _text(value)
+    plan = plan_fork(args.db, args.fork, args.from_step, prompts, overrides)
+    return with_progress(lambda listeners: run_fork(plan, listeners=listeners),
+                         plan.config.steps, args.from_step + 1)

@@ -204,7 +204,8 @@ def _examples_of(rows: list[dict], split: str) -> list[Example]:
 
 async def _drive(config: RunConfig, graph: Graph, splits: Splits,
                  state: OptimizerState | None, forward_backend, optimizer_backend, listeners,
-                 *, new: bool, test_done: bool = False) -> RunResult:
+                 *, new: bool, test_done: bool = False, run_extra: dict | None = None,
+                 prologue: Callable[[RunContext], Any] | None = None) -> RunResult:
     method = make_method(config.method, **config.method_options)
     cache = load_cache(config.db, config.cache)
     client = make_client(config, cache, forward_backend, optimizer_backend)
@@ -213,8 +214,9 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     bus = EventBus([writer, collector, *listeners])
     client.on_call, client.run_id = bus.emit, config.run_id
     if new:
-        writer.start_run(run_row(config.run_id, graph, config.to_json(), client.forward_backend.name,
-                                 client.forward_model, client.optimizer_model),
+        writer.start_run({**run_row(config.run_id, graph, config.to_json(),
+                                    client.forward_backend.name, client.forward_model,
+                                    client.optimizer_model), **(run_extra or {})},
                          _example_rows(config.run_id, splits))
     else:
         writer.set_status("running")
@@ -236,6 +238,8 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     gc.freeze()
     test_score = None
     try:
+        if prologue is not None:  # a fork logs the state it starts from
+            await prologue(ctx)
         state = await optimize(ctx, method, splits, opt, state)
         if splits.test and not test_done:
             test_ctx = replace(ctx, step=state.step)

@@ -42,7 +42,8 @@ class ResumePoint:
     test_done: bool  # the final test evaluation is already logged
 
 
-def load_resume_state(path: str, run_id: str) -> ResumePoint:
+def load_resume_state(path: str, run_id: str, at_step: int | None = None) -> ResumePoint:
+    """The state after the run's last complete step, or after `at_step` (forks)."""
     check_readable(path)
     with connect(path, read_only=True) as con:
         run = con.execute("SELECT config, status, graph_yaml FROM runs WHERE run_id = ?",
@@ -53,7 +54,8 @@ def load_resume_state(path: str, run_id: str) -> ResumePoint:
         examples = _dicts(con, "SELECT split, example_id, position, fields, target FROM examples "
                                "WHERE run_id = ?", [run_id])
         last = con.execute("SELECT step, val_score, train_score FROM steps WHERE run_id = ? "
-                           "ORDER BY step DESC LIMIT 1", [run_id]).fetchone()
+                           "AND step <= ? ORDER BY step DESC LIMIT 1",
+                           [run_id, 2**31 - 1 if at_step is None else at_step]).fetchone()
         if last is None:
             return ResumePoint(config, status, graph_yaml, examples, None, False)
         versions = _dicts(con, "SELECT node_id, version, prompt, accepted FROM prompt_versions "

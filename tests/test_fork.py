@@ -1,0 +1,97 @@
+"""Forks: a new run from another run's state after step S, with hand-edited prompts; its
+lineage is recorded and its steps continue from S+1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import duckdb
+import pytest
+
+from engine.cli import main
+from engine.fork import fork
+from engine.llm.scripted import ScriptedBackend
+from engine.run import RunConfig, execute
+from tests.blame_fault_script import blame_fault_responder
+from tests.test_probe import GRAPH
+
+EDITED = "List the numbers of the text, separated by 'and'."
+
+
+def backend() -> ScriptedBackend:
+    return ScriptedBackend(responder=blame_fault_responder())
+
+
+@pytest.fixture
+def parent(tmp_path) -> str:
+    db = str(tmp_path / "runs.duckdb")
+    config = RunConfig(graph=str(GRAPH), db=db, steps=2, test=0, run_id="bf")
+    asyncio.run(execute(config, forward_backend=backend()))
+    return db
+
+
+def rows(db: str, sql: str, params: list | None = None) -> list[tuple]:
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute(sql, params or []).fetchall()
+
+
+def test_a_fork_records_its_lineage_uses_the_edited_prompt_and_continues(parent):
+    bk = backend()
+    result = asyncio.run(fork(parent, "bf", 0, set_prompts={"numbers": EDITED},
+                              overrides={"run_id": "child", "steps": 1}, forward_backend=bk))
+    assert result.status == "finished"
+    assert rows(parent, "SELECT parent_run_id, fork_step FROM runs WHERE run_id = 'child'") \
+        == [("bf", 0)]
+    # step 0 is the starting state, re-scored with the edited prompt; then step 1
+    assert rows(parent, "SELECT step, train_score, val_score FROM steps WHERE run_id = "
+                        "'child' ORDER BY step") == [(0, 1.0, 1.0), (1, 1.0, 1.0)]
+    assert any(r.meta.get("node") == "numbers" and EDITED in r.user_text
+               for r in bk.requests)
+    version = rows(parent, "SELECT version FROM prompt_versions WHERE run_id = 'child' AND "
+                           "node_id = 'numbers' AND prompt = ?", [EDITED])[0][0]
+    used = rows(parent, "SELECT DISTINCT prompt_version FROM node_outputs WHERE run_id = "
+                        "'child' AND step = 1 AND split = 'train' AND node_id = 'numbers'")
+    assert used == [(version,)] and version > 0
+    same = "SELECT split, example_id, position FROM examples WHERE run_id = ? ORDER BY 1, 3"
+    assert rows(parent, same, ["child"]) == rows(parent, same, ["bf"])
+
+
+def test_a_fork_without_edits_starts_from_the_parents_accepted_prompts(parent):
+    asyncio.run(fork(parent, "bf", 1, overrides={"run_id": "child"},
+                     forward_backend=backend()))
+    steps = rows(parent, "SELECT step, val_score FROM steps WHERE run_id = 'child' ORDER BY "
+                         "step")
+    parent_step1 = rows(parent, "SELECT val_score FROM steps WHERE run_id = 'bf' AND step = 1")
+    assert [s for s, _ in steps] == [1, 2] and steps[0][1] == parent_step1[0][0]
+    accepted = rows(parent, "SELECT version FROM prompt_versions WHERE run_id = 'bf' AND "
+                            "node_id = 'numbers' AND accepted AND step = 1")[0][0]
+    used = rows(parent, "SELECT DISTINCT prompt_version FROM node_outputs WHERE run_id = "
+                        "'child' AND step = 2 AND split = 'train' AND node_id = 'numbers'")
+    assert used == [(accepted,)]
+
+
+def test_fork_from_the_command_line(parent, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("engine.llm.factory.make_backend", lambda *a, **k: backend())
+    prompt = tmp_path / "numbers.txt"
+    prompt.write_text(EDITED, encoding="utf-8")
+    code = main(["run", "--fork", "bf", "--from-step", "0", "--set-prompt",
+                 f"numbers=@{prompt}", "--steps", "1", "--db", parent, "--run-id", "cli"])
+    assert code == 0
+    assert rows(parent, "SELECT parent_run_id, fork_step, status FROM runs WHERE run_id = "
+                        "'cli'") == [("bf", 0, "finished")]
+    assert rows(parent, "SELECT count(*) FROM prompt_versions WHERE run_id = 'cli' AND "
+                        "prompt = ?", [EDITED]) == [(1,)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fork", "nope", "--from-step", "0"], "no run 'nope'"),
+    (["--fork", "bf", "--from-step", "9"], "no complete step 9"),
+    (["--fork", "bf"], "needs both --fork"),
+    (["--fork", "bf", "--from-step", "0", "--set-prompt", "ghost=x"], "no node 'ghost'"),
+    (["--fork", "bf", "--from-step", "0", "--set-prompt", "numbers"], "expects NODE=TEXT"),
+    (["--fork", "bf", "--from-step", "0", "--run-id", "bf"], "already exists"),
+])
+def test_bad_fork_requests_get_one_error_line(parent, capsys, args, message):
+    assert main(["run", *args, "--db", parent]) == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], errors
