@@ -252,8 +252,13 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
              cache: str = "readwrite", temperature: float = 0.0, max_tokens: int | None = None,
              optimizer_max_tokens: int | None = None, run_id: str | None = None,
              method_options: Mapping[str, Any] | None = None,
-             listeners: Iterable[Callable[[Any], None]] = ()) -> OptimizeResult:
+             listeners: Iterable[Callable[[Any], None]] = (),
+             **run_options: Any) -> OptimizeResult:
     """Optimize a graph's prompts with semantic gradient descent; log the run to `db`.
+
+        result = optimize(graph, train=rows[:20], val=rows[20:40], backend="scripted",
+                          steps=2, db="runs.duckdb")
+        result.run_id, result.prompts, result.val_score
 
     Data: `train`, `val` and `test` are each a list of dicts, a pandas DataFrame, or a
     dataset name (`gsm8k/train`, `bbh/<task>`, a .jsonl path). Every row needs the graph's
@@ -269,9 +274,12 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
     set, else local. `optimizer_backend` and `optimizer_model` serve the loss, backward and
     update calls (default: the forward ones).
 
-    Method: `method` is semantic (default), semantic-evaluative, textgrad,
-    semantic-nosibling, none or gtbp; `steps`, `failures_per_step`, `gate`,
-    `update_mode` and `seed` mean what the command line's options do.
+    Method: `method` is a credit-assignment method (semantic, the default; the others are
+    in docs/methods.md); `steps`, `failures_per_step`, `gate`, `update_mode`, `seed`,
+    `concurrency`, `cache`, `temperature` and the token limits mean what the command
+    line's options of the same names do. `run_options` passes any other run setting by its
+    `engine.run.RunConfig` name (e.g. timeout=30, max_retries=2). `listeners` receive
+    every event (`engine.events`) as it happens.
 
     Returns an `OptimizeResult`: run_id, status, prompts (the accepted prompt of every
     LLM node), val_score, train_score, test_score (when `test` rows or split are given),
@@ -289,7 +297,7 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
         update_mode=update_mode, concurrency=concurrency, cache=cache,
         temperature=temperature, max_tokens=max_tokens,
         optimizer_max_tokens=optimizer_max_tokens, run_id=run_id,
-        method_options=method_options, listeners=listeners), "aoptimize")
+        method_options=method_options, listeners=listeners, **run_options), "aoptimize")
 
 
 async def aoptimize(graph: Graph, train: Data | None = None, val: Data | None = None,

@@ -4,6 +4,7 @@ graph whose Python functions this process does not have, and running an optimiza
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -220,6 +221,9 @@ async def run_optimization(spec: GraphSpec, train: Data | None, val: Data | None
     if config.get("data_dir") is not None:
         config["data_dir"] = str(config["data_dir"])
     config["method_options"] = dict(config.get("method_options") or {})
+    unknown = sorted(set(config) - {f.name for f in dataclasses.fields(RunConfig)})
+    if unknown:
+        raise ValueError(f"unknown run option '{unknown[0]}' (see engine.run.RunConfig)")
     run = RunConfig(graph=spec.path, base_url=base_url, **names, **config,
                     **{k: v for k, v in (splits or {}).items() if k in ("train", "val", "test")})
     given = None
