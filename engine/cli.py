@@ -100,6 +100,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-gates", choices=("auto", "on", "off"), default="auto",
                    help="also score each changed prompt alone on validation (auto: when a "
                         "step changes 2 to 4 prompts)")
+    p.add_argument("--structured", choices=("auto", "on", "off"), default="auto",
+                   help="JSON-schema replies for backward, update and gtbp calls (auto: where "
+                        "the backend supports them, text formats after a server refuses)")
+    p.add_argument("--allow-copies", action="store_true",
+                   help="apply proposed prompts that copy training examples (few-shot style)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-tokens", type=_positive, help="forward generation limit")
     p.add_argument("--optimizer-max-tokens", type=_positive)
@@ -137,7 +142,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         temperature=args.temperature, max_tokens=args.max_tokens,
         optimizer_max_tokens=args.optimizer_max_tokens, base_url=args.base_url,
         timeout=args.timeout, max_retries=args.max_retries, run_id=args.run_id,
-        method_options=_options(args.option), prompts=args.prompts)
+        method_options=_options(args.option), prompts=args.prompts,
+        structured=args.structured, allow_copies=args.allow_copies)
     graph = _graph_with_functions(args)
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
                           config.steps)

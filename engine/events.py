@@ -33,6 +33,7 @@ class CallRecord:
     cache_key: str = ""
     temperature: float = 0.0
     max_tokens: int = 0
+    constrained: bool | None = None  # decoding enforced a JSON schema (None: cache from disk)
 
 
 @dataclass
@@ -130,6 +131,30 @@ class StepFinished:
 
 
 @dataclass
+class StructuredFallback:
+    """A server refused `response_format`: from this call on, the run uses text formats.
+    The run log keeps it as the metric `structured_fallback` = 1 at that step."""
+
+    run_id: str
+    step: int
+    backend: str
+    message: str
+
+
+@dataclass
+class Progress:
+    """Where a run is: the step, its phase (forward, loss, backward, update, gate, test)
+    and model calls done against those expected for the phase (0 when unknown)."""
+
+    run_id: str
+    step: int
+    phase: str
+    calls_done: int
+    calls_expected: int
+    calls_total: int  # every call of the run so far
+
+
+@dataclass
 class RunFinished:
     run_id: str
     status: str  # finished | failed | stopped
@@ -137,7 +162,7 @@ class RunFinished:
 
 
 Event = (CallRecord | Activation | LossRecord | Gradient | Proposal | PromptVersion
-         | StepFinished | RunFinished)
+         | StepFinished | RunFinished | StructuredFallback | Progress)
 Listener = Callable[[Any], None]
 
 

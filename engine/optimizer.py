@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 
+from engine.copies import COPY_REASON, find_copies
 from engine.data.examples import Example, Splits
 from engine.events import LossRecord, PromptVersion, Proposal, StepFinished
 from engine.forward import ExampleTrace, Prompts, RunContext, forward_pass
@@ -33,6 +34,7 @@ class OptimizerConfig:
     update_mode: str = "all"  # all | one
     seed: int = 0
     node_gates: str = "auto"  # on | off | auto: on when a step changes at most 4 prompts
+    allow_copies: bool = False  # apply proposals that paste training examples (engine/copies.py)
 
 
 @dataclass
@@ -100,8 +102,13 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
     proposals = await asyncio.gather(*(
         method.propose_update(ctx, prompts, n, samples(n), state.rejected[n][-REJECTED_SHOWN:])
         for n in nodes))
+    # a proposal that pastes the sampled examples in is recorded as rejected, never tried
+    copies = {} if config.allow_copies else find_copies(
+        {n: (p.new_prompt, prompts.text[n]) for n, p in zip(nodes, proposals)},
+        [(traces[i].example.fields, traces[i].example.target) for i in chosen])
     changes = {n: (state.next_version[n], p.new_prompt) for n, p in zip(nodes, proposals)
-               if p.new_prompt.strip() and p.new_prompt.strip() != prompts.text[n].strip()}
+               if n not in copies and p.new_prompt.strip()
+               and p.new_prompt.strip() != prompts.text[n].strip()}
     val_before, val_after, accepted = state.val_score, None, False
     if changes:
         candidate = prompts.updated(changes)
@@ -114,10 +121,12 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
         ctx, prompts, changes, splits, config.node_gates, val_after)
     for n, p in zip(nodes, proposals):
         changed = n in changes
-        problem = p.error or p.parse_error or (None if changed else "proposal left the prompt unchanged")
+        problem = p.error or p.parse_error or (
+            None if changed or n in copies else "proposal left the prompt unchanged")
         ctx.emit(Proposal(ctx.run_id, step, n, prompts.text[n], p.new_prompt,
                           accepted and changed, val_before, val_after, p.call_id, problem,
                           p.reasoning, val_alone.get(n),
+                          COPY_REASON if n in copies else
                           reject_reason(changed and not accepted, val_before, val_after,
                                         val_alone.get(n))))
         if changed:

@@ -20,11 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from engine.data.datasets import check_input_fields, load_examples, with_target
 from engine.data.examples import Example, Splits, split_examples
-from engine.events import Collector, EventBus, StepFinished
+from engine.events import CallRecord, Collector, EventBus, StepFinished
 from engine.forward import RunContext
 from engine.graph import Graph, load_graph, parse_graph
 from engine.llm.base import Backend
-from engine.llm.client import CallStats, LLMClient, RetryPolicy
+from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
 from engine.methods import make_method
 from engine.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
 from engine.prompts import prompt_set
@@ -67,21 +67,56 @@ class RunConfig:
     run_id: str | None = None
     method_options: dict[str, Any] = field(default_factory=dict)
     prompts: str = "default"  # the prompt set: default | paper (engine/paper_prompts.py)
+    structured: str = "auto"  # JSON-schema replies: auto | on | off (engine/structured.py)
+    allow_copies: bool = False  # apply proposals that copy training examples
 
     def to_json(self) -> dict[str, Any]:
         """The config as stored in the run log: never an API key; a base URL loses any
         user:password part."""
         data = asdict(self)
         if data.get("base_url"):
-            parts = urlsplit(data["base_url"])
-            data["base_url"] = urlunsplit(parts._replace(netloc=parts.hostname or "")) \
-                if parts.username or parts.password else data["base_url"]
+            data["base_url"] = without_credentials(data["base_url"])
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class StepCallGuard:
+    """A listener placed before the writer: a step in which every model call failed (none
+    answered, cached replies aside) is not a step. Raising here keeps its StepFinished from
+    reaching the run log, so the run ends `failed` with the reason and resumes at that step.
+    """
+
+    def __init__(self) -> None:
+        self.tried: dict[int, int] = {}
+        self.answered: dict[int, int] = {}
+        self.last_error: dict[int, str] = {}
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, CallRecord) and not event.cache_hit:
+            self.tried[event.step] = self.tried.get(event.step, 0) + 1
+            if event.error:
+                self.last_error[event.step] = event.error
+            else:
+                self.answered[event.step] = self.answered.get(event.step, 0) + 1
+        elif isinstance(event, StepFinished) and self.tried.get(event.step) \
+                and not self.answered.get(event.step):
+            raise ModelUnavailable(
+                f"step {event.step}: all {self.tried[event.step]} model calls failed (last: "
+                f"{self.last_error.get(event.step)}); the step was not logged: resume the run "
+                f"once the model answers")
+
+
+def without_credentials(url: str) -> str:
+    """`url` without any user:password part; scheme, host, port and path are kept."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rpartition("@")[2]  # host[:port], IPv6 brackets included
+    return urlunsplit(parts._replace(netloc=host))
 
 
 @dataclass
@@ -128,6 +163,9 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
     optimizer = optimizer_backend or (
         forward if opt_kind == config.backend else
         make_backend(opt_kind, base_url=config.base_url, timeout=config.timeout))
+    if config.structured == "on" and not getattr(optimizer, "supports_schema", False):
+        raise ValueError(f"--structured on: the {optimizer.name} backend cannot enforce a JSON "
+                         "schema; use --structured auto or off")
     model = config.model or default_model(config.backend)
     optimizer_model = config.optimizer_model or (
         model if opt_kind == config.backend else default_model(opt_kind))
@@ -136,7 +174,7 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
         optimizer_model=optimizer_model, cache=cache, concurrency=config.concurrency,
         backend_limits=dict(config.backend_limits),
         retry=RetryPolicy(max_retries=config.max_retries, timeout=config.timeout),
-        temperature=config.temperature, seed=config.seed)
+        temperature=config.temperature, seed=config.seed, structured=config.structured)
 
 
 def default_max_tokens(config: RunConfig) -> tuple[int, int]:
@@ -191,6 +229,7 @@ async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None
         raise RunLogError(f"run '{run_id}' has already finished; nothing to resume")
     config = RunConfig.from_json(point.config)
     config.db, config.run_id = db, run_id
+    open_for_writing(db)  # before any model call
     graph = parse_graph(point.graph_yaml, config.graph)
     splits = Splits(*(_examples_of(point.examples, s) for s in ("train", "val", "test")))
     return await _drive(config, graph, splits, point.state, forward_backend, optimizer_backend,
@@ -211,8 +250,8 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     client = make_client(config, cache, forward_backend, optimizer_backend)
     writer = RunLogWriter(config.db, config.run_id, cache)
     collector = Collector()
-    bus = EventBus([writer, collector, *listeners])
-    client.on_call, client.run_id = bus.emit, config.run_id
+    bus = EventBus([StepCallGuard(), writer, collector, *listeners])
+    client.on_call, client.on_event, client.run_id = bus.emit, bus.emit, config.run_id
     if new:
         writer.start_run({**run_row(config.run_id, graph, config.to_json(),
                                     client.forward_backend.name, client.forward_model,
@@ -224,7 +263,8 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     ctx = RunContext(graph, client, bus.emit, config.run_id, 0, max_tokens, optimizer_max_tokens,
                      prompt_set(config.prompts))
     opt = OptimizerConfig(config.steps, config.failures_per_step, config.gate,
-                          config.update_mode, config.seed, config.node_gates)
+                          config.update_mode, config.seed, config.node_gates,
+                          allow_copies=config.allow_copies)
     loop = asyncio.get_running_loop()
     current = asyncio.current_task()
     try:
@@ -251,8 +291,11 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
         writer.finish("stopped", "stopped by the user")
         status = "stopped"
     except BaseException as exc:
-        writer.finish("failed" if isinstance(exc, Exception) else "stopped",
-                      f"{exc.__class__.__name__}: {exc}")
+        try:
+            writer.finish("failed" if isinstance(exc, Exception) else "stopped",
+                          f"{exc.__class__.__name__}: {exc}")
+        except Exception as late:  # noqa: BLE001 - the original error is the one to report
+            exc.add_note(f"(the run log could not record the failure either: {late})")
         raise
     finally:
         gc.unfreeze()

@@ -13,6 +13,7 @@ class Offline:
     """A backend that fails the test if it is ever called: the network is 'off'."""
 
     name = "scripted"  # the same backend name, so cache keys match the recorded run
+    supports_schema = True  # like the scripted backend: the same (structured) requests
 
     def __init__(self):
         self.calls = 0

@@ -35,6 +35,8 @@ class LLMRequest:
     sample_index: int = 0
     backend: str = ""
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # The JSON schema the reply must follow (engine/structured.py), or None for text.
+    schema: dict[str, Any] | None = field(default=None, hash=False)
 
     def key_fields(self) -> dict[str, Any]:
         return {
@@ -47,6 +49,8 @@ class LLMRequest:
             "top_p": self.top_p,
             "stop": list(self.stop),
             "sample_index": self.sample_index,
+            # only when set, so that text requests keep the keys they always had
+            **({"schema": self.schema} if self.schema is not None else {}),
         }
 
     def cache_key(self) -> str:
@@ -70,10 +74,16 @@ class LLMReply:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str = ""
+    constrained: bool | None = None  # whether decoding enforced request.schema (None: unknown)
 
 
 class LLMError(Exception):
     """A call that cannot succeed (bad key, unknown model, bad request). Not retried."""
+
+
+class SchemaRefused(LLMError):
+    """The server rejected the request's `response_format` (a JSON schema). `LLMClient`
+    falls back to text formats under `--structured auto`."""
 
 
 class TransientLLMError(LLMError):

@@ -8,6 +8,7 @@ treat that example as failed and the run goes on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 import uuid
@@ -15,10 +16,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events import CallRecord
-from engine.llm.base import Backend, LLMError, LLMReply, LLMRequest, TransientLLMError
+from engine import structured as S
+from engine.events import CallRecord, StructuredFallback
+from engine.llm.base import (
+    Backend,
+    LLMError,
+    LLMReply,
+    LLMRequest,
+    SchemaRefused,
+    TransientLLMError,
+)
 from engine.llm.cache import Cache
 from engine.llm.pricing import cost_usd, load_prices
+
+STRUCTURED_MODES = ("auto", "on", "off")
 
 
 class ModelUnavailable(LLMError):
@@ -64,11 +75,15 @@ class LLMClient:
     backend_limits: dict[str, int] = field(default_factory=dict)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     on_call: Callable[[CallRecord], None] | None = None
+    on_event: Callable[[Any], None] | None = None  # other typed events (StructuredFallback)
     run_id: str = ""
     temperature: float = 0.0
     seed: int | None = None
     stats: CallStats = field(default_factory=CallStats)
     give_up_after: int = 3  # failed calls, with no success yet, before the run stops
+    # JSON-schema replies for the roles in engine/structured.py: auto (where the backend
+    # supports it; text formats after a server refuses it), on (a refusal is an error), off
+    structured: str = "auto"
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -80,6 +95,9 @@ class LLMClient:
         self._prices = load_prices()
         self._jitter = random.Random()
         self._inflight: dict[str, asyncio.Future] = {}
+        if self.structured not in STRUCTURED_MODES:
+            raise ValueError(f"structured must be one of {', '.join(STRUCTURED_MODES)}")
+        self.structured_refused: dict[str, str] = {}  # backend name -> the server's refusal
 
     def backend_for(self, purpose: str) -> tuple[Backend, str]:
         if purpose == "forward":
@@ -90,12 +108,22 @@ class LLMClient:
                 temperature: float | None = None, sample_index: int = 0,
                 meta: dict[str, Any] | None = None) -> LLMRequest:
         backend, model = self.backend_for(purpose)
+        schema = None
+        if meta and self.structured_for(backend):
+            # the role's JSON schema, and its text-format instruction restated as JSON
+            messages, schema = S.prepare(list(messages), meta)
         return LLMRequest(
             messages=tuple(messages), model=model, purpose=purpose,
             temperature=self.temperature if temperature is None else temperature,
             max_tokens=max_tokens, seed=self.seed, sample_index=sample_index,
-            backend=backend.name, meta=dict(meta or {}),
+            backend=backend.name, meta=dict(meta or {}), schema=schema,
         )
+
+    def structured_for(self, backend: Backend) -> bool:
+        """Whether requests to `backend` carry their role's JSON schema."""
+        if self.structured == "off" or backend.name in self.structured_refused:
+            return False
+        return bool(getattr(backend, "supports_schema", False))
 
     async def call(self, request: LLMRequest, *, step: int, node_id: str | None = None,
                    example_id: str | None = None) -> CallRecord:
@@ -134,6 +162,7 @@ class LLMClient:
             record.response = reply.text
             record.prompt_tokens = reply.prompt_tokens
             record.completion_tokens = reply.completion_tokens
+            record.constrained = reply.constrained
             if not record.cache_hit:
                 self.cache.put(record.cache_key, request, reply)
                 record.cost_usd = cost_usd(self._prices, request.model, reply.prompt_tokens,
@@ -159,9 +188,9 @@ class LLMClient:
                 async with self._global:
                     if limit is not None:
                         async with limit:
-                            reply = await self._one_call(backend, request)
+                            reply = await self._one_call(backend, request, record)
                     else:
-                        reply = await self._one_call(backend, request)
+                        reply = await self._one_call(backend, request, record)
                 if not reply.text.strip():
                     raise TransientLLMError("empty reply")
                 return reply
@@ -177,12 +206,32 @@ class LLMClient:
         record.error = f"gave up after {record.retries} retries: {record.error}"
         return None
 
-    async def _one_call(self, backend: Backend, request: LLMRequest) -> LLMReply:
+    async def _one_call(self, backend: Backend, request: LLMRequest,
+                        record: CallRecord) -> LLMReply:
         self.stats.network_calls += 1
         try:
-            return await asyncio.wait_for(backend.complete(request), self.retry.timeout)
+            try:
+                return await asyncio.wait_for(backend.complete(request), self.retry.timeout)
+            except SchemaRefused as exc:
+                if self.structured == "on":
+                    raise LLMError(f"{exc} (--structured on; use --structured auto to fall "
+                                   "back to text formats)") from None
+                self._refused(backend.name, str(exc), record.step)
+                # the same request as text: this reply, and every later request, unconstrained
+                self.stats.network_calls += 1
+                return await asyncio.wait_for(
+                    backend.complete(dataclasses.replace(request, schema=None)),
+                    self.retry.timeout)
         except TimeoutError:
             raise TransientLLMError(f"timed out after {self.retry.timeout:g} s") from None
+
+    def _refused(self, backend: str, message: str, step: int) -> None:
+        """Record, once per backend and run, that its server refused JSON schemas."""
+        if backend in self.structured_refused:
+            return
+        self.structured_refused[backend] = message
+        if self.on_event:
+            self.on_event(StructuredFallback(self.run_id, step, backend, message))
 
     def _account(self, record: CallRecord) -> None:
         if record.error and not record.response:

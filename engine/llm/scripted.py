@@ -11,16 +11,22 @@ Default behaviour: a forward call of the output node picks an answer among the l
 numbers or yes/no that appear in its inputs; an intermediate node writes a short note;
 backward calls write one `<gradient input=...>` block per input named in `meta`; update
 calls append a refinement to the current prompt; judge calls give `<score>N</score>`.
+
+A request that carries a JSON schema (engine/structured.py) gets the same default reply
+as a JSON object that follows the schema (`constrained` is true); canned replies are
+returned as they are (unconstrained), so tests can still feed any text to the parsers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 from collections.abc import Callable
 from typing import Any
 
+from engine import structured as S
 from engine.llm.base import LLMReply, LLMRequest, TransientLLMError, estimate_tokens
 
 REFINEMENTS = (
@@ -43,6 +49,7 @@ def _digest(*parts: Any) -> int:
 
 class ScriptedBackend:
     name = "scripted"
+    supports_schema = True
 
     def __init__(self, responder: Callable[[LLMRequest], str | None] | None = None,
                  replies: dict[Any, str | list[str]] | None = None, latency: float = 0.0,
@@ -61,12 +68,15 @@ class ScriptedBackend:
         node = request.meta.get("node")
         if node in self.fail_nodes and request.purpose == "forward":
             raise TransientLLMError(f"scripted failure for node {node}")
-        text = self._canned(request)
+        text, constrained = self._canned(request), False
         if text is None:
             text = self._default(request)
+            if request.schema is not None:
+                text, constrained = structured_reply(request, text), True
         prompt_tokens = sum(estimate_tokens(c) for _, c in request.messages)
         return LLMReply(text=text, prompt_tokens=prompt_tokens,
-                        completion_tokens=estimate_tokens(text), model=request.model)
+                        completion_tokens=estimate_tokens(text), model=request.model,
+                        constrained=constrained)
 
     async def aclose(self) -> None:
         return None
@@ -150,3 +160,46 @@ class ScriptedBackend:
             claims[-1] = f"{claims[-1]} {extra}"
         return "Adjusting one claim.\n<claims>\n" + "\n".join(f"- {c}" for c in claims) + \
             "\n</claims>"
+
+
+def structured_reply(request: LLMRequest, text: str) -> str:
+    """The default text reply `text` as a JSON object following `request.schema`: the text
+    format's parts become the schema's fields, each cut to its maxLength."""
+    schema = request.schema or {}
+    names = list(request.meta.get("inputs") or [])
+    why = S.reasoning_key(names)
+    values: dict[str, object] = {why: re.split(r"<", text, maxsplit=1)[0].strip()}
+    for tag, key in (("prompt", "prompt"), ("target", "target")):
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)
+        if found:
+            values[key] = found[-1].strip()
+    for name, body in re.findall(r'<(?:gradient input|input name)="([^"]+)">(.*?)</', text,
+                                 flags=re.S):
+        values[name] = body.strip()
+    claims = re.findall(r"^- (.+)$", text, flags=re.M)
+    if claims:
+        values["claims"] = claims
+    return json.dumps(_fit(schema, values), ensure_ascii=False)
+
+
+def _fit(schema: dict, values: dict[str, object]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, field in schema.get("properties", {}).items():
+        value = values.get(key) or FILLER
+        if field.get("type") == "array":
+            items = value if isinstance(value, list) else [str(value)]
+            out[key] = [_sized(str(v), field["items"]) for v in items][
+                : field.get("maxItems", len(items))]
+        else:
+            out[key] = _sized(str(value), field)
+    return out
+
+
+FILLER = "The feedback says what should change."
+
+
+def _sized(text: str, field: dict) -> str:
+    """`text` padded to the field's minLength and cut to its maxLength."""
+    while len(text) < field.get("minLength", 0):
+        text = f"{text} {FILLER}".strip()
+    return text[: field.get("maxLength", len(text))]

@@ -13,6 +13,7 @@ import asyncio
 from dataclasses import dataclass
 
 from engine import prompts as P
+from engine import structured as S
 from engine.events import Gradient, LossRecord
 from engine.forward import ExampleTrace, Prompts, RunContext
 from engine.functions import function_backward
@@ -114,7 +115,8 @@ class Method:
         record = await ctx.client.call(request, step=ctx.step, node_id=node_id)
         if record.error:
             return UpdateProposal(current, call_id=record.call_id, error=record.error)
-        new_prompt, reasoning, problem = P.parse_prompt(record.response)
+        # a JSON reply (engine/structured.py) is read as its text form: same parser
+        new_prompt, reasoning, problem = P.parse_prompt(S.reply_text(record.response, "update"))
         if not new_prompt:
             new_prompt = current
         return UpdateProposal(new_prompt, reasoning, record.call_id, problem)
@@ -140,7 +142,7 @@ async def ask_backward(ctx: RunContext, node_id: str, example_id: str, view: P.B
                                    example_id=example_id)
     if record.error:
         return {n: "" for n in names}, record.call_id, f"backward call failed: {record.error}"
-    grads, problem = P.parse_gradients(record.response, names)
+    grads, problem = P.parse_gradients(S.reply_text(record.response, role, names), names)
     if len(names) > 1 and P.missing_gradients(grads):
         grads, problem = await repair_gradients(ctx, request, record.response, grads, problem,
                                                 node_id, example_id, role)
@@ -163,8 +165,8 @@ async def repair_gradients(ctx: RunContext, request, reply: str, grads: dict[str
     record = await ctx.client.call(repair, step=ctx.step, node_id=node_id,
                                    example_id=example_id)
     # parsed against every asked name, so "Hint i" keeps its original position
-    fixed = {} if record.error else P.parse_gradients(record.response, names,
-                                                      whole_reply_for_one=False)[0]
+    fixed = {} if record.error else P.parse_gradients(
+        S.reply_text(record.response, role, missing), names, whole_reply_for_one=False)[0]
     grads = {n: grads[n] or (fixed.get(n, "") if n in missing else "") for n in grads}
     still = P.missing_gradients(grads)
     note = f"no block for {', '.join(missing)}: " + (

@@ -36,6 +36,7 @@ import itertools
 import re
 
 from engine import prompts as P
+from engine import structured as S
 from engine.events import LossRecord
 from engine.forward import ExampleTrace, Prompts, RunContext
 from engine.methods.base import (
@@ -383,7 +384,7 @@ class GTBP(Method):
         if record.error:
             return NodeGradient(fallback, record.call_id,
                                 f"combine call failed ({record.error}): used the targets as a list")
-        target, problem = parse_target(record.response)
+        target, problem = parse_target(S.reply_text(record.response, "gtbp_combine"))
         if not target:
             return NodeGradient(fallback, record.call_id, "empty combine reply: used the "
                                 "targets as a list")
@@ -413,7 +414,8 @@ class GTBP(Method):
         if record.error:
             empty = {n: (actual.get(n, "") if n in fields else "") for n in names}
             return empty, record.call_id, f"input call failed: {record.error}"
-        inferred, problem = parse_inferred_input(record.response, names, set(fields), actual)
+        inferred, problem = parse_inferred_input(S.reply_text(record.response, "gtbp_input", names),
+                                                 names, set(fields), actual)
         return inferred, record.call_id, problem
 
     async def propose_update(self, ctx: RunContext, prompts: Prompts, node_id: str,
@@ -434,7 +436,8 @@ class GTBP(Method):
         record = await ctx.client.call(request, step=ctx.step, node_id=node_id)
         if record.error:
             return UpdateProposal(current_text, call_id=record.call_id, error=record.error)
-        proposed, reasoning, problem = parse_claims_reply(record.response)
+        proposed, reasoning, problem = parse_claims_reply(
+            S.reply_text(record.response, "gtbp_update"))
         if proposed is None:
             return UpdateProposal(current_text, reasoning, record.call_id, problem)
         claims, changed, over = enforce_budget(current, proposed, budget, may_add,
