@@ -1,13 +1,15 @@
 """Server-side render time of every dashboard page on a run with ~20,000 activations.
 
-    python benchmarks/dashboard_render.py [--activations 20000] [--db PATH] [--keep]
+    python benchmarks/dashboard_render.py [--activations 20000] [--examples 10000]
+                                          [--db PATH] [--keep]
 
 Builds a synthetic run log (six nodes: five analysis nodes feeding a final one, as in the
 LIAR graph) by inserting DataFrames through engine.runlog.writer.insert_rows, then renders
 each page with Streamlit's AppTest, twice: "cold" (caches cleared: the sidebar's and the
 page's queries, the graph parse, the pyvis page) and "warm" (a rerun, as after a click).
 The Learn page shows its tour only for runs of the demo graph; here it renders its
-"no demo run" state. Prints one line per page. The goal is
+"no demo run" state. Then the Examples page (table, trace, filtered search) on a second
+run log with --examples examples per step (default 10,000). Prints one line per page. The goal is
 under one second per page; this script reports, it does not assert.
 """
 
@@ -38,7 +40,8 @@ GRAPH = "\n".join([
       for n in ANALYSES],
     f"  - {{id: final, prompt: 'Is the statement a lie? Answer Yes or No.', "
     f"inputs: [text, {', '.join(ANALYSES)}], output: true}}", ""])
-PAGES = ["runs", "graph", "step", "inspect", "curves", "compare", "learn"]
+PAGES = ["runs", "graph", "step", "inspect", "curves", "compare", "learn", "examples",
+         "examples?view=trace", "examples?view=table&failing=1&q=record", "history"]
 
 
 def _messages(prompt: str, body: str) -> str:
@@ -46,10 +49,9 @@ def _messages(prompt: str, body: str) -> str:
                        {"role": "user", "content": f"## Task\n{prompt}\n\n## Inputs\n{body}"}])
 
 
-def build(db: Path, activations: int, seed: int = 0) -> dict[str, str]:
+def build(db: Path, activations: int, seed: int = 0, steps: int = 11) -> dict[str, str]:
     """Write one finished run; returns the deep-link parameters of an interesting view."""
     rng = random.Random(seed)
-    steps = 11
     per_step = max(2, activations // (steps * len(NODES)))
     n_train = per_step // 2
     examples = [f"ex{i:05d}" for i in range(per_step)]
@@ -162,7 +164,8 @@ def build(db: Path, activations: int, seed: int = 0) -> dict[str, str]:
     return {"run": RUN, "step": "1", "example": example, "node": "party"}
 
 
-def render(db: Path, params: dict[str, str]) -> list[tuple[str, float, float]]:
+def render(db: Path, params: dict[str, str], pages: list[str] = PAGES
+           ) -> list[tuple[str, float, float]]:
     import streamlit as st
     from streamlit.runtime.pages_manager import PagesManager
     from streamlit.testing.v1 import AppTest
@@ -184,7 +187,10 @@ def render(db: Path, params: dict[str, str]) -> list[tuple[str, float, float]]:
     at.query_params.update(params)
     at.run()  # imports and the entry file, outside the measurements
     results = []
-    for page in PAGES:
+    for label in pages:
+        page, _, query = label.partition("?")
+        for key, value in (p.split("=") for p in query.split("&") if p):
+            at.query_params[key] = value
         at.switch_page(f"screens/{page}.py")
         st.cache_data.clear()  # cold: every query, the graph parse and the pyvis page
         timings = []
@@ -194,14 +200,24 @@ def render(db: Path, params: dict[str, str]) -> list[tuple[str, float, float]]:
             timings.append(time.perf_counter() - start)
         if at.exception:
             raise RuntimeError(f"{page}: {at.exception[0].value}")
-        results.append((page, *timings))
+        results.append((label, *timings))
     PagesManager.__init__ = original
     return results
+
+
+def report(results: list[tuple[str, float, float]]) -> None:
+    print(f"{'page':<42}{'cold (s)':>10}{'warm (s)':>10}")
+    for page, cold, warm in results:
+        flag = "" if cold < 1.0 else "  (over the 1 s goal)"
+        print(f"{page:<42}{cold:>10.3f}{warm:>10.3f}{flag}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--activations", type=int, default=20_000)
+    parser.add_argument("--examples", type=int, default=10_000,
+                        help="examples per step of the second run log, for the Examples "
+                             "page (0: skip it)")
     parser.add_argument("--db", help="where to write the run log (default: a temp file)")
     parser.add_argument("--keep", action="store_true", help="keep the temp run log")
     args = parser.parse_args()
@@ -212,11 +228,16 @@ def main() -> None:
     params = build(db, args.activations)
     print(f"built in {time.perf_counter() - started:.1f} s; deep link: "
           + "&".join(f"{k}={v}" for k, v in params.items()))
-    results = render(db, params)
-    print(f"{'page':<10}{'cold (s)':>10}{'warm (s)':>10}")
-    for page, cold, warm in results:
-        flag = "" if cold < 1.0 else "  (over the 1 s goal)"
-        print(f"{page:<10}{cold:>10.3f}{warm:>10.3f}{flag}")
+    report(render(db, params))
+    if args.examples:
+        wide = folder / "wide.duckdb"
+        wide.unlink(missing_ok=True)
+        started = time.perf_counter()
+        # two steps (0 and 1) of `examples` examples each, six nodes per example
+        params = build(wide, args.examples * 2 * len(NODES), seed=1, steps=2)
+        print(f"built in {time.perf_counter() - started:.1f} s ({args.examples:,} examples "
+              "per step); Examples page:")
+        report(render(wide, params, [p for p in PAGES if p.startswith("examples")]))
     if not (args.keep or args.db):
         for path in folder.iterdir():
             path.unlink()
