@@ -181,17 +181,18 @@ class Graph:
 
     # --- running ---------------------------------------------------------------------
 
-    def forward(self, example: Example, backend: str | Backend | None = "scripted", *,
+    def forward(self, example: Example, backend: str | Backend | None = None, *,
                 prompts: Mapping[str, str] | None = None, model: str | None = None,
                 **backend_options: Any) -> dict[str, Activation]:
         """Run the graph once on one example (a dict of fields) and return every node's
         activation (`engine.events.Activation`: input_text, output_text, error), keyed by
-        node id in topological order. `prompts` replaces node prompts, e.g. with
-        `optimize(...).prompts`. Nothing is written to a run log."""
+        node id in topological order. `backend` as for `optimize` (default: openai when
+        OPENAI_API_KEY or OPENAI_BASE_URL is set, else the embedded local model); `prompts`
+        replaces node prompts, e.g. with `optimize(...).prompts`. Nothing is logged."""
         return _run_sync(self.aforward(example, backend, prompts=prompts, model=model,
                                        **backend_options), "aforward")
 
-    async def aforward(self, example: Example, backend: str | Backend | None = "scripted", *,
+    async def aforward(self, example: Example, backend: str | Backend | None = None, *,
                        prompts: Mapping[str, str] | None = None, model: str | None = None,
                        **backend_options: Any) -> dict[str, Activation]:
         """`forward` for code that already runs an event loop (a notebook)."""
@@ -305,7 +306,8 @@ async def aoptimize(graph: Graph, train: Data | None = None, val: Data | None = 
     """`optimize` for code that already runs an event loop (a notebook): same arguments."""
     from engine.api_support import run_optimization
 
-    return await run_optimization(graph.spec, train, val, test, **options)
+    spec = graph.spec if isinstance(graph, Graph) else graph  # or an engine.graph.Graph
+    return await run_optimization(spec, train, val, test, **options)
 
 
 # --- helpers -----------------------------------------------------------------------------

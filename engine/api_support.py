@@ -65,6 +65,7 @@ def load_functions(path: str | Path) -> dict[str, Callable[..., Any]]:
         raise FunctionsFileError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    sys.path.insert(0, str(path.resolve().parent))  # its sibling modules, as `python FILE`
     try:
         spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001 - whatever the file does on import, one line
@@ -74,6 +75,9 @@ def load_functions(path: str | Path) -> dict[str, Callable[..., Any]]:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise FunctionsFileError(f"{path}: cannot import: {exc.__class__.__name__}: {first}"
                                  ) from None
+    finally:
+        if str(path.resolve().parent) in sys.path:
+            sys.path.remove(str(path.resolve().parent))
     return {k: v for k, v in vars(module).items() if callable(v) and not k.startswith("_")}
 
 

@@ -291,3 +291,27 @@ def test_openai_keywords_never_store_the_key(tmp_path):
     assert names == {"backend": "openai", "model": "m-small", "optimizer_backend": None,
                      "optimizer_model": "m-large"}
     assert "sk-secret-123" not in json.dumps(names)
+
+
+def test_inside_an_event_loop_optimize_points_to_aoptimize(tmp_path):
+    from engine import aoptimize
+
+    async def notebook_cell():
+        with pytest.raises(RuntimeError, match=r"use `await aoptimize\(...\)`"):
+            optimize(tool_graph(), train=ROWS[:2], val=ROWS[2:4], backend="scripted")
+        return await aoptimize(tool_graph(), train=ROWS[:2], val=ROWS[2:4], steps=0,
+                               backend=ScriptedBackend(responder=plan_from_question),
+                               db=tmp_path / "runs.duckdb")
+
+    assert asyncio.run(notebook_cell()).status == "finished"
+
+
+def test_bad_rows_are_refused_with_one_line(tmp_path):
+    from engine.data.datasets import DatasetError
+
+    with pytest.raises(DatasetError, match=r"^val row 1 \('val-1'\) has no field 'answer'"):
+        optimize(tool_graph(), train=ROWS[:2], val=[{"question": "a", "answer": "1"},
+                                                    {"question": "b"}],
+                 backend="scripted", db=tmp_path / "runs.duckdb")
+    with pytest.raises(ValueError, match="give train data with val"):
+        optimize(tool_graph(), val=ROWS[:2], backend="scripted", db=tmp_path / "runs.duckdb")

@@ -153,3 +153,14 @@ def test_functions_file_with_the_wrong_signature_names_the_node(tmp_path, capsys
     assert main(["validate", str(graph_file(tmp_path)), "--functions", str(tools)]) == 2
     line = error_line(capsys)
     assert "node 'calc'" in line and "cannot take the node's 1 input (plan)" in line
+
+
+def test_functions_file_may_import_its_sibling_modules(tmp_path):
+    from engine import load_functions
+
+    (tmp_path / "helpers_for_tools.py").write_text("def shout(text):\n    return text.upper()\n")
+    (tmp_path / "tools.py").write_text("from helpers_for_tools import shout\n\n"
+                                       "def calculator(text):\n    return shout(text)\n")
+    functions = load_functions(tmp_path / "tools.py")
+    assert functions["calculator"]("abc") == "ABC"
+    assert str(tmp_path) not in __import__("sys").path
