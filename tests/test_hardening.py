@@ -152,3 +152,170 @@ def test_duplicate_input_is_named(tmp_path, capsys):
                                         "output: true}\n", arithmetic_rows(5))
     assert main(["validate", str(path)]) == 2
     assert "input 'question' is listed twice" in one_error_line(capsys)
+
+
+# --- item 2: corrupt, foreign and unwritable run logs ------------------------------------
+
+
+def finished_log(tmp_path: Path) -> Path:
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows(20))
+    db = tmp_path / "runs.duckdb"
+    assert main(["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "4",
+                 "--val", "4", "--db", str(db), "--run-id", "r1"]) == 0
+    return db
+
+
+def run_args(tmp_path: Path, db: Path) -> list[str]:
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows(20))
+    return ["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "2",
+            "--val", "2", "--db", str(db)]
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.9])
+def test_truncated_log_is_refused_by_every_command(tmp_path, capsys, fraction):
+    db = finished_log(tmp_path)
+    data = db.read_bytes()
+    cut = tmp_path / "cut.duckdb"
+    cut.write_bytes(data[:int(len(data) * fraction)])
+    capsys.readouterr()
+    for args in (["runs"], ["export", "r1"], ["resume", "r1"]):
+        assert main([*args, "--db", str(cut)]) == 2, args
+        assert str(cut) in one_error_line(capsys)
+    assert main(run_args(tmp_path, cut)) == 2
+    assert "truncated" in one_error_line(capsys) or "damaged" in capsys.readouterr().err
+    assert not Path(str(cut) + ".wal").exists()
+    assert cut.read_bytes() == data[:int(len(data) * fraction)]
+
+
+def test_foreign_duckdb_file_is_left_alone(tmp_path, capsys):
+    import duckdb
+
+    foreign = tmp_path / "theirs.duckdb"
+    with duckdb.connect(str(foreign)) as con:
+        con.execute("CREATE TABLE sales (amount INTEGER)")
+    assert main(run_args(tmp_path, foreign)) == 2
+    assert "not a run log" in one_error_line(capsys)
+    with duckdb.connect(str(foreign), read_only=True) as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM "
+                                            "information_schema.tables").fetchall()}
+    assert tables == {"sales"}
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """chattr +i on a path (undone afterwards); skips where chattr is not allowed."""
+    made = []
+
+    def make(path: Path) -> Path:
+        proc = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+        if proc.returncode != 0:
+            pytest.skip("chattr +i is not available here")
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+def test_unwritable_folder_is_refused_before_any_model_call(tmp_path, capsys, immutable,
+                                                            monkeypatch):
+    from engine.llm.scripted import ScriptedBackend
+
+    calls = []
+    original = ScriptedBackend.complete
+    monkeypatch.setattr(ScriptedBackend, "complete",
+                        lambda self, request: calls.append(1) or original(self, request))
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    immutable(folder)
+    assert main(run_args(tmp_path, folder / "runs.duckdb")) == 2
+    assert "cannot write in the folder" in one_error_line(capsys)
+    assert calls == []
+
+
+def test_immutable_file_is_named_as_not_writable(tmp_path, capsys, immutable):
+    db = finished_log(tmp_path)
+    immutable(db)
+    capsys.readouterr()
+    assert main(run_args(tmp_path, db)) == 2
+    err = one_error_line(capsys)
+    assert "cannot write to the run log" in err and "not readable" not in err
+    assert main(["runs", "--db", str(db)]) == 0  # still readable
+
+
+def test_a_failing_finish_does_not_hide_the_original_error(tmp_path, monkeypatch):
+    import asyncio
+
+    from engine.run import RunConfig, execute
+    from engine.runlog.schema import RunLogError
+    from engine.runlog.writer import RunLogWriter
+
+    def broken_finish(self, status, error=None):
+        raise RunLogError("disk gone")
+
+    def stop(event):
+        if type(event).__name__ == "StepFinished":
+            raise RuntimeError("the original problem")
+
+    monkeypatch.setattr(RunLogWriter, "finish", broken_finish)
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows(20))
+    config = RunConfig(graph=str(graph), db=str(tmp_path / "r.duckdb"), steps=1, train=2,
+                       val=2, test=0)
+    with pytest.raises(RuntimeError, match="the original problem") as info:
+        asyncio.run(execute(config, listeners=(stop,)))
+    assert "disk gone" in " ".join(getattr(info.value, "__notes__", []))
+
+
+# --- item 3: resume keeps host and port; a step whose calls all failed is not finished ---
+
+
+def test_stored_config_keeps_host_and_port_but_never_credentials():
+    from engine.run import RunConfig
+
+    def stored(url):
+        return RunConfig(graph="g", base_url=url).to_json()["base_url"]
+
+    assert stored("http://user:pw@127.0.0.1:18182/v1") == "http://127.0.0.1:18182/v1"
+    assert stored("https://key@[::1]:8443/v1") == "https://[::1]:8443/v1"
+    assert stored("http://localhost:8000/v1") == "http://localhost:8000/v1"
+    assert "pw" not in json.dumps(RunConfig(graph="g", base_url="http://u:pw@h:1/").to_json())
+
+
+def test_resume_reaches_the_same_port_and_a_failed_step_fails_the_run(tmp_path, monkeypatch):
+    import asyncio
+
+    from engine.llm.client import ModelUnavailable
+    from engine.run import RunConfig, execute, resume
+    from engine.runlog.schema import connect
+    from tests.support.fake_openai import FakeOpenAIServer
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows(20))
+    db = tmp_path / "r.duckdb"
+
+    def kill_after_step_1(event):
+        if type(event).__name__ == "StepFinished" and event.step == 1:
+            raise RuntimeError("killed")
+
+    with FakeOpenAIServer() as server:
+        url = server.base_url.replace("http://", "http://user:pw@")
+        config = RunConfig(graph=str(graph), db=str(db), backend="openai", base_url=url,
+                           steps=3, train=4, val=4, test=0, max_retries=0, run_id="r")
+        with pytest.raises(RuntimeError):
+            asyncio.run(execute(config, listeners=(kill_after_step_1,)))
+        for _ in range(500):
+            server.add_fault("status", 500)
+        before = len(server.requests)
+        with pytest.raises(ModelUnavailable, match="step 2: all .* model calls failed"):
+            asyncio.run(resume(str(db), "r"))
+        assert len(server.requests) > before  # the resumed run called host:port
+        with connect(db, read_only=True) as con:
+            status, error = con.execute("SELECT status, error FROM runs").fetchall()[0]
+            steps = con.execute("SELECT max(step) FROM steps").fetchall()[0][0]
+        assert status == "failed" and "step 2" in error and steps == 1
+        while server.faults:
+            server._faults.clear()
+        result = asyncio.run(resume(str(db), "r"))
+    assert result.status == "finished" and result.state.step == 3
+    assert all(a != "Bearer user:pw" for a in server.authorizations)

@@ -9,6 +9,7 @@ its queries and disconnects. Both retry with backoff while the other holds the l
 from __future__ import annotations
 
 import random
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,6 +106,10 @@ def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
             break
         except duckdb.Error as exc:
             if not _is_lock_error(exc):
+                if not read_only and _is_permission_error(exc):
+                    raise RunLogError(f"{path}: cannot write to the run log: the file or its "
+                                      f"folder is read-only or immutable ({_first_line(exc)})"
+                                      ) from None
                 raise RunLogError(f"{path}: not a readable DuckDB run log ({_first_line(exc)})"
                                   ) from None
             if time.monotonic() > deadline:
@@ -114,8 +119,38 @@ def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
             delay = min(delay * 1.6, 0.2)
     try:
         yield con
+    except CORRUPTION_ERRORS as exc:  # a truncated or damaged file fails on first read
+        raise RunLogError(f"{path}: the run log is damaged or truncated "
+                          f"({_first_line(exc)})") from None
     finally:
         con.close()
+
+
+CORRUPTION_ERRORS = (duckdb.IOException, duckdb.SerializationException,
+                     duckdb.InternalException)
+_HEADER_BYTES = 3 * 4096  # DuckDB's file header and its two database headers
+
+
+def _is_permission_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(s in text for s in ("permission denied", "operation not permitted",
+                                   "read-only file system"))
+
+
+def check_intact(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
+    """Refuse a file shorter than the blocks its header promises (a truncated copy): such a
+    file opens, but its later blocks fail on read, and a write would go to a WAL that no
+    reader could replay."""
+    row = con.execute("SELECT block_size, total_blocks FROM pragma_database_size()"
+                      ).fetchall()
+    if not row or not Path(path).is_file():
+        return
+    block_size, total = row[0]
+    needed = _HEADER_BYTES + int(block_size or 0) * int(total or 0)
+    size = Path(path).stat().st_size
+    if size < needed:
+        raise RunLogError(f"{path}: the run log is truncated ({size:,} of {needed:,} bytes); "
+                          "restore it from a copy or use another --db")
 
 
 _CURRENT: set[str] = set()  # run logs seen at this engine's schema version
@@ -183,6 +218,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, path: str = "") -> None:
 def check_readable(path: str | Path) -> None:
     """Raise RunLogError unless `path` is a run log this engine can read."""
     with connect(path, read_only=True) as con:
+        check_intact(con, path)
         tables = {r[0] for r in con.execute(
             "SELECT table_name FROM information_schema.tables").fetchall()}
         if "schema_version" not in tables:
@@ -191,6 +227,38 @@ def check_readable(path: str | Path) -> None:
         if version > SCHEMA_VERSION:
             raise RunLogError(f"{path}: run log schema version {version} is newer than this "
                               f"engine's ({SCHEMA_VERSION}); upgrade the engine")
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise RunLogError unless a run can be written to `path`: its folder takes new files
+    (DuckDB's write-ahead log), the file itself can be opened for writing, and it is new,
+    empty or a run log (another program's DuckDB file is left alone)."""
+    path = Path(path)
+    folder = path.parent
+    if not folder.is_dir():
+        raise RunLogError(f"{path}: the folder {folder} does not exist")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise RunLogError(f"{path}: cannot write in the folder {folder} ({exc.strerror}); "
+                          "the run log needs it for its write-ahead log") from None
+    if not path.exists():
+        return
+    try:
+        path.open("r+b").close()
+    except OSError as exc:
+        raise RunLogError(f"{path}: cannot write to the run log: the file is read-only or "
+                          f"immutable ({exc.strerror})") from None
+    if path.stat().st_size == 0:
+        return
+    with connect(path, read_only=True) as con:
+        check_intact(con, path)
+        tables = {r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}
+    if tables and "schema_version" not in tables:
+        raise RunLogError(f"{path}: a DuckDB file, but not a run log (it holds "
+                          f"{', '.join(sorted(tables)[:3])}); refusing to add run-log tables "
+                          "to it: choose another --db")
 
 
 def column_names(table: str) -> list[str]:

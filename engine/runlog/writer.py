@@ -26,9 +26,16 @@ from engine.events import (
     Proposal,
     RunFinished,
     StepFinished,
+    StructuredFallback,
 )
 from engine.llm.cache import Cache
-from engine.runlog.schema import RunLogError, column_names, connect, ensure_schema
+from engine.runlog.schema import (
+    RunLogError,
+    check_writable,
+    column_names,
+    connect,
+    ensure_schema,
+)
 
 TABLE_OF = {
     CallRecord: "llm_calls",
@@ -41,7 +48,10 @@ TABLE_OF = {
 
 
 def open_for_writing(path: str | Path) -> None:
-    """Create the file and schema if needed (raises RunLogError on a bad file)."""
+    """Create the file and schema if needed (raises RunLogError on a bad file). Only an
+    empty file or a run log is opened for writing, and only where it can be written: all
+    checked here, before a run makes any model call."""
+    check_writable(path)
     with connect(path) as con:
         ensure_schema(con, str(path))
 
@@ -80,6 +90,9 @@ class RunLogWriter:
             self._buffer[table].append(asdict(event))
         elif isinstance(event, StepFinished):
             self.flush(event)
+        elif isinstance(event, StructuredFallback):  # kept as a metric of its step
+            self._buffer["metrics"].append({"run_id": self.run_id, "step": event.step,
+                                            "key": "structured_fallback", "value": 1.0})
         elif isinstance(event, RunFinished):
             self.finish(event.status, event.error)
 
