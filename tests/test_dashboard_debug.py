@@ -47,6 +47,10 @@ def log(tmp_path_factory):
                     "AND step = 2 AND example_id = 'q01'", [sem])
         con.execute("UPDATE runs SET parent_run_id = ?, fork_step = 1 WHERE run_id = ?",
                     [sem, built.gtbp])
+        # textgrad did not back-propagate q01 at step 1: the pair Compare shows by
+        # default is then q09, the example both runs back-propagated
+        con.execute("DELETE FROM gradients WHERE run_id = ? AND step = 1 AND "
+                    "example_id = 'q01'", [built.textgrad])
     return built
 
 
@@ -180,17 +184,25 @@ def test_compare_per_example_rows_disagree_filter_and_paired_prompts(open_page, 
     for example, pa, sa, pb, sb in pairs:
         assert tuple(rows.loc[example, ["A prediction", "A score", "B prediction",
                                         "B score"]]) == (pa, sa, pb, sb)
-    assert bool(rows.loc["q01", "both back-propagated"])
+    assert not rows.loc["q01", "both back-propagated"]
+    assert bool(rows.loc["q09", "both back-propagated"])
     disagree = {e for e, pa, sa, pb, sb in pairs if pa != pb or (sa < 1) != (sb < 1)}
     at.toggle(key="disagree").set_value(True).run()
     assert set(frame(at, "A prediction")["example"]) == disagree
     shown = texts(at)
     # the default pair is an example both runs back-propagated: both gradients and both
     # backward prompts, side by side
-    assert "example q01 · step 1" in shown
+    assert "example q09 · step 1" in shown
     assert "A gradient (semantic)" in shown and "B gradient (textgrad)" in shown
     assert "A backward prompt" in shown and "B backward prompt" in shown
     assert "no gradient" not in shown
+
+
+def test_compare_pairs_the_example_the_link_names(open_page, log):
+    at = open_page("compare", run=log.semantic, other=log.textgrad, step=1, pair="q01")
+    shown = texts(at)
+    assert "example q01 · step 1" in shown
+    assert "B did not back-propagate example q01 at step 1" in shown
 
 
 def test_compare_opens_a_fork_beside_its_parent(open_page, log):

@@ -12,6 +12,7 @@ from dashboard.views.figures import compare_curves
 from dashboard.views.text import fmt, md, show_diff, show_side_by_side
 
 OTHER_KEY = "other"
+PAIR_KEY = "pair"  # the example whose gradients are paired (a row picked in the table)
 
 
 def default_other(runs: pd.DataFrame, run: str, db: str = "") -> str | None:
@@ -90,7 +91,7 @@ def _example_clicked() -> None:
     rows = getattr(getattr(state, "selection", None), "rows", None) or []
     ids = st.session_state.get("_compare_rows", [])
     if rows and rows[0] < len(ids):
-        st.session_state["example"] = ids[rows[0]]
+        st.session_state[PAIR_KEY] = ids[rows[0]]
 
 
 def per_example(sel, other: str, step: int) -> str | None:
@@ -113,11 +114,16 @@ def per_example(sel, other: str, step: int) -> str | None:
     st.dataframe(table, hide_index=True, key="compare_table", on_select=_example_clicked,
                  selection_mode="single-row")
     st.caption(f"{int(rows['disagree'].sum())} of {len(rows)} shared examples disagree at "
-               f"step {step}. Select a row to pair its gradients below.")
+               f"step {step}. Select a row to pair its gradients below (by default an "
+               "example both runs back-propagated).")
     both = list(rows.loc[rows["backprop_a"] & rows["backprop_b"], "example_id"])
-    if sel.example in set(rows["example_id"]):
-        return sel.example
-    return (both or list(rows["example_id"]))[0]
+    shared = list(rows["example_id"])
+    chosen = links.page_option(PAIR_KEY, "")  # a row picked here, kept in the address
+    for candidate in (chosen, sel.example if sel.example in both else None, *both[:1],
+                      sel.example, shared[0]):
+        if candidate in shared:
+            return candidate
+    return None
 
 
 def prompts_diff(sel, other: str) -> None:
