@@ -149,6 +149,27 @@ def test_registered():
     assert (method.m0, method.m_plus, method.m_minus, method.max_claims) == (4, 3, 5, 6)
 
 
+def test_defaults_follow_the_paper_no_cap_no_deletion():
+    method = make_method("gtbp")
+    assert method.max_claims is None and method.allow_delete is False
+    assert make_method("gtbp", allow_delete="true").allow_delete is True  # --option form
+    with pytest.raises(ValueError, match="gtbp option allow_delete"):
+        make_method("gtbp", allow_delete="maybe")
+
+
+def test_schedule_makes_the_edited_share_fall_like_one_over_t():
+    # with the paper's defaults the list only grows, one claim every m_plus steps, while
+    # at most edit_budget(t) <= m0 claims change: the edited share is O(1/t)
+    for m0, m_plus, m_minus in [(2, 2, 2), (3, 1, 2), (4, 3, 1)]:
+        method = GTBP(m0=m0, m_plus=m_plus, m_minus=m_minus)
+        claims = 1
+        for t in range(1, 200):
+            budget = method.edit_budget(t)
+            assert 1 <= budget <= m0 and budget <= method.edit_budget(max(1, t - 1))
+            claims += method.may_add_claim(t)
+            assert budget / claims <= (m0 * m_plus) / t + 1e-9, (t, budget, claims)
+
+
 # --- parsers ---------------------------------------------------------------------------
 
 
@@ -172,21 +193,32 @@ def test_target_and_inferred_input_fallbacks():
         '<input name="b">B</input>\nc: C text', ["q", "b", "c", "d"], {"q"},
         {"q": "Q", "b": "old"})
     assert values["q"] == "Q" and values["b"] == "B" and values["c"] == "C text"
-    assert values["d"].startswith('<input name="b">')  # the whole reply, never dropped
-    assert "'name:' label" in problem and "field q" in problem and "for d" in problem
+    # issue 12: with several predecessors, d never receives b's or c's block
+    assert values["d"] == ""
+    assert "'name:' label" in problem and "field q" in problem and "for d: no target" in problem
+    values, problem = parse_inferred_input("only prose", ["q", "b"], {"q"}, {"q": "Q"})
+    assert values == {"q": "Q", "b": "only prose"}  # the only predecessor: whole reply
+    assert "no block for b: gave it the whole reply" in problem
 
 
 def test_enforce_budget_counts_edits_removals_and_additions():
     current = ["A", "B", "C"]
     # edit A, remove B, add X and Y: four changes
-    claims, kept, problem = enforce_budget(current, ["A2", "C", "X", "Y"], 2, True, 8)
+    claims, kept, problem = enforce_budget(current, ["A2", "C", "X", "Y"], 2, True, 8,
+                                           allow_delete=True)
     assert claims == ["A2", "C"] and kept == 2 and "over the edit budget of 2" in problem
+    # deletion off (the paper's default): B stays, the edit and one addition are applied
+    claims, kept, problem = enforce_budget(current, ["A2", "C", "X", "Y"], 2, True)
+    assert claims == ["A2", "B", "C", "X"] and kept == 2
+    assert "kept 1 claim(s) the proposal removed: deletion is off" in problem
     claims, kept, problem = enforce_budget(current, ["A", "B", "C", "X", "Y"], 3, True, 8)
     assert claims == ["A", "B", "C", "X"] and kept == 1 and "at most one" in problem
     claims, kept, problem = enforce_budget(current, ["A", "B", "C", "X"], 3, False, 8)
     assert claims == current and kept == 0 and "no claim may be added" in problem
     claims, kept, problem = enforce_budget(current, ["A", "B", "C", "X"], 3, True, 3)
     assert claims == current and kept == 0 and "max 3 claims" in problem
+    claims, kept, problem = enforce_budget(current, ["A", "B", "C", "X"], 3, True, None)
+    assert claims == ["A", "B", "C", "X"] and kept == 1 and problem is None  # no cap
     claims, kept, problem = enforce_budget(current, ["a ", "B", "C2"], 1, False, 8)
     assert claims == ["A", "B", "C2"] and kept == 1 and problem is None
 
