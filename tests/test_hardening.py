@@ -319,3 +319,38 @@ def test_resume_reaches_the_same_port_and_a_failed_step_fails_the_run(tmp_path, 
         result = asyncio.run(resume(str(db), "r"))
     assert result.status == "finished" and result.state.step == 3
     assert all(a != "Bearer user:pw" for a in server.authorizations)
+
+
+# --- item 4: import ----------------------------------------------------------------------
+
+
+def exported(tmp_path: Path) -> dict:
+    db = finished_log(tmp_path)
+    out = tmp_path / "r1.json"
+    assert main(["export", "r1", "--db", str(db), "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda d: d.update(format_version=99), "export format version 99"),
+    (lambda d: d["tables"]["steps"][0].update(step="one"),
+     "table 'steps' row 1 column 'step': expected a whole number, found 'one'"),
+    (lambda d: d["tables"]["steps"][0].update(accepted="yes"),
+     "column 'accepted': expected true or false"),
+    (lambda d: d["tables"]["llm_calls"][0].update(prompt_tokens=1.5),
+     "column 'prompt_tokens': expected a whole number"),
+    (lambda d: d["tables"]["runs"][0].update(config={"a": 1}),
+     "column 'config': expected JSON text"),
+    (lambda d: d["tables"]["steps"][0].update(bogus=1), "unknown column 'bogus'"),
+])
+def test_bad_export_is_refused_and_nothing_written(tmp_path, capsys, change, problem):
+    document = exported(tmp_path)
+    change(document)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    target = tmp_path / "other.duckdb"
+    capsys.readouterr()
+    assert main(["import", str(bad), "--db", str(target)]) == 2
+    err = one_error_line(capsys)
+    assert problem in err and "transaction" not in err
+    assert not target.exists()

@@ -21,8 +21,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from engine.runlog.schema import (
     SCHEMA_VERSION,
+    TABLES,
     RunLogError,
     check_readable,
     column_names,
@@ -282,14 +285,20 @@ def import_json(path: str | Path, db: str | Path, new_id: str | None = None) -> 
             con.execute("ROLLBACK")
             raise RunLogError(f"{db}: run '{run_id}' already exists; import it under "
                               "another id with --as NEW_ID")
-        for name in RUN_TABLES:
-            insert_rows(con, name, tables.get(name, []))
-        cache = tables.get("llm_cache", [])
-        if cache:
-            keys = [row["key"] for row in cache]
-            present = {r[0] for r in con.execute(
-                "SELECT key FROM llm_cache WHERE list_contains(?, key)", [keys]).fetchall()}
-            insert_rows(con, "llm_cache", [r for r in cache if r["key"] not in present])
+        try:
+            for name in RUN_TABLES:
+                insert_rows(con, name, tables.get(name, []))
+            cache = tables.get("llm_cache", [])
+            if cache:
+                keys = [row["key"] for row in cache]
+                present = {r[0] for r in con.execute(
+                    "SELECT key FROM llm_cache WHERE list_contains(?, key)", [keys]
+                ).fetchall()}
+                insert_rows(con, "llm_cache", [r for r in cache if r["key"] not in present])
+        except duckdb.Error as exc:  # a value the checks let through: nothing is kept
+            con.execute("ROLLBACK")
+            reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+            raise RunLogError(f"{path}: cannot import: {reason}") from None
         con.execute("COMMIT")
     return run_id
 
@@ -305,6 +314,10 @@ def load_export(path: str | Path) -> dict[str, list[dict[str, Any]]]:
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
         raise RunLogError(f"{path}: not a run export (expected format '{EXPORT_FORMAT}', "
                           "made by: python -m engine export RUN_ID --format json)")
+    made_by = document.get("format_version", EXPORT_VERSION)
+    if not isinstance(made_by, int) or isinstance(made_by, bool) or made_by > EXPORT_VERSION:
+        raise RunLogError(f"{path}: export format version {made_by!r} is not one this engine "
+                          f"reads (up to {EXPORT_VERSION}); upgrade the engine")
     version = document.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise RunLogError(f"{path}: export schema version {version} is newer than this "
@@ -322,7 +335,35 @@ def load_export(path: str | Path) -> dict[str, list[dict[str, Any]]]:
         if name in RUN_TABLES and any(r.get("run_id") != run_id for r in rows):
             raise RunLogError(f"{path}: table '{name}' has rows of another run than "
                               f"'{run_id}'")
+        _check_cells(path, name, rows)
     return tables
+
+
+# What a JSON value must be to fit a column of each DuckDB type.
+_FITS = {
+    "VARCHAR": lambda v: isinstance(v, str),
+    "JSON": lambda v: isinstance(v, str),
+    "INTEGER": lambda v: isinstance(v, int) and not isinstance(v, bool)
+    and -2**31 <= v < 2**31,
+    "BIGINT": lambda v: isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63,
+    "DOUBLE": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "BOOLEAN": lambda v: isinstance(v, bool),
+}
+_KIND = {"VARCHAR": "text", "JSON": "JSON text", "INTEGER": "a whole number",
+         "BIGINT": "a whole number", "DOUBLE": "a number", "BOOLEAN": "true or false"}
+
+
+def _check_cells(path: str | Path, table: str, rows: list[dict[str, Any]]) -> None:
+    """Every cell null or of its column's type; RunLogError names the first that is not."""
+    types = dict(part.split()[:2] for part in " ".join(TABLES[table].split()).split(", "))
+    for number, row in enumerate(rows, start=1):
+        for column, value in row.items():
+            if column not in types:
+                raise RunLogError(f"{path}: table '{table}' row {number}: unknown column "
+                                  f"'{column}'")
+            if value is not None and not _FITS[types[column]](value):
+                raise RunLogError(f"{path}: table '{table}' row {number} column '{column}': "
+                                  f"expected {_KIND[types[column]]}, found {value!r:.60}")
 
 
 def renamed(tables: dict[str, list[dict]], new_id: str) -> dict[str, list[dict]]:
