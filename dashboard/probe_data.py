@@ -110,3 +110,27 @@ def _function_nodes(db: str, run_id: str, version: Stamp) -> dict[str, tuple[str
 def function_node(db: str, run_id: str, node_id: str) -> tuple[str, str] | None:
     """(function name, description) of a function node, from the run's logged graph."""
     return _function_nodes(db, run_id, stamp(db)).get(node_id)
+
+
+@st.cache_data(**_CACHE)
+def _all_updates(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+    return reader.query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id",
+                        [run_id])
+
+
+def all_updates(db: str, run_id: str) -> pd.DataFrame:
+    """Every proposal of a run, every column (val_alone and reject_reason included)."""
+    return _all_updates(db, run_id, stamp(db))
+
+
+COPY_REASON = "copies training examples"
+
+
+def copies_training(db: str, run_id: str, update: dict) -> list[str]:
+    """Why a proposal is flagged for copying training examples: the engine's reason, or
+    the training texts found verbatim in its new prompt (older runs); [] when clean."""
+    reason = update.get("reject_reason")
+    found = copied_examples(db, run_id, str(update.get("new_prompt") or ""))
+    if isinstance(reason, str) and COPY_REASON in reason and not found:
+        return [reason]
+    return found

@@ -59,7 +59,8 @@ updates = view["update"]
 if updates.empty:
     st.caption("No update was proposed for this node at this step.")
 for update in updates.to_dict("records"):
-    update_pane(update, node=sel.node)
+    update_pane(update, node=sel.node,
+                copies=probe_data.copies_training(sel.db, sel.run, update))
 st.subheader("Gradients this node sent to its predecessors", divider="gray")
 sent_pane(view)
 st.subheader("What if", divider="gray")

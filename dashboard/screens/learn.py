@@ -1,49 +1,51 @@
 """Learn: a guided tour of semantic backpropagation on the demo graph (forward pass, loss,
-semantic gradient and why the siblings matter, update), each stage tied to the live
-graph and to what really happened in a demo run."""
+semantic gradient, the same gradient without siblings, update, the gate, checking the
+blame with probes), each stage tied to the live graph and to what really happened in a
+demo run; the text quotes the run's own nodes, targets and scores."""
 from dataclasses import replace
 
 import streamlit as st
 
-from dashboard import data, jobs
+from dashboard import data, jobs, probe_data
 from dashboard.state import PENDING_RUN_KEY, Selection, selection
 from dashboard.views.graph_view import draw_graph
+from dashboard.views.learn_stages import (
+    STAGES,
+    blame_stage,
+    forward_text,
+    gate_stage,
+    gradient_text,
+    graph_text,
+    loss_text,
+    without_siblings,
+)
 from dashboard.views.panes import forward_pane, gradients_received, loss_pane, update_pane
 from dashboard.views.text import md
 
 TOUR_KEY = "tour"
-STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Update", "Explore"]
 TEXT = {
-    "The graph": """
-An **agentic graph** is a pipeline of language-model calls. Each box is a node: a prompt
-(its *parameter*, the thing we optimize) applied to its inputs: fields of the example or
-the outputs of earlier nodes. The demo graph has two nodes: `mood` writes a word about a
-product review, and `answer` reads the review **and** `mood`'s word and says whether the
-review is positive. The starting prompts are deliberately poor.""",
-    "Forward pass": """
-The **forward pass** runs every node as soon as its inputs exist, in dependency order:
-first `mood`, then `answer`. Each run is one call; the reply between `<output>` tags is
-the node's output, which flows along the grey arrows. The outlined node is the one this
-stage is about; below is what it really did on one example of the demo run.""",
-    "Loss": """
-The **loss** compares the output node's answer with the expected one. With an exact
-metric the score is 1 or 0, and the feedback sent back into the graph (the *output
-gradient*) is simply the expected answer: `The expected output is: "Yes".`""",
-    "Semantic gradient": """
-The **backward pass** walks the graph in reverse. `answer` receives the feedback and one
-call asks how each of its LLM-produced inputs (here: `mood`) should have been different.
-That call sees **all** of `answer`'s inputs together, the review as well as `mood`'s word:
-these are `mood`'s *siblings*. Just as the derivative of x₁·x₂ with respect to x₁ is x₂
-(it depends on the other input's value), a useful message to `mood` depends on what the
-other inputs already provide. TextGrad, by contrast, writes each message from one input
-alone. The orange arrow is the gradient; below is the exact backward prompt the engine
-sent and the message it produced.""",
     "Update": """
 The **update** rewrites each trainable prompt from a few failing examples: for each, the
 node's input, its output and the gradient it received. All new prompts are tried
 together on the validation split and kept only if the score strictly improves (the
 *gate*). Below: the proposed edit as a word-level diff (green added, red removed) and the
 gate's verdict.""",
+    "Without siblings": """
+The same step run with a **sibling-blind** method (`semantic-nosibling`, or TextGrad)
+writes each input's message from that input alone. Below: the same node's gradient on the
+same example, from the paired run with the same seed, beside the sibling-aware one. Look
+for what the sibling-aware message can say that the other cannot: what the other inputs
+already covered.""",
+    "The gate": """
+A proposal is kept only if the validation score **strictly improves** with it: the
+*gate*. Below: one proposal of this run that the gate accepted and one it rejected, with
+the validation score before and after, and the score of the edit alone where the engine
+measured it (per-node gates).""",
+    "Check the blame": """
+A gradient is a claim: "had this node's output been like this, the answer would have been
+right". A **probe** tests it: the optimizer model rewrites the node's output the way its
+gradient says, and only what depends on the node re-runs. Follow the gradient at each node,
+one at a time, and watch which one turns the wrong answer right.""",
     "Explore": """
 That is one step. An optimization repeats it for a few steps. Explore any run with the
 other pages: the **Graph** colours nodes by failures, gradient length or edit fate; **Step
@@ -54,8 +56,26 @@ message for one node; **Curves** and **Compare** show scores and costs.""",
 
 def highlight(stage: str, graph) -> str | None:
     """The node a stage is about: the first node, the loss, or the output node."""
+    receivers = graph.model.predecessors(graph.model.output) or [graph.model.output]
     return {"Forward pass": graph.model.order[0], "Loss": "__loss__",
-            "Semantic gradient": graph.model.output}.get(stage)
+            "Semantic gradient": graph.model.output,
+            "Without siblings": receivers[0]}.get(stage)
+
+
+def stage_text(stage: str, tour: Selection, graph) -> str:
+    """The stage's explanation, computed from the run where it names data."""
+    if stage == "The graph":
+        return graph_text(graph, (data.run(tour.db, tour.run) or {}).get("graph_name", ""))
+    if stage == "Forward pass":
+        return forward_text(graph)
+    if stage == "Loss":
+        losses = data.example_trace(tour.db, tour.run, tour.step, tour.example)["losses"] \
+            if tour.example else None
+        row = losses.iloc[0].to_dict() if losses is not None and not losses.empty else None
+        return loss_text({**row, "example_id": tour.example} if row else None, graph.metric)
+    if stage == "Semantic gradient":
+        return gradient_text(graph)
+    return TEXT[stage]
 
 
 def tour_run(sel: Selection) -> Selection | None:
@@ -104,10 +124,17 @@ def live(stage: str, tour: Selection, graph) -> None:
         if not gradients_received(view, expanded=True):
             st.caption("This example was not back-propagated: pick a failing one in the "
                        "sidebar.")
+    elif stage == "Without siblings":
+        without_siblings(tour, graph)
     elif stage == "Update":
         for update in data.updates(tour.db, tour.run, tour.step).to_dict("records"):
             with st.container(border=True):
-                update_pane(update, node=update["node_id"], show_call=False)
+                update_pane(update, node=update["node_id"], show_call=False,
+                            copies=probe_data.copies_training(tour.db, tour.run, update))
+    elif stage == "The gate":
+        gate_stage(tour)
+    elif stage == "Check the blame":
+        blame_stage(tour, graph)
     elif stage == "Explore":
         for page, label in (("screens/graph.py", "Graph"), ("screens/step.py", "Step through"),
                             ("screens/inspect.py", "Node inspector"),
@@ -116,7 +143,7 @@ def live(stage: str, tour: Selection, graph) -> None:
 
 
 sel = selection()
-st.title("Learn: semantic backpropagation in five stages")
+st.title(f"Learn: semantic backpropagation in {len(STAGES)} stages")
 tour = tour_run(sel)
 if tour is None:
     st.info("The tour shows a real run of the demo graph. None is in this run log yet: "
@@ -138,10 +165,10 @@ stage = st.segmented_control("Stage", STAGES, key=TOUR_KEY, bind="query-params",
 stage = stage or STAGES[0]
 left, right = st.columns([2, 3])
 with left:
-    st.markdown(TEXT[stage])
+    st.markdown(stage_text(stage, tour, graph))
     st.button("Next stage ▶", on_click=_next, disabled=stage == STAGES[-1], key="tour_next")
 with right:
-    quantity = "edit" if stage == "Update" else "grad_chars" if stage == "Semantic gradient" \
-        else "fail_share"
+    quantity = ("edit" if stage in ("Update", "The gate") else
+                "blame" if stage == "Check the blame" else "grad_chars")
     draw_graph(tour, graph, quantity, highlight=highlight(stage, graph), height=300)
 live(stage, tour, graph)

@@ -4,7 +4,7 @@ then the update. The current node is outlined on the graph."""
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, probe_data
 from dashboard.state import need_run, need_step, selection, set_node
 from dashboard.views.graph_view import draw_graph
 from dashboard.views.panes import (
@@ -68,7 +68,8 @@ def show_stop(sel, graph, stop) -> None:
                        "no training example failed).")
         for update in updates.to_dict("records"):
             with st.container(border=True):
-                update_pane(update, node=update["node_id"], show_call=False)
+                update_pane(update, node=update["node_id"], show_call=False,
+                            copies=probe_data.copies_training(sel.db, sel.run, update))
 
 
 sel = selection()

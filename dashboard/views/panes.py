@@ -151,13 +151,20 @@ def _number(value: object) -> float | None:
     return None if pd.isna(number) else number
 
 
-def update_pane(update: dict, *, node: str | None = None, show_call: bool = True) -> None:
-    """The proposed edit as a word-level diff, its fate and the validation scores."""
+def update_pane(update: dict, *, node: str | None = None, show_call: bool = True,
+                copies: list[str] | None = None) -> None:
+    """The proposed edit as a word-level diff, its fate and the validation scores;
+    `copies`: the training examples it pastes into the prompt (a caveat is shown)."""
     changed = (update.get("new_prompt") or "") != (update.get("old_prompt") or "")
     verdict = ("accepted" if update.get("accepted") else
                "rejected by the validation gate" if changed else "no change proposed")
     color = "green" if update.get("accepted") else ("red" if changed else "gray")
     st.markdown(f":{color}-badge[{verdict}]" + (f" · node **{md(node)}**" if node else ""))
+    if copies:
+        st.warning("Caveat: this proposal copies training examples into the prompt, so "
+                   "its validation gain may come from memorised cases rather than a better "
+                   "instruction: " + "; ".join(f"“{md(c[:80])}”" for c in copies[:3]),
+                   icon=":material/content_copy:")
     before, after = _number(update.get("val_before")), _number(update.get("val_after"))
     c1, c2 = st.columns(2)
     c1.metric("validation before", fmt(before))

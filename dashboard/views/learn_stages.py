@@ -1,0 +1,195 @@
+"""The Learn tour's text and its data-driven stages: every sentence that names a node, a
+target or a score is computed from the run it shows, so the text cannot contradict the
+data beside it (issue 11, item 9; issue 10's "Check the blame")."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data, jobs, probe_data
+from dashboard.state import Selection
+from dashboard.views.panes import update_pane
+from dashboard.views.text import fmt, md, show_messages, show_text
+from dashboard.views.whatif import flip_label
+
+STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Without siblings",
+          "Update", "The gate", "Check the blame", "Explore"]
+SIBLING_BLIND = ("semantic-nosibling", "textgrad")
+
+
+def _names(items: list[str]) -> str:
+    quoted = [f"`{md(i)}`" for i in items]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def graph_text(graph: data.RunGraph, name: str) -> str:
+    """What the graph is, node by node, from the graph the run logged."""
+    model = graph.model
+    prompts = dict(graph.prompts)
+    lines = [f"An **agentic graph** is a pipeline of language-model calls. Each box is a "
+             f"node: a prompt (its *parameter*, the thing we optimize) applied to its inputs, "
+             f"fields of the example or outputs of earlier nodes. The `{md(name)}` graph has "
+             f"{len(model.order)} nodes:"]
+    for node in model.order:
+        reads = _names(list(dict(model.inputs).get(node, ())))
+        role = " (the output node)" if node == model.output else ""
+        prompt = prompts.get(node) or "a Python function"
+        lines.append(f"- `{md(node)}`{role} reads {reads}; its starting prompt: "
+                     f"“{md(prompt)}”")
+    return "\n".join(lines)
+
+
+def forward_text(graph: data.RunGraph) -> str:
+    order = list(graph.model.order)
+    sequence = ", then ".join(f"`{md(n)}`" for n in order)
+    return (f"The **forward pass** runs every node as soon as its inputs exist, in dependency "
+            f"order: {sequence}. Each run is one call; the reply is the node's output, which "
+            "flows along the grey arrows. Below is what each node really did on the example.")
+
+
+def loss_text(loss: dict | None, metric: str) -> str:
+    """The loss stage's text, quoting the example's own target and prediction."""
+    if not loss:
+        return "The **loss** compares the output node's answer with the expected one."
+    target, prediction = str(loss.get("target") or ""), str(loss.get("prediction") or "")
+    verdict = "correct" if (loss.get("score") or 0) >= 1 else "wrong"
+    return (f"The **loss** compares the output node's answer with the expected one. On "
+            f"example `{md(loss.get('example_id'))}` the expected output is "
+            f"“{md(target)}” and the graph answered “{md(prediction)}”: {verdict} (score "
+            f"{fmt(loss.get('score'), '.2f')}, metric `{md(metric)}`). The feedback sent back "
+            "into the graph (the *output gradient*) is shown below, as the engine wrote it.")
+
+
+def gradient_text(graph: data.RunGraph) -> str:
+    model = graph.model
+    inputs = list(dict(model.inputs).get(model.output, ()))
+    llm = [i for i in inputs if i in model.order]
+    if not llm:
+        return ("The **backward pass** walks the graph in reverse; this graph's output node "
+                "reads no other node, so no gradient flows further.")
+    others = [i for i in inputs if i != llm[0]]
+    return (f"The **backward pass** walks the graph in reverse. `{md(model.output)}` receives "
+            f"the feedback, and one call asks how each of its LLM-produced inputs "
+            f"({_names(llm)}) should have been different. That call sees all of "
+            f"`{md(model.output)}`'s inputs together: for `{md(llm[0])}` its *siblings* are "
+            f"{_names(others) if others else 'none'}. Just as the derivative of x₁·x₂ with "
+            "respect to x₁ is x₂, a useful message to one input depends on what the others "
+            "already provide. The orange arrow is the gradient; below is the exact backward "
+            "prompt and the message it produced.")
+
+
+def paired_run(db: str, tour: Selection) -> pd.Series | None:
+    """A sibling-blind run (semantic-nosibling or textgrad) of the same graph and seed."""
+    runs = data.runs(db)
+    record = runs[runs["run_id"] == tour.run]
+    if record.empty:
+        return None
+    mine = record.iloc[0]
+    pairs = runs[(runs["graph_name"] == mine["graph_name"]) & runs["method"].isin(SIBLING_BLIND)
+                 & (runs["seed"] == mine["seed"]) & (runs["run_id"] != tour.run)]
+    return None if pairs.empty else pairs.iloc[0]
+
+
+def _gradient_row(db: str, run: str, step: int, example: str, node: str) -> dict | None:
+    received = data.node_view(db, run, step, example, node)["received"]
+    rows = received[received["kind"] == "gradient"]
+    return None if rows.empty else rows.iloc[0].to_dict()
+
+
+def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
+    """The same node's gradient on the same example, with and without its siblings."""
+    model = graph.model
+    receivers = [i for i in dict(model.inputs).get(model.output, ()) if i in model.order]
+    if not receivers or not tour.example:
+        st.caption("This graph has no node with siblings.")
+        return
+    node = receivers[0]
+    pair = paired_run(tour.db, tour)
+    if pair is None:
+        st.info("No sibling-blind run of this graph with the same seed yet. Start one: the "
+                "same demo with method `semantic-nosibling` and the same seed, so the same "
+                "failing examples are back-propagated.")
+        if st.button("Start the paired run (semantic-nosibling)", key="learn_pair"):
+            record = data.run(tour.db, tour.run) or {}
+            job = jobs.start(jobs.RunSpec(
+                graph=str(jobs.DEMO_GRAPH), db=tour.db, method="semantic-nosibling",
+                seed=int(record.get("seed") or 0), **jobs.DEMO_OPTIONS))
+            st.success(f"Started {job.run_id}; this stage fills in when its step "
+                       f"{tour.step} is written.")
+        return
+    method = (data.run(tour.db, tour.run) or {}).get("method", "semantic")
+    mine = _gradient_row(tour.db, tour.run, tour.step, tour.example, node)
+    theirs = _gradient_row(tour.db, pair["run_id"], tour.step, tour.example, node)
+    st.markdown(f"What `{md(node)}` received from `{md(model.output)}` on example "
+                f"`{md(tour.example)}` at step {tour.step}: left with its siblings "
+                f"(`{md(method)}`, run {md(tour.run)}), right without "
+                f"(`{md(pair['method'])}`, run {md(pair['run_id'])}).")
+    left, right = st.columns(2)
+    for column, row, label in ((left, mine, "with siblings"), (right, theirs,
+                                                              "without siblings")):
+        with column:
+            if row is None:
+                st.caption(f"{label}: this run did not back-propagate this example at this "
+                           "step.")
+                continue
+            show_text(f"gradient {label}", row["content"], expanded=True)
+            show_messages(f"backward prompt {label}", row.get("messages"))
+
+
+def gate_stage(tour: Selection) -> None:
+    """One accepted and one rejected proposal of this run, with the validation scores."""
+    updates = probe_data.all_updates(tour.db, tour.run)
+    changed = updates[updates["new_prompt"].fillna("") != updates["old_prompt"].fillna("")]
+    accepted = changed[changed["accepted"].fillna(False).astype(bool)]
+    rejected = changed[~changed["accepted"].fillna(False).astype(bool)]
+    st.markdown(f"This run proposed {len(changed)} prompt edits: {len(accepted)} accepted, "
+                f"{len(rejected)} rejected by the gate.")
+    for label, rows in (("An accepted proposal", accepted), ("A rejected proposal", rejected)):
+        st.markdown(f"**{label}**")
+        if rows.empty:
+            st.caption(f"None in this run: every proposal was "
+                       f"{'rejected' if label.startswith('An accepted') else 'accepted'}.")
+            continue
+        row = rows.iloc[0].to_dict()
+        with st.container(border=True):
+            st.caption(f"step {int(row['step'])} · node {md(row['node_id'])} · validation "
+                       f"alone: {fmt(row.get('val_alone'))}"
+                       + (f" · {md(row['reject_reason'])}" if isinstance(
+                           row.get("reject_reason"), str) else ""))
+            update_pane(row, node=row["node_id"], show_call=False,
+                        copies=probe_data.copies_training(tour.db, tour.run, row))
+
+
+def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
+    """Follow the gradient at each node for the tour's example: which one flips it?"""
+    probes = probe_data.probes(tour.db, tour.run, tour.step, example_id=tour.example)
+    probes = probes[probes["kind"] == "gradient"] if not probes.empty else probes
+    llm = [n for n in graph.model.order if n not in graph.model.functions]
+    rows = []
+    for node in llm:
+        mine = probes[probes["node_id"] == node] if not probes.empty else probes
+        if mine.empty:
+            rows.append({"node": node, "followed its gradient": "not probed yet"})
+            continue
+        p = mine.iloc[-1].to_dict()
+        rows.append({"node": node, "score before": fmt(p.get("before_score"), ".2f"),
+                     "score after": fmt(p.get("after_score"), ".2f"),
+                     "followed its gradient": flip_label(p.get("before_score"),
+                                                         p.get("after_score")),
+                     "answer after": str(p.get("after_output") or "")[:80]})
+    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    fixed = [r["node"] for r in rows if str(r["followed its gradient"]).startswith("fixed")]
+    if fixed:
+        st.success(f"Following the gradient at {_names(fixed)} turns example "
+                   f"`{md(tour.example)}` right: the probes blame "
+                   f"{'that node' if len(fixed) == 1 else 'those nodes'}.")
+    elif len(probes):
+        st.info("No single node's gradient fixes this example when followed alone.")
+    running = [j for j in jobs.probe_jobs(tour.db, tour.run) if jobs.poll(j)]
+    if running:
+        st.caption(":material/hourglass_top: probes running (python -m engine blame); "
+                   "reload the stage in a moment.")
+    elif st.button("Follow the gradient at every node", key="learn_blame", type="primary"):
+        job = jobs.start_blame(tour.run, tour.db, tour.step)
+        st.success(f"Started: {' '.join(job.command[2:])}")

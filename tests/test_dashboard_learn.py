@@ -1,0 +1,189 @@
+"""The Learn tour (issue 11, item 9; issue 10's "Check the blame") under AppTest: its text
+quotes the run's own data, the stage count matches the tabs, the gate shows an accepted
+and a rejected proposal, the sibling-blind contrast comes from a paired run, a proposal
+that copies training examples carries a caveat, and the blame stage reads the probes."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
+
+import duckdb
+import pytest
+from conftest_dashboard import REVIEWS, build_run_log, like_a_live_server, responder
+from streamlit.testing.v1 import AppTest
+
+from dashboard import jobs
+
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("learn")
+    built = build_run_log(folder)
+    from engine.llm.scripted import ScriptedBackend
+    from engine.run import RunConfig, execute
+
+    config = RunConfig(graph=str(folder / "demo.yaml"), backend="scripted",
+                       method="semantic-nosibling", steps=2, train=4, val=4, test=0, seed=0,
+                       db=str(built.db), cache="off", run_id="demo-nosibling")
+    result = asyncio.run(execute(config, forward_backend=ScriptedBackend(responder=responder)))
+    assert result.status == "finished"
+    return built
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, tmp_path):
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("SEMBACK_DB", "")
+
+
+def learn(db: Path, stage: str, **query) -> AppTest:
+    import os
+
+    os.environ["SEMBACK_DB"] = str(db)
+    with like_a_live_server():
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update({"tour": stage, **{k: str(v) for k, v in query.items()}})
+        at.run()
+        at.switch_page("screens/learn.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def text(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "caption", "code", "success", "warning", "info",
+                                  "title") for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts).replace("\\", "")
+
+
+def demo_example(db: Path, run: str, step: int = 1) -> tuple[str, str, str]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute("""SELECT l.example_id, l.target, l.prediction FROM losses l
+            JOIN gradients g USING (run_id, step, example_id)
+            WHERE l.run_id = ? AND l.step = ? ORDER BY l.example_id LIMIT 1""",
+                           [run, step]).fetchone()
+
+
+def test_title_counts_the_tabs_and_the_loss_text_quotes_the_example(log):
+    example, target, prediction = demo_example(log.db, log.demo)
+    at = learn(log.db, "Loss", run=log.demo, step=1, example=example)
+    (tabs,) = [b for b in at.get("button_group") if "Loss" in str(b.proto.options)]
+    title = at.title[0].value
+    count = int(title.split(" in ")[1].split()[0])
+    assert count == len(tabs.proto.options) == 9
+    body = text(at)
+    assert f"the expected output is “{target}”" in body
+    assert f"the graph answered “{prediction}”" in body
+    other = "No" if target == "Yes" else "Yes"
+    assert f"expected output is “{other}”" not in body
+
+
+def test_graph_text_names_the_nodes_and_their_prompts(log):
+    at = learn(log.db, "The graph", run=log.demo, step=1)
+    body = text(at)
+    assert "`mood` reads `review`" in body and "`answer` (the output node) reads `review` " \
+        "and `mood`" in body
+    assert "“Write one word about the text.”" in body
+
+
+def test_gate_shows_an_accepted_and_a_rejected_proposal(log, tmp_path):
+    db = tmp_path / "gate.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:  # one accepted and one rejected, whatever the run had
+        con.execute("""INSERT INTO updates (run_id, step, node_id, old_prompt, new_prompt,
+            accepted, val_before, val_after, reject_reason) VALUES
+            (?, 3, 'answer', 'Answer Yes or No.', 'Say Yes.', false, 0.5, 0.25,
+             'validation did not improve'),
+            (?, 3, 'mood', 'Write one word about the text.', 'Name the feeling.', true, 0.5,
+             0.75, NULL)""", [log.demo, log.demo])
+        accepted, rejected = con.execute("""SELECT count(*) FILTER (WHERE accepted),
+            count(*) FILTER (WHERE NOT accepted) FROM updates WHERE run_id = ?
+            AND new_prompt <> old_prompt""", [log.demo]).fetchone()
+    at = learn(db, "The gate", run=log.demo, step=1)
+    body = text(at)
+    assert f"{accepted} accepted, {rejected} rejected by the gate" in body
+    assert "An accepted proposal" in body and "A rejected proposal" in body
+    with duckdb.connect(str(db), read_only=True) as con:
+        reason = con.execute("""SELECT reject_reason FROM updates WHERE run_id = ? AND NOT
+            accepted AND new_prompt <> old_prompt ORDER BY step, node_id LIMIT 1""",
+                             [log.demo]).fetchone()[0]
+    assert reason in body  # the engine's own reason for the rejection
+    assert any("rejected by the validation gate" in m.value for m in at.markdown)
+
+
+def test_a_proposal_that_copies_a_training_review_carries_a_caveat(log, tmp_path):
+    db = tmp_path / "copy.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        train = con.execute("SELECT fields->>'review' FROM examples WHERE run_id = ? AND "
+                            "split = 'train' ORDER BY position LIMIT 1", [log.demo]).fetchone()[0]
+        con.execute("UPDATE updates SET new_prompt = new_prompt || ' For example: ' || ? "
+                    "WHERE run_id = ? AND step = 1", [train, log.demo])
+    assert train in dict(REVIEWS) and len(train) >= 24
+    at = learn(db, "Update", run=log.demo, step=1)
+    warnings = [w.value for w in at.warning]
+    assert any("copies training examples" in w and train[:20] in w.replace("\\", "")
+               for w in warnings)
+    clean = learn(log.db, "Update", run=log.demo, step=1)
+    assert not any("copies training examples" in w.value for w in clean.warning)
+
+
+def test_without_siblings_shows_both_gradients_of_the_same_example(log):
+    example, _, _ = demo_example(log.db, log.demo)
+    at = learn(log.db, "Without siblings", run=log.demo, step=1, example=example)
+    body = text(at)
+    assert "demo-nosibling" in body and "semantic-nosibling" in body
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        grads = dict(con.execute("""SELECT run_id, content FROM gradients WHERE step = 1
+            AND example_id = ? AND node_id = 'mood' AND kind = 'gradient'""",
+                                 [example]).fetchall())
+    for run in (log.demo, "demo-nosibling"):
+        if run in grads:
+            assert grads[run] in [c.value for c in at.code]
+
+
+def test_without_a_paired_run_the_stage_offers_to_start_one(log, tmp_path, monkeypatch):
+    db = tmp_path / "alone.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM runs WHERE run_id = 'demo-nosibling'")
+    specs = []
+    monkeypatch.setattr(jobs, "start", lambda spec: specs.append(spec) or jobs.Job(
+        "demo-x", str(db), 1, "", [], time.time(), 1))
+    at = learn(db, "Without siblings", run=log.demo, step=1)
+    at.button(key="learn_pair").click().run()
+    (spec,) = specs
+    assert spec.method == "semantic-nosibling" and spec.seed == 0
+    assert spec.graph.endswith("demo.yaml")
+
+
+def test_check_the_blame_reads_the_probes_and_starts_blame(log, tmp_path, monkeypatch):
+    example, target, _ = demo_example(log.db, log.demo)
+    db = tmp_path / "blame.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        for i, (node, after) in enumerate((("mood", 1.0), ("answer", 0.0))):
+            con.execute("""INSERT INTO probes (probe_id, run_id, step, example_id, node_id,
+                kind, intervention, before_output, after_output, before_score, after_score,
+                created_at, call_ids, leaks_target) VALUES (?, ?, 1, ?, ?, 'gradient', 'x',
+                'wrong', ?, 0.0, ?, ?, '[]', false)""",
+                        [f"p{i}", log.demo, example, node, target if after else "wrong",
+                         after, float(i)])
+    commands = []
+    monkeypatch.setattr(jobs, "launch", lambda cmd, *a, **k: commands.append(cmd) or jobs.Job(
+        log.demo, str(db), 1, "", cmd, time.time(), 0, returncode=0, kind="blame"))
+    at = learn(db, "Check the blame", run=log.demo, step=1, example=example)
+    table = at.dataframe[0].value.set_index("node")
+    assert table.loc["mood", "followed its gradient"].startswith("fixed")
+    assert table.loc["answer", "followed its gradient"].startswith("unchanged")
+    assert "Following the gradient at `mood` turns example" in text(at)
+    at.button(key="learn_blame").click().run()
+    assert commands[-1][2:5] == ["engine", "blame", log.demo]
+    assert commands[-1][-2:] == ["--step", "1"]
