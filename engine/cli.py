@@ -170,8 +170,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise RunLogError(f"run '{args.run_id}' has already finished; nothing to resume")
     steps = RunConfig.from_json(point.config).steps
     done = 0 if point.state is None else point.state.step + 1
-    return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners),
-                          steps, done)
+    functions = None
+    if getattr(args, "functions", None):
+        from engine.api_support import load_functions
+
+        functions = load_functions(args.functions)
+    return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners,
+                                                   functions=functions), steps, done)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -330,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume", help="continue a run from its last complete step")
     p.add_argument("run_id")
     p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("runs", help="list the runs in a run log")

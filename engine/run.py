@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import json
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from engine.forward import RunContext
 from engine.graph import Graph, load_graph, parse_graph
 from engine.llm.base import Backend
 from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
-from engine.methods import make_method
+from engine.methods import METHODS, Method, make_method
 from engine.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
 from engine.prompts import prompt_set
 from engine.runlog.schema import RunLogError
@@ -108,6 +109,19 @@ class StepCallGuard:
                 f"step {event.step}: all {self.tried[event.step]} model calls failed (last: "
                 f"{self.last_error.get(event.step)}); the step was not logged: resume the run "
                 f"once the model answers")
+
+
+def method_from_config(config: RunConfig) -> Method:
+    """The run's method; an option it does not take is a ValueError of one line."""
+    try:
+        return make_method(config.method, **config.method_options)
+    except TypeError:
+        cls = METHODS.get(config.method)
+        takes = [p for p in inspect.signature(cls).parameters] if cls else []
+        known = f"its options: {', '.join(takes)}" if takes else "it takes no options"
+        given = ", ".join(sorted(config.method_options))
+        raise ValueError(f"--option {given}: not an option of method '{config.method}' "
+                         f"({known})") from None
 
 
 def without_credentials(url: str) -> str:
@@ -199,7 +213,7 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
     split of their own (GSM8K, LIAR); it must be disjoint, which is checked. `graph`, a
     graph already built (engine.api), replaces loading `config.graph`."""
     graph = graph or load_graph(config.graph)
-    make_method(config.method, **config.method_options)  # fail fast on a bad method
+    method_from_config(config)  # fail fast on a bad method or option
     prompt_set(config.prompts)  # and on an unknown prompt set
     if splits is None:
         splits = load_splits(config, graph)
@@ -222,15 +236,17 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
 
 async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None,
                  optimizer_backend: Backend | None = None,
-                 listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
-    """Continue `run_id` from its last complete step with its accepted prompts."""
+                 listeners: tuple[Callable[[Any], None], ...] = (),
+                 functions: Mapping[str, Callable[..., Any]] | None = None) -> RunResult:
+    """Continue `run_id` from its last complete step with its accepted prompts;
+    `functions` binds the logged graph's Python function names again (engine.api)."""
     point = load_resume_state(db, run_id)
     if point.status == "finished":
         raise RunLogError(f"run '{run_id}' has already finished; nothing to resume")
     config = RunConfig.from_json(point.config)
     config.db, config.run_id = db, run_id
     open_for_writing(db)  # before any model call
-    graph = parse_graph(point.graph_yaml, config.graph)
+    graph = parse_graph(point.graph_yaml, config.graph, functions)
     splits = Splits(*(_examples_of(point.examples, s) for s in ("train", "val", "test")))
     return await _drive(config, graph, splits, point.state, forward_backend, optimizer_backend,
                         listeners, new=False, test_done=point.test_done)
@@ -245,7 +261,7 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
                  state: OptimizerState | None, forward_backend, optimizer_backend, listeners,
                  *, new: bool, test_done: bool = False, run_extra: dict | None = None,
                  prologue: Callable[[RunContext], Any] | None = None) -> RunResult:
-    method = make_method(config.method, **config.method_options)
+    method = method_from_config(config)
     cache = load_cache(config.db, config.cache)
     client = make_client(config, cache, forward_backend, optimizer_backend)
     writer = RunLogWriter(config.db, config.run_id, cache)

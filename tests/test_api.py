@@ -315,3 +315,14 @@ def test_bad_rows_are_refused_with_one_line(tmp_path):
                  backend="scripted", db=tmp_path / "runs.duckdb")
     with pytest.raises(ValueError, match="give train data with val"):
         optimize(tool_graph(), val=ROWS[:2], backend="scripted", db=tmp_path / "runs.duckdb")
+
+
+@pytest.mark.parametrize("method", ["semantic", "semantic-evaluative", "textgrad",
+                                    "semantic-nosibling", "gtbp", "none"])
+def test_every_method_calls_on_the_described_tool_only(tmp_path, method):
+    backend = ScriptedBackend(responder=plan_from_question)
+    result = optimize(tool_graph(), train=ROWS[:4], val=ROWS[4:], backend=backend, steps=1,
+                      method=method, failures_per_step=3, db=tmp_path / "runs.duckdb")
+    called = {r.meta.get("node") for r in backend.requests if r.purpose == "backward"}
+    assert result.status == "finished"
+    assert called == (set() if method == "none" else {"add", "final"})

@@ -164,3 +164,30 @@ def test_functions_file_may_import_its_sibling_modules(tmp_path):
     functions = load_functions(tmp_path / "tools.py")
     assert functions["calculator"]("abc") == "ABC"
     assert str(tmp_path) not in __import__("sys").path
+
+
+def test_resume_binds_the_functions_again(tmp_path, capsys):
+    import asyncio
+
+    from engine.api import Graph
+    from engine.api_support import load_functions
+    from engine.events import StepFinished
+    from engine.run import RunConfig, execute
+
+    path, db = graph_file(tmp_path), tmp_path / "runs.duckdb"
+
+    def stop_after_step_0(event):
+        if isinstance(event, StepFinished) and event.step == 0:
+            raise RuntimeError("stopped for the test")
+
+    spec = Graph.from_yaml(path, functions=load_functions(SAMPLE)).spec
+    with pytest.raises(RuntimeError):
+        asyncio.run(execute(RunConfig(graph=str(path), steps=2, db=str(db), run_id="r"),
+                            graph=spec, listeners=(stop_after_step_0,)))
+    assert main(["resume", "r", "--db", str(db)]) == 2
+    assert "unknown function 'calculator'" in error_line(capsys)
+    assert main(["resume", "r", "--db", str(db), "--functions", str(SAMPLE)]) == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        status, steps = con.execute("SELECT status, (SELECT max(step) FROM steps) FROM runs"
+                                    ).fetchone()
+    assert (status, steps) == ("finished", 2)
