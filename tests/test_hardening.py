@@ -354,3 +354,24 @@ def test_bad_export_is_refused_and_nothing_written(tmp_path, capsys, change, pro
     err = one_error_line(capsys)
     assert problem in err and "transaction" not in err
     assert not target.exists()
+
+
+# --- item 5: smaller ones ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, option, known", [
+    ("semantic", "bogus=1", "it takes no options"),
+    ("gtbp", "m9=1", "its options: m0"),
+])
+def test_unknown_method_option_is_one_line(tmp_path, capsys, method, option, known):
+    args = run_args(tmp_path, tmp_path / "r.duckdb") + ["--method", method, "--option", option]
+    assert main(args) == 2
+    err = one_error_line(capsys)
+    assert option.split("=")[0] in err and known in err
+    assert not (tmp_path / "r.duckdb").exists()
+
+
+def test_run_error_has_no_blank_line_before_it(tmp_path, capsys):
+    assert main(run_args(tmp_path, tmp_path / "r.duckdb") + ["--val", "999"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, repr(err)
