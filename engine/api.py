@@ -75,6 +75,7 @@ class Graph:
         self._nodes: list[dict[str, Any]] = []
         self._functions: dict[str, Callable[..., Any]] = {}
         self._spec: G.Graph | None = None
+        self._probe({"id": "probe-node", "prompt": "p", "inputs": ["probe-field"]}, {})
 
     # --- building --------------------------------------------------------------------
 
@@ -113,14 +114,23 @@ class Graph:
              ) -> Graph:
         if any(str(n["id"]) == str(node["id"]) for n in self._nodes):
             raise GraphError(self._where, "duplicate node id", node=str(node["id"]))
+        if str(node["id"]) in self.input_fields:
+            raise GraphError(self._where, "node id clashes with an input field of the same name",
+                             node=str(node["id"]))
         bound = {**self._functions, **functions}
-        # the node alone, as the loader sees it: the same checks and the same messages
-        probe = {**self._top(placeholder_metric=True), "input_fields": [*{*self.input_fields, *node["inputs"]} - {
-            node["id"]}], "nodes": [{**_clean(node), "output": True}]}
-        _parse(yaml.safe_dump(probe, sort_keys=False), self._where, bound)
+        self._probe(node, bound)
         self._nodes.append(node)
         self._functions, self._spec = bound, None
         return self
+
+    def _probe(self, node: dict[str, Any], bound: Mapping[str, Callable[..., Any]]) -> None:
+        """Check the top-level values and one node as the loader sees them (the same
+        checks, the same messages): the node alone, its inputs read as fields."""
+        fields = [*self.input_fields, *(i for i in node["inputs"]
+                                        if i not in self.input_fields and i != node["id"])]
+        probe = {**self._top(placeholder_metric=True), "input_fields": fields or ["probe-field"],
+                 "nodes": [{**_clean(node), "output": True}]}
+        _parse(yaml.safe_dump(probe, sort_keys=False), self._where, bound)
 
     # --- the engine's graph ----------------------------------------------------------
 

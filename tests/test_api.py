@@ -210,6 +210,8 @@ def test_builder_refuses_what_the_loader_refuses_with_the_same_line():
 
 
 def test_builder_errors_match_the_loader_and_name_the_node():
+    with pytest.raises(GraphError, match=r"^<graph g>: unknown metric 'bleu' \(allowed: "):
+        Graph(name="g", input_fields=["question"], target_field="answer", metric="bleu")
     g = Graph(name="g", input_fields=["question"], target_field="answer")
     g.llm("a", prompt="p", inputs=["question"])
     with pytest.raises(GraphError, match=r"^<graph g>: node 'a': duplicate node id$"):
