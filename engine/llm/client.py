@@ -209,6 +209,8 @@ class LLMClient:
     async def _one_call(self, backend: Backend, request: LLMRequest,
                         record: CallRecord) -> LLMReply:
         self.stats.network_calls += 1
+        if request.schema is not None and backend.name in self.structured_refused:
+            request = dataclasses.replace(request, schema=None)  # built before the refusal
         try:
             try:
                 return await asyncio.wait_for(backend.complete(request), self.retry.timeout)

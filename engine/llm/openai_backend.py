@@ -2,7 +2,9 @@
 LM Studio, llama.cpp server), through the official `openai` SDK.
 
 The SDK's own retries are off: `LLMClient` retries, so that every attempt is counted
-and logged. SDK errors become `TransientLLMError` (worth retrying) or `LLMError` (not),
+and logged. A request with a JSON schema is sent with `response_format` {"type":
+"json_schema", ...} (OpenAI structured outputs, vLLM, llama.cpp server); a 400 or 422 that
+names it becomes `SchemaRefused`, on which the client falls back to text formats. SDK errors become `TransientLLMError` (worth retrying) or `LLMError` (not),
 with one-line messages from which the API key is scrubbed.
 """
 
@@ -18,6 +20,7 @@ from engine.llm.base import (
     LLMError,
     LLMReply,
     LLMRequest,
+    SchemaRefused,
     TransientLLMError,
     estimate_tokens,
 )
@@ -29,6 +32,10 @@ MISSING_CREDENTIALS = (
 )
 _MAX_MESSAGE_CHARS = 300
 POOLS = 8  # SDK clients (connection pools) a backend spreads its requests over
+# Words by which a 400/422 shows that the server refused the response_format, not the rest
+_SCHEMA_WORDS = ("response_format", "json_schema", "schema", "structured", "guided", "grammar")
+# Length limits are left to max_tokens: OpenAI's strict mode rejects these keywords
+_LENGTH_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems")
 
 
 class OpenAIBackend:
@@ -36,6 +43,7 @@ class OpenAIBackend:
     and OPENAI_API_KEY; with a base URL but no key a placeholder key is sent."""
 
     name = "openai"
+    supports_schema = True  # until a server refuses it (LLMClient then stops asking)
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None,
                  timeout: float = 120.0, extra_headers: dict[str, str] | None = None):
@@ -78,6 +86,8 @@ class OpenAIBackend:
             kwargs["top_p"] = request.top_p
         if request.stop:
             kwargs["stop"] = list(request.stop)
+        if request.schema is not None:
+            kwargs["response_format"] = response_format(request)
         try:
             client = self._clients[next(self._turn) % len(self._clients)]
             # The SDK's generic `post` (its documented way to reach any endpoint) sends the
@@ -87,8 +97,18 @@ class OpenAIBackend:
                                          cast_to=self._completion_type)
         except self._sdk.OpenAIError as exc:
             # `from None`: the SDK error holds the request, which holds the key.
+            if request.schema is not None and self._refuses_schema(exc):
+                raise SchemaRefused(f"openai: the server refused response_format "
+                                    f"({self._one_line(exc)})") from None
             raise self._map_error(exc) from None
-        return self._reply(request, response)
+        reply = self._reply(request, response)
+        reply.constrained = request.schema is not None
+        return reply
+
+    def _refuses_schema(self, exc: Exception) -> bool:
+        status = getattr(exc, "status_code", None)
+        text = str(exc).lower()
+        return status in (400, 422) and any(word in text for word in _SCHEMA_WORDS)
 
     def _reply(self, request: LLMRequest, response: Any) -> LLMReply:
         choices = getattr(response, "choices", None) or []
@@ -148,6 +168,24 @@ class OpenAIBackend:
     async def aclose(self) -> None:
         for client in self._clients:
             await client.close()
+
+
+def response_format(request: LLMRequest) -> dict[str, Any]:
+    """The `response_format` of a request with a schema: strict JSON schema output, named
+    after the request's role."""
+    name = "".join(c if c.isalnum() or c in "_-" else "_"
+                   for c in str(request.meta.get("role") or "reply"))[:64]
+    return {"type": "json_schema",
+            "json_schema": {"name": name, "strict": True,
+                            "schema": _without_lengths(request.schema or {})}}
+
+
+def _without_lengths(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _without_lengths(v) for k, v in schema.items() if k not in _LENGTH_KEYWORDS}
+    if isinstance(schema, list):
+        return [_without_lengths(v) for v in schema]
+    return schema
 
 
 def scrub(text: str, secret: str) -> str:

@@ -16,6 +16,11 @@ Faults are consumed in order, one per chat request, before the normal reply:
   ("status", code, None, msg)   an error whose body message is `msg` (no Retry-After)
   ("hang", seconds)             wait `seconds` before answering normally
   ("empty",)                    answer with empty content
+
+Structured outputs: the default responder answers a request whose `response_format` is
+{"type": "json_schema", "json_schema": {"schema": ...}} with a JSON object that follows the
+schema (`schema_reply`). `FakeOpenAIServer(reject_response_format=True)` plays a server
+without structured outputs: any request with a `response_format` gets a 400 that names it.
 """
 
 from __future__ import annotations
@@ -35,12 +40,44 @@ Responder = Callable[[dict], str]
 def default_responder(body: dict) -> str:
     """A deterministic reply that the engine's parsers accept for every purpose: an
     `<output>42</output>` answer and a `<prompt>…</prompt>` revision tagged with a
-    short digest of the last user message (so different requests get different text)."""
+    short digest of the last user message (so different requests get different text);
+    a JSON object following the schema when the request has a json_schema response_format."""
     users = [m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"]
     digest = hashlib.sha256((users[-1] if users else "").encode("utf-8")).hexdigest()[:8]
+    schema = requested_schema(body)
+    if schema is not None:
+        return json.dumps(schema_reply(schema, digest))
     return (f"<output>42</output>\n"
             f"<prompt>Answer the question carefully and give only the final answer. "
             f"[{digest}]</prompt>")
+
+
+def requested_schema(body: dict) -> dict | None:
+    """The JSON schema a request's response_format asks for, or None."""
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") != "json_schema":
+        return None
+    return (fmt.get("json_schema") or {}).get("schema") or {}
+
+
+def schema_reply(schema: dict, tag: str = "") -> Any:
+    """A value that follows `schema` (objects, arrays, strings, numbers, booleans): every
+    required property, strings naming their field and carrying `tag`."""
+    kind = schema.get("type")
+    if kind == "object":
+        props = schema.get("properties", {})
+        keys = schema.get("required", list(props))
+        return {k: schema_reply(props.get(k, {"type": "string"}), f"{k} [{tag}]") for k in keys}
+    if kind == "array":
+        count = max(1, schema.get("minItems", 1))
+        return [schema_reply(schema.get("items", {"type": "string"}), f"{tag} {i + 1}")
+                for i in range(count)]
+    if kind in ("integer", "number"):
+        return 1
+    if kind == "boolean":
+        return True
+    text = f"Answer the question carefully: {tag}"
+    return text[: schema.get("maxLength", len(text))]
 
 
 def _count_tokens(text: str) -> int:
@@ -58,8 +95,9 @@ class FakeOpenAIServer:
     in arrival order) and `authorizations` (the Authorization header of each)."""
 
     def __init__(self, latency: float = 0.0, responder: Responder | None = None,
-                 faults: Iterable[Fault] | None = None):
+                 faults: Iterable[Fault] | None = None, reject_response_format: bool = False):
         self.latency = latency
+        self.reject_response_format = reject_response_format
         self.responder = responder or default_responder
         self.requests: list[dict] = []
         self.authorizations: list[str | None] = []
@@ -185,6 +223,10 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 return
             fault = server._record(body, self.headers.get("Authorization"))
             server._sleep(server.latency)
+            if server.reject_response_format and body.get("response_format"):
+                self._send_json(400, _error("response_format is not supported by this server",
+                                            "invalid_request_error"))
+                return
             text = None
             if fault is not None:
                 kind = fault[0]
