@@ -95,3 +95,20 @@ def test_unknown_run_warns_and_copy_link_copies_the_address(server, page):
     assert params(copied) == params(page.url)
     assert params(copied)["node"] == "hint_a"
 
+
+
+def test_clicking_an_example_row_selects_it(server, page):
+    base, log = server
+    page.goto(f"{base}/examples?run={log.semantic}&step=1&split=train&failing=1")
+    settle(page)
+    grid = page.locator("[data-testid='stDataFrame']").first
+    box = grid.bounding_box()
+    # the row-selection column, second data row (rows are 35 px under a 35 px header)
+    page.mouse.click(box["x"] + 12, box["y"] + 35 + 35 + 17)
+    settle(page)
+    second = params(page.url)["example"]
+    assert second != log.example
+    main = page.locator("[data-testid='stMain']")
+    expect(main.get_by_text(f"Example {second} at step 1")).to_be_visible()
+    link = main.get_by_role("link", name="Open in the node inspector")
+    assert f"example={second}" in link.get_attribute("href")
