@@ -160,9 +160,7 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     """Print the per-node table; return the lines that follow it."""
     widest = max((len(row.node_id) for row in report.nodes), default=4)
     table = Table(Column("node", no_wrap=True, min_width=widest), "probed", "gradient flips",
-                  "leaks", "edit flips", "grad chars", Column("", no_wrap=True), caption="gradient flips: examples flipped to correct by following the "
-                  "node's gradient (not counting leaks: rewrites that contain the target); "
-                  "edit flips: by the node's proposed edit alone",
+                  "leaks", "edit flips", "grad chars", Column("", no_wrap=True),
                   title=f"blame: run {report.run_id}, step {report.step}, "
                         f"{len(report.examples)} failing examples")
     for row in report.nodes:
@@ -176,7 +174,10 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                       f"{row.edit_flips}/{row.edit_probed}" if row.has_edit else "no edit",
                       f"{row.gradient_chars:.0f}", ", ".join(marks))
     out.print(table)
-    lines = []
+    lines = ["gradient flips: failing examples made correct by following the node's gradient, "
+             "not counting leaks (rewrites that contain the target); edit flips: by the "
+             "node's proposed edit alone; grad chars: mean length of the gradient it "
+             "received (0 when it asked for no change)"]
     if not report.blamed:
         lines.append("probes blame: no node (no gradient probe flipped an example without "
                      "leaking the target)")
