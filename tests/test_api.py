@@ -328,3 +328,19 @@ def test_every_method_calls_on_the_described_tool_only(tmp_path, method):
     called = {r.meta.get("node") for r in backend.requests if r.purpose == "backward"}
     assert result.status == "finished"
     assert called == (set() if method == "none" else {"add", "final"})
+
+
+def test_every_sample_graph_file_round_trips_through_the_builder():
+    from pathlib import Path
+
+    from engine.graph import load_graph
+
+    def unlined(graph):
+        return [replace(n, line=None) for n in graph.nodes]
+
+    for path in sorted((Path(__file__).parents[1] / "sample_graphs").glob("*.yaml")):
+        original = load_graph(path)
+        again = parse_graph(Graph.from_yaml(path).to_yaml())
+        assert unlined(again) == unlined(original), path.name
+        assert (again.metric, again.splits, again.answer_format, again.dataset) == \
+            (original.metric, original.splits, original.answer_format, original.dataset)
