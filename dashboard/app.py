@@ -61,9 +61,13 @@ def unknown_run(run_ids: list[str]) -> bool:
     if wanted is None or wanted in run_ids:
         return False
     st.warning(f"Run `{wanted}` is not in this run log.", icon=":material/link_off:")
+    picked = st.selectbox("Run", run_ids, index=None, key="run_instead",
+                          placeholder="pick a run")
     if st.button(f"Open the newest run, {run_ids[0]}", key="open_newest"):
-        links.write({"run": run_ids[0]})
-        st.session_state["run"] = run_ids[0]
+        picked = run_ids[0]
+    if picked is not None:
+        links.write({"run": picked})
+        st.session_state["run"] = picked
         st.rerun()
     links.warn(f"The link names run `{wanted}`, which is not in this run log "
                f"({st.session_state.get('db')}). Pick a run in the sidebar, or open the "

@@ -232,6 +232,9 @@ def test_a_link_to_an_unknown_run_warns_and_shows_no_other_run(open_page, log):
     assert not any(s.key == "run" for s in at.selectbox)  # no run shown in its place
     assert any(b.label.startswith("Open the newest run") for b in at.button)
     assert "No run selected" in texts(at)
+    at.selectbox(key="run_instead").select(log.textgrad).run()  # picking one opens it
+    assert at.selectbox(key="run").value == log.textgrad
+    assert at.query_params["run"] == log.textgrad and not at.warning
 
 
 @pytest.mark.parametrize(("param", "value", "shown"), [
