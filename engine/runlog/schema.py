@@ -141,12 +141,17 @@ def check_intact(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
     """Refuse a file shorter than the blocks its header promises (a truncated copy): such a
     file opens, but its later blocks fail on read, and a write would go to a WAL that no
     reader could replay."""
-    row = con.execute("SELECT block_size, total_blocks FROM pragma_database_size()"
-                      ).fetchall()
-    if not row or not Path(path).is_file():
+    if not Path(path).is_file():
         return
-    block_size, total = row[0]
-    needed = _HEADER_BYTES + int(block_size or 0) * int(total or 0)
+    block_size = con.execute("SELECT block_size FROM pragma_database_size()").fetchall()[0][0]
+    tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                        "WHERE table_schema = 'main'").fetchall()]
+    last = -1  # the highest data block any table uses (metadata only: no data is read)
+    for table in tables:
+        row = con.execute("SELECT max(block_id) FROM pragma_storage_info(?) WHERE persistent",
+                          [table]).fetchall()
+        last = max(last, row[0][0] if row and row[0][0] is not None else -1)
+    needed = _HEADER_BYTES + int(block_size or 0) * (last + 1)
     size = Path(path).stat().st_size
     if size < needed:
         raise RunLogError(f"{path}: the run log is truncated ({size:,} of {needed:,} bytes); "
