@@ -15,10 +15,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from engine.console import console, out
 from engine.data.examples import SplitError
 from engine.events import CallRecord, Proposal, StepFinished
 from engine.graph import GraphError, load_graph
@@ -26,8 +26,6 @@ from engine.graph import GraphError, load_graph
 EXIT_BAD_INPUT = 2
 FUNCTIONS_HELP = ("a Python file to import: the graph's kind: function nodes bind to its "
                   "functions by name")
-console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
 
 
 class UsageError(Exception):

@@ -25,6 +25,7 @@ from engine.experiment.cells import (
     expand,
     finished_runs,
     prepare,
+    resolved_models,
     run_cell,
     run_cells,
 )
@@ -36,7 +37,6 @@ from engine.experiment.estimate import (
     confirm,
     estimate_run,
     estimate_table,
-    resolved_models,
 )
 from engine.experiment.plan import (
     ENTRY_KEYS,
@@ -119,7 +119,7 @@ def _selected(cells: list[Cell], methods: str | None) -> list[Cell]:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from engine.cli import console, out
+    from engine.console import console, out
     from engine.llm.factory import default_backend_kind
 
     plan = load_plan(args.plan)

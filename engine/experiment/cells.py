@@ -18,7 +18,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from engine.data.datasets import DatasetError, bbh_tasks, load_examples, with_target
 from engine.data.examples import SplitError, Splits, split_examples
 from engine.events import CallRecord, StepFinished
-from engine.experiment.estimate import resolved_models
 from engine.experiment.plan import Entry, Plan, PlanError, Variant
 from engine.graph import GraphError, load_graph
 from engine.llm.base import LLMError
@@ -126,6 +125,14 @@ def _load_cell_splits(config: RunConfig, entry: Entry) -> Splits:
             n_test = max(total - n_train - n_val, 0)
         splits = load_splits(replace(config, test=n_test), graph)
     return splits
+
+
+def resolved_models(config: RunConfig) -> tuple[str, str]:
+    """The (forward, optimizer) model names a run with `config` will record."""
+    from engine.llm.factory import default_model
+
+    model = config.model or default_model(config.backend)
+    return model, config.optimizer_model or model
 
 
 # --- running --------------------------------------------------------------------------

@@ -4,17 +4,15 @@ tokens and cost, per entry and in total, and the confirmation to go ahead."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from rich.table import Table
 
+from engine.experiment.cells import Cell, resolved_models
 from engine.experiment.plan import PlanError
 from engine.graph import Graph, load_graph
 from engine.methods import METHODS
 from engine.run import RunConfig
-
-if TYPE_CHECKING:  # cells imports this module (resolved_models)
-    from engine.experiment.cells import Cell
 
 # Average tokens per call, for the estimate only (the run log records the real figures):
 # a forward call shows the question, the hints and the node's prompt; a backward or update
@@ -83,13 +81,6 @@ def estimate_run(graph: Graph, config: RunConfig, n_train: int, n_val: int, n_te
              cost_usd(prices, models[1], optimizer * OPTIMIZER_TOKENS[0],
                       optimizer * OPTIMIZER_TOKENS[1])]
     return Estimate(1, forward, optimizer, None if None in costs else sum(costs))
-
-
-def resolved_models(config: RunConfig) -> tuple[str, str]:
-    from engine.llm.factory import default_model
-
-    model = config.model or default_model(config.backend)
-    return model, config.optimizer_model or model
 
 
 def estimate_table(cells: list[Cell], pending: list[Cell]) -> tuple[Table, Estimate]:
