@@ -1,0 +1,92 @@
+"""The embedded SmolLM2-135M under grammar-constrained decoding returns schema-valid JSON for
+every structured reply role, and the parsers read it without a fallback (issue 15).
+
+The schemas' string limits are shrunk for this test so that it stays short (one generation
+of at most about a hundred tokens per role); their shape is each role's real one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine import prompts as P
+from engine import structured as S
+from engine.llm.client import LLMClient, RetryPolicy
+from engine.methods.gtbp import parse_claims_reply, parse_inferred_input, parse_target
+from tests.support.json_schema import assert_follows
+from tests.test_local_backend import _local_model_missing
+from tests.test_structured import NAMES, _view, role_messages
+
+pytestmark = pytest.mark.skipif(_local_model_missing() is not None,
+                                reason=str(_local_model_missing()))
+
+
+@pytest.fixture(autouse=True)
+def short_schemas(monkeypatch):
+    for name, value in (("REASONING_CHARS", 60), ("REASONING_MIN", 10), ("GRADIENT_CHARS", 60),
+                        ("PROMPT_CHARS", 80), ("TARGET_CHARS", 60), ("CLAIM_CHARS", 40),
+                        ("MAX_CLAIMS", 2)):
+        monkeypatch.setattr(S, name, value)
+
+
+def messages_for(role):
+    if role == "backward_evaluative":
+        return P.backward_messages(P.BackwardView(**{**_view(NAMES).__dict__,
+                                                     "mode": "evaluative"})), NAMES
+    if role == "backward_single":
+        return P.backward_messages(_view(["hint_a"])), ["hint_a"]
+    return role_messages()[role]
+
+
+def parsed_problem(role, text, names):
+    if role.startswith("backward"):
+        return P.parse_gradients(text, names)[1]
+    if role == "update":
+        return P.parse_prompt(text)[2]
+    if role == "gtbp_combine":
+        return parse_target(text)[1]
+    if role == "gtbp_input":
+        return parse_inferred_input(text, names, {"question"}, {})[1]
+    return parse_claims_reply(text)[2]
+
+
+ROLES = ["backward_joint", "backward_evaluative", "backward_single", "update", "gtbp_combine",
+         "gtbp_input", "gtbp_update"]
+
+
+def test_every_role_gets_schema_valid_json_from_the_embedded_model():
+    from engine.llm.local import MODEL_NAME, LocalBackend
+
+    async def go():
+        backend = LocalBackend(n_ctx=1024)
+        client = LLMClient(forward_backend=backend, forward_model=MODEL_NAME,
+                           retry=RetryPolicy(max_retries=0, timeout=300))
+        out = []
+        try:
+            for role in ROLES:
+                messages, names = messages_for(role)
+                purpose = "update" if role in ("update", "gtbp_update") else "backward"
+                request = client.request(purpose, messages, max_tokens=8,  # raised to fit
+                                         meta={"role": role, "inputs": names})
+                out.append((role, names, request, await client.call(request, step=1)))
+        finally:
+            await client.aclose()
+        return out
+
+    for role, names, request, record in asyncio.run(go()):
+        assert request.schema is not None and record.error is None, (role, record.error)
+        assert record.constrained is True
+        assert_follows(request.schema, record.response)
+        assert parsed_problem(role, S.reply_text(record.response, role, names), names) is None, \
+            (role, record.response)
+
+
+def test_the_grammar_forbids_raw_newlines_inside_json_strings():
+    """The schema converter's character rule lets raw control characters into strings,
+    which makes the reply invalid JSON; the backend narrows it."""
+    from engine.llm.local import LocalBackend
+
+    grammar = LocalBackend()._grammar(S.schema_for("update"))._grammar
+    [rule] = [line for line in grammar.splitlines() if line.startswith("char ::=")]
+    assert "\\x00-\\x1F" in rule
