@@ -1,10 +1,10 @@
 """The dashboard in a real browser: Debian's chromium driven by Playwright against
 `streamlit run dashboard/app.py` on a free localhost port.
 
-Opens a deep link, clicks a node in the node chart, follows it to the inspector, sees the
-gradient and the diff, and checks that the HTML payload in a model reply did not run
-(`window.__xss` stays undefined in the page and in the graph's iframe) while its literal
-text is visible. Saves a screenshot of every page under test-artifacts/screenshots/.
+Opens deep links to the inspector and Step through (the graph drawing, clicks on it
+and every page's deep link are in test_dashboard_browser_graph.py), and checks that the
+HTML payload in a model reply did not run (`window.__xss` stays undefined in the page
+and in every iframe) while its literal text is visible. Saves a screenshot of every page under test-artifacts/screenshots/.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
 
 import pytest
-from conftest_dashboard import ADDED_WORDS, HINT_A_OUTPUT, XSS, build_run_log
+from conftest_dashboard import ADDED_WORDS, HINT_A_OUTPUT, build_run_log
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,37 +117,6 @@ def no_script_ran(page) -> None:
     assert page.outside == []
 
 
-def test_deep_link_click_a_node_and_read_its_gradient_and_diff(server, page):
-    base, log = server
-    page.goto(f"{base}/graph?run={log.semantic}&step=1&example={log.example}&node=hint_a")
-    settle(page)
-    expect(page.get_by_text("Node hint_a", exact=True)).to_be_visible()
-    page.screenshot(path=str(SHOTS / "graph.png"))
-
-    # click `final` in the node chart (its third point): the sidebar picker follows
-    chart = page.locator("[data-testid='stPlotlyChart']").first
-    chart.scroll_into_view_if_needed()
-    points = chart.locator(".scatterlayer .trace").last.locator("path.point")
-    expect(points).to_have_count(3)
-    points.nth(2).click(force=True)
-    expect(page.get_by_text("Node final", exact=True)).to_be_visible(timeout=30_000)
-    settle(page)
-    picker = page.locator("[data-testid='stSidebar']").get_by_role("combobox", name="Node")
-    expect(picker).to_have_value("final")
-    assert "node=final" in page.url  # the picker is bound to the query parameter
-
-    # follow the link to the inspector: the gradient from the loss and the diff
-    page.get_by_text("Open in the node inspector").click()
-    expect(page.get_by_text("Node final", exact=True)).to_be_visible(timeout=30_000)
-    settle(page)
-    assert "node=final" in page.url and f"run={log.semantic}" in page.url
-    main = page.locator("[data-testid='stMain']")
-    expect(main.get_by_text("Gradient from the loss (output gradient)")).to_be_visible()
-    expect(main.get_by_text("The expected output is", exact=False).first).to_be_visible()
-    expect(main.locator(".semback-diff ins").first).to_be_visible()
-    no_script_ran(page)
-
-
 def test_inspector_deep_link_shows_the_payload_as_text(server, page):
     base, log = server
     page.goto(f"{base}/inspect?run={log.semantic}&step=1&example={log.example}"
@@ -165,25 +134,6 @@ def test_inspector_deep_link_shows_the_payload_as_text(server, page):
     page.wait_for_timeout(500)  # an onerror handler would have fired by now
     no_script_ran(page)
     page.screenshot(path=str(SHOTS / "inspect.png"))
-
-
-def test_graph_tooltip_shows_the_payload_as_text(server, page):
-    base, log = server
-    page.goto(f"{base}/graph?run={log.semantic}&step=1&example={log.example}&node=hint_a")
-    settle(page)
-    frame = next(f for f in page.frames if f.evaluate("typeof network") == "object")
-    # hover hint_a on the canvas: the tooltip is built from its escaped title
-    box = page.locator("iframe").first.bounding_box()
-    x, y = frame.evaluate("""() => { const p = network.getPositions(['hint_a']).hint_a;
-                                      const d = network.canvasToDOM(p); return [d.x, d.y]; }""")
-    page.mouse.move(box["x"] + x, box["y"] + y)
-    popup = frame.locator("div.popup")
-    expect(popup).to_be_visible(timeout=10_000)
-    text = popup.inner_text()
-    assert XSS in text  # shown literally
-    assert popup.locator("img").count() == 0
-    page.wait_for_timeout(500)
-    no_script_ran(page)
 
 
 def test_step_through_next_and_previous(server, page):

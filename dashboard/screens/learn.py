@@ -163,12 +163,9 @@ if st.session_state.get(TOUR_KEY) not in STAGES:
 stage = st.segmented_control("Stage", STAGES, key=TOUR_KEY, bind="query-params",
                              required=True)
 stage = stage or STAGES[0]
-left, right = st.columns([2, 3])
-with left:
-    st.markdown(stage_text(stage, tour, graph))
-    st.button("Next stage ▶", on_click=_next, disabled=stage == STAGES[-1], key="tour_next")
-with right:
-    quantity = ("edit" if stage in ("Update", "The gate") else
-                "blame" if stage == "Check the blame" else "grad_chars")
-    draw_graph(tour, graph, quantity, highlight=highlight(stage, graph), height=300)
+quantity = ("edit" if stage in ("Update", "The gate") else
+            "blame" if stage == "Check the blame" else "grad_chars")
+draw_graph(tour, graph, quantity, highlight=highlight(stage, graph), height=300)
+st.markdown(stage_text(stage, tour, graph))
+st.button("Next stage ▶", on_click=_next, disabled=stage == STAGES[-1], key="tour_next")
 live(stage, tour, graph)

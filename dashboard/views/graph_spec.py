@@ -23,7 +23,7 @@ NODE_FONT, FIELD_FONT = 16, 14
 CHAR_WIDTH = 0.62  # of the font size: monospace advance, rounded up
 LINE_HEIGHT = 1.3  # of the font size
 MARGIN = 10  # px of padding inside a box, each side
-H_GAP, V_GAP = 130, 44  # px between columns (room for an edge label), between boxes
+H_GAP, V_GAP = 170, 44  # px between columns (room for an edge label), between boxes
 TOOLTIP_CHARS = 600
 
 

@@ -18,8 +18,13 @@ STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Without sib
 SIBLING_BLIND = ("semantic-nosibling", "textgrad")
 
 
+def code(text: object) -> str:
+    """Inline code in Markdown (no escaping inside a code span; no backtick can end it)."""
+    return "`" + str(text).replace("`", "'") + "`"
+
+
 def _names(items: list[str]) -> str:
-    quoted = [f"`{md(i)}`" for i in items]
+    quoted = [code(i) for i in items]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
@@ -29,20 +34,20 @@ def graph_text(graph: data.RunGraph, name: str) -> str:
     prompts = dict(graph.prompts)
     lines = [f"An **agentic graph** is a pipeline of language-model calls. Each box is a "
              f"node: a prompt (its *parameter*, the thing we optimize) applied to its inputs, "
-             f"fields of the example or outputs of earlier nodes. The `{md(name)}` graph has "
+             f"fields of the example or outputs of earlier nodes. The {code(name)} graph has "
              f"{len(model.order)} nodes:"]
     for node in model.order:
         reads = _names(list(dict(model.inputs).get(node, ())))
         role = " (the output node)" if node == model.output else ""
         prompt = prompts.get(node) or "a Python function"
-        lines.append(f"- `{md(node)}`{role} reads {reads}; its starting prompt: "
+        lines.append(f"- {code(node)}{role} reads {reads}; its starting prompt: "
                      f"“{md(prompt)}”")
     return "\n".join(lines)
 
 
 def forward_text(graph: data.RunGraph) -> str:
     order = list(graph.model.order)
-    sequence = ", then ".join(f"`{md(n)}`" for n in order)
+    sequence = ", then ".join(f"{code(n)}" for n in order)
     return (f"The **forward pass** runs every node as soon as its inputs exist, in dependency "
             f"order: {sequence}. Each run is one call; the reply is the node's output, which "
             "flows along the grey arrows. Below is what each node really did on the example.")
@@ -55,9 +60,9 @@ def loss_text(loss: dict | None, metric: str) -> str:
     target, prediction = str(loss.get("target") or ""), str(loss.get("prediction") or "")
     verdict = "correct" if (loss.get("score") or 0) >= 1 else "wrong"
     return (f"The **loss** compares the output node's answer with the expected one. On "
-            f"example `{md(loss.get('example_id'))}` the expected output is "
+            f"example {code(loss.get('example_id'))} the expected output is "
             f"“{md(target)}” and the graph answered “{md(prediction)}”: {verdict} (score "
-            f"{fmt(loss.get('score'), '.2f')}, metric `{md(metric)}`). The feedback sent back "
+            f"{fmt(loss.get('score'), '.2f')}, metric {code(metric)}). The feedback sent back "
             "into the graph (the *output gradient*) is shown below, as the engine wrote it.")
 
 
@@ -69,10 +74,10 @@ def gradient_text(graph: data.RunGraph) -> str:
         return ("The **backward pass** walks the graph in reverse; this graph's output node "
                 "reads no other node, so no gradient flows further.")
     others = [i for i in inputs if i != llm[0]]
-    return (f"The **backward pass** walks the graph in reverse. `{md(model.output)}` receives "
+    return (f"The **backward pass** walks the graph in reverse. {code(model.output)} receives "
             f"the feedback, and one call asks how each of its LLM-produced inputs "
             f"({_names(llm)}) should have been different. That call sees all of "
-            f"`{md(model.output)}`'s inputs together: for `{md(llm[0])}` its *siblings* are "
+            f"{code(model.output)}'s inputs together: for {code(llm[0])} its *siblings* are "
             f"{_names(others) if others else 'none'}. Just as the derivative of x₁·x₂ with "
             "respect to x₁ is x₂, a useful message to one input depends on what the others "
             "already provide. The orange arrow is the gradient; below is the exact backward "
@@ -121,10 +126,10 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
     method = (data.run(tour.db, tour.run) or {}).get("method", "semantic")
     mine = _gradient_row(tour.db, tour.run, tour.step, tour.example, node)
     theirs = _gradient_row(tour.db, pair["run_id"], tour.step, tour.example, node)
-    st.markdown(f"What `{md(node)}` received from `{md(model.output)}` on example "
-                f"`{md(tour.example)}` at step {tour.step}: left with its siblings "
-                f"(`{md(method)}`, run {md(tour.run)}), right without "
-                f"(`{md(pair['method'])}`, run {md(pair['run_id'])}).")
+    st.markdown(f"What {code(node)} received from {code(model.output)} on example "
+                f"{code(tour.example)} at step {tour.step}: left with its siblings "
+                f"({code(method)}, run {md(tour.run)}), right without "
+                f"({code(pair['method'])}, run {md(pair['run_id'])}).")
     left, right = st.columns(2)
     for column, row, label in ((left, mine, "with siblings"), (right, theirs,
                                                               "without siblings")):
@@ -182,7 +187,7 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
     fixed = [r["node"] for r in rows if str(r["followed its gradient"]).startswith("fixed")]
     if fixed:
         st.success(f"Following the gradient at {_names(fixed)} turns example "
-                   f"`{md(tour.example)}` right: the probes blame "
+                   f"{code(tour.example)} right: the probes blame "
                    f"{'that node' if len(fixed) == 1 else 'those nodes'}.")
     elif len(probes):
         st.info("No single node's gradient fixes this example when followed alone.")
