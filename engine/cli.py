@@ -21,7 +21,9 @@ from rich.table import Table
 from engine.console import console, out
 from engine.data.examples import SplitError
 from engine.events import CallRecord, Proposal, StepFinished
+from engine.events import Progress as PhaseProgress
 from engine.graph import GraphError, load_graph
+from engine.progress import progress_line
 
 EXIT_BAD_INPUT = 2
 FUNCTIONS_HELP = ("a Python file to import: the graph's kind: function nodes bind to its "
@@ -107,8 +109,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=_positive, help="forward generation limit")
     p.add_argument("--optimizer-max-tokens", type=_positive)
     p.add_argument("--cache", choices=("off", "read", "readwrite"), default="readwrite")
-    p.add_argument("--concurrency", type=_positive, default=16,
-                   help="calls in flight at once, across all backends")
+    p.add_argument("--concurrency", type=_positive, default=None,
+                   help="the most calls in flight at once, across all backends (default: "
+                        "adaptive, from 64 up to 256, halved when the server pushes back)")
     p.add_argument("--backend-limit", action="append", default=[], metavar="BACKEND=N",
                    help="a lower limit for one backend, e.g. openai=4 (repeatable)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
@@ -213,6 +216,12 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0) -> 
         if isinstance(event, CallRecord):
             calls["n"] += 1
             progress.update(task, calls=calls["n"])
+        elif isinstance(event, PhaseProgress):
+            of = f"/{event.calls_expected}" if event.calls_expected else ""
+            progress.update(task, description=f"step {event.step} {event.phase} "
+                                              f"{event.calls_done}{of}")
+            if not console.is_terminal and _progress_worth_a_line(event, calls):
+                console.print(progress_line(event), markup=False, highlight=False)
         elif isinstance(event, StepFinished):
             progress.update(task, advance=1, description=f"step {event.step} done")
             if not console.is_terminal:  # a log file (e.g. a dashboard job): one line a step
@@ -228,6 +237,13 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0) -> 
             progress.stop()
     print_summary(result)
     return 0 if result.status == "finished" else 1
+
+
+def _progress_worth_a_line(event: Any, state: dict) -> bool:
+    """In a log file: a line when a phase starts, every 5 calls, and when it completes."""
+    phase = (event.step, event.phase)
+    first, state["phase"] = state.get("phase") != phase, phase
+    return first or event.calls_done % 5 == 0 or event.calls_done == event.calls_expected
 
 
 def print_summary(result: Any) -> None:

@@ -28,6 +28,7 @@ from engine.llm.base import Backend
 from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
 from engine.methods import METHODS, Method, make_method
 from engine.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
+from engine.progress import ProgressTracker
 from engine.prompts import prompt_set
 from engine.runlog.schema import RunLogError
 from engine.runlog.state import load_cache, load_resume_state, run_exists
@@ -53,7 +54,7 @@ class RunConfig:
     data_dir: str | None = None
     dataset: str | None = None
     cache: str = "readwrite"
-    concurrency: int = 16
+    concurrency: int | None = None  # None: adaptive (engine.llm.limits)
     backend_limits: dict[str, int] = field(default_factory=dict)
     failures_per_step: int = 2
     gate: bool = True
@@ -268,6 +269,11 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     collector = Collector()
     bus = EventBus([StepCallGuard(), writer, collector, *listeners])
     client.on_call, client.on_event, client.run_id = bus.emit, bus.emit, config.run_id
+    bus.add(ProgressTracker(  # Progress events: phase and calls, for the CLI and dashboard
+        graph, {name: len(part) for name, part in splits.by_name().items()},
+        failures=config.failures_per_step, method=config.method, run_id=config.run_id,
+        updates=1 if config.update_mode == "one" else len(graph.trainable_nodes),
+        node_gates=config.node_gates, emit=bus.emit))
     if new:
         writer.start_run({**run_row(config.run_id, graph, config.to_json(),
                                     client.forward_backend.name, client.forward_model,

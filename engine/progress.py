@@ -1,0 +1,96 @@
+"""Progress by phase and call count: a listener that turns the run's call records into
+`Progress` events (step, phase, calls done against calls expected).
+
+The phase of a call follows from the order of a step's calls, so the core emits nothing
+extra: forward calls before the step's first backward call are `forward` (step 0 scores
+train and validation together), then `loss` (judge calls), `backward` and `update`; forward
+calls after the step's update calls are the validation `gate`; forward calls of the last
+step after its StepFinished are the `test` split.
+
+Calls expected are an estimate from the graph and the split sizes: exact for forward,
+gate and test (one call per LLM node per example; cached replies count as calls), an
+upper bound for backward (k sampled examples, one call per node with an LLM input, one
+per LLM input for textgrad; repairs can add a few), update and the gate under per-node
+gates (every proposal counted as a change); 0 where unknown (gtbp's backward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.events import CallRecord, Progress, StepFinished
+from engine.optimizer import node_gates_apply
+
+PHASES = ("forward", "loss", "backward", "update", "gate", "test")
+
+
+class ProgressTracker:
+    """Listener: feed it every event; it emits a `Progress` after each call record."""
+
+    def __init__(self, graph: Any, sizes: dict[str, int], *, failures: int, updates: int,
+                 method: str, run_id: str, emit: Callable[[Any], None],
+                 node_gates: str = "auto"):
+        llm = [n.id for n in graph.nodes if n.kind != "function"]
+        self.per_example = len(llm)
+        self.sizes, self.run_id, self.emit = sizes, run_id, emit
+        self.updates, self.node_gates = updates, node_gates
+        if method == "textgrad":
+            per = sum(len(graph.predecessors(n)) for n in llm)
+        elif method in ("semantic", "semantic-evaluative", "semantic-nosibling"):
+            per = sum(1 for n in llm if graph.predecessors(n))
+        else:
+            per = 0
+        self.backward = failures * per
+        self.step, self.phase, self.done, self.total = -1, "", 0, 0
+        self.finished: set[int] = set()
+        self.seen_update = 0  # update calls seen in this step
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, StepFinished):
+            self.finished.add(event.step)
+        elif isinstance(event, CallRecord):
+            self._count(event)
+
+    def _count(self, call: CallRecord) -> None:
+        if call.step != self.step:
+            self.step, self.phase, self.seen_update = call.step, "", 0
+        phase = self._phase(call)
+        if phase != self.phase:
+            self.phase, self.done = phase, 0
+        self.done += 1
+        self.total += 1
+        self.emit(Progress(self.run_id, call.step, phase, self.done,
+                           self.expected(phase, call.step), self.total))
+
+    def _phase(self, call: CallRecord) -> str:
+        if call.step in self.finished:
+            return "test"
+        if call.purpose == "update":
+            self.seen_update += 1
+            return "update"
+        if call.purpose == "backward":
+            return "backward"
+        if self.seen_update:
+            return "gate"
+        return "loss" if call.purpose == "loss" else "forward"
+
+    def expected(self, phase: str, step: int) -> int:
+        """Calls the phase should make (0: unknown)."""
+        n = self.per_example
+        if phase == "forward":
+            examples = self.sizes["train"] + (self.sizes["val"] if step == 0 else 0)
+            return examples * n
+        if phase == "gate":  # the candidate, and each edit alone under per-node gates
+            alone = self.seen_update if node_gates_apply(self.node_gates, self.seen_update) \
+                else 0
+            return self.sizes["val"] * n * (1 + alone)
+        return {"test": self.sizes["test"] * n,
+                "backward": self.backward, "update": self.updates}.get(phase, 0)
+
+
+def progress_line(event: Progress) -> str:
+    """The plain line the CLI writes into a log file (the dashboard's live view reads it):
+    'step 1 backward: 12/40 calls (96 in all)'; an expected count of 0 means unknown."""
+    return (f"step {event.step} {event.phase}: {event.calls_done}/{event.calls_expected} "
+            f"calls ({event.calls_total} in all)")
