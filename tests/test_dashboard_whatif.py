@@ -144,3 +144,60 @@ def test_fork_from_here_starts_a_fork_with_the_edited_prompt(log, started):
     assert node == "final"
     assert Path(file).read_text() == "Answer with the larger number, digits only."
     assert "Fork tiny-" in all_text(at) and "started from step 1" in all_text(at)
+
+
+FUNCTION_GRAPH = """\
+name: fn
+dataset: tiny.jsonl
+input_fields: [question]
+target_field: answer
+metric: exact_match
+splits: {train: 2, val: 2, test: 0}
+nodes:
+  - id: solve
+    prompt: Solve the problem.
+    inputs: [question]
+  - id: number
+    kind: function
+    function: extract_number
+    inputs: [solve]
+    output: true
+"""
+
+
+def test_a_function_node_shows_its_description_input_and_return(tmp_path, started):
+    import asyncio
+
+    from conftest_dashboard import write_data
+
+    from engine.functions import FUNCTIONS
+    from engine.llm.scripted import ScriptedBackend
+    from engine.run import RunConfig, execute
+
+    write_data(tmp_path)
+    (tmp_path / "fn.yaml").write_text(FUNCTION_GRAPH)
+    db = tmp_path / "fn.duckdb"
+
+    def reply(request):
+        if request.purpose == "forward":
+            return "<output>The larger one is 9, not 3.</output>"
+        return None
+
+    config = RunConfig(graph=str(tmp_path / "fn.yaml"), backend="scripted", steps=1,
+                       train=2, val=2, test=0, seed=0, db=str(db), cache="off", run_id="fn-run")
+    assert asyncio.run(execute(config, forward_backend=ScriptedBackend(responder=reply))
+                       ).status == "finished"
+    with duckdb.connect(str(db), read_only=True) as con:
+        example, returned = con.execute("""SELECT example_id, output_text FROM node_outputs
+            WHERE run_id = 'fn-run' AND step = 1 AND node_id = 'number'
+            ORDER BY example_id LIMIT 1""").fetchone()
+    at = inspector(db, run="fn-run", step=1, example=example, node="number")
+    body = all_text(at)
+    assert "function node" in at.caption[0].value
+    assert "Python function extract_number" in body.replace("*", "")
+    codes = [c.value for c in at.code]
+    assert FUNCTIONS["extract_number"].__doc__.strip() in codes
+    assert returned in codes and any("The larger one is 9, not 3." in c for c in codes)
+    slot = f"fn-run|1|{example}|number"
+    assert at.radio(key=f"whatif_kind|{slot}").options == ["Edit the output"]  # no prompt
+    assert "fork_prompt|fn-run|1|number" not in [t.key for t in at.text_area]

@@ -181,10 +181,13 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
         rows.append({"node": node, "score before": fmt(p.get("before_score"), ".2f"),
                      "score after": fmt(p.get("after_score"), ".2f"),
                      "followed its gradient": flip_label(p.get("before_score"),
-                                                         p.get("after_score")),
+                                                         p.get("after_score"))
+                     + (" (the rewrite contains the target: a leak, not credit)"
+                        if p.get("leaks_target") is True else ""),
                      "answer after": str(p.get("after_output") or "")[:80]})
     st.dataframe(pd.DataFrame(rows), hide_index=True)
-    fixed = [r["node"] for r in rows if str(r["followed its gradient"]).startswith("fixed")]
+    fixed = [r["node"] for r in rows if str(r["followed its gradient"]).startswith("fixed")
+             and "leak" not in str(r["followed its gradient"])]
     if fixed:
         st.success(f"Following the gradient at {_names(fixed)} turns example "
                    f"{code(tour.example)} right: the probes blame "

@@ -302,13 +302,14 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
     """Per node at one step, from the probes: failing examples probed by following the
     gradient or replacing the output, how many of them that flipped to correct, and the
     same for the node's edit applied alone; leaks counts flips whose intervention
-    contained the target (not credit)."""
+    contained the target (not credit, so not among the flips)."""
     return query(db, """
         SELECT node_id,
             count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
                 AND before_score < 1 AND error IS NULL) AS probed,
             count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
-                AND before_score < 1 AND after_score >= 1) AS flips,
+                AND before_score < 1 AND after_score >= 1
+                AND NOT coalesce(leaks_target, false)) AS flips,
             count(DISTINCT example_id) FILTER (WHERE kind = 'edit' AND before_score < 1
                 AND error IS NULL) AS edit_probed,
             count(DISTINCT example_id) FILTER (WHERE kind = 'edit' AND before_score < 1
