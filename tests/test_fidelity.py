@@ -375,3 +375,115 @@ def test_cli_validate_prints_one_error_line_for_a_leaky_graph(tmp_path, capsys):
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "node 'final'" in err[0]
+
+
+# --- the gate scores candidates on validation, and nothing else ------------------------------
+
+def _split_ids(graph, **sizes) -> dict[str, set[str]]:
+    from engine.graph import load_graph
+    from engine.run import RunConfig, load_splits
+
+    splits = load_splits(RunConfig(graph=str(graph), **sizes), load_graph(graph))
+    return {name: {e.id for e in examples} for name, examples in splits.by_name().items()}
+
+
+def _right_on(ids: set[str], marker: str):
+    """'final' answers right on the examples in `ids` once its prompt holds `marker`;
+    update calls for 'final' return the prompt with `marker` appended."""
+    def responder(request):
+        if request.purpose == "forward" and request.meta.get("output_node"):
+            task, question = request.user_text.split("## Inputs", 1)
+            n = int(re.search(r"has (\d+) apples", question).group(1))
+            right = marker in task and f"q{n}" in ids
+            return f"<output>{2 * n + 3 if right else 0}</output>"
+        if request.purpose == "update":
+            if request.meta["node"] == "final":
+                return f"<prompt>{request.meta['prompt']} {marker}</prompt>"
+            return f"<prompt>{request.meta['prompt']}</prompt>"
+        return notes(request)
+    return responder
+
+
+def test_gate_accepts_a_candidate_that_improves_validation_only(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    ids = _split_ids(graph, train=6, val=6, test=0)
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=_right_on(ids["val"], "VALWIN")),
+               steps=1, failures_per_step=1)
+    assert rows(db, "SELECT step, train_score, val_score, accepted FROM steps ORDER BY step") \
+        == [(0, 0.0, 0.0, False), (1, 0.0, 1.0, True)]
+
+
+def test_gate_rejects_a_candidate_that_improves_training_only(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    ids = _split_ids(graph, train=6, val=6, test=0)
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=_right_on(ids["train"], "TRAINWIN")),
+               steps=2, failures_per_step=1)
+    assert rows(db, "SELECT step, accepted FROM steps ORDER BY step") == [
+        (0, False), (1, False), (2, False)]
+    assert rows(db, "SELECT DISTINCT val_after FROM updates WHERE node_id = 'final'") == [(0.0,)]
+
+
+def test_every_split_sees_only_its_own_examples_and_test_only_at_the_end(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    ids = _split_ids(graph, train=6, val=6, test=8)
+    db = tmp_path / "r.duckdb"
+    backend = ScriptedBackend(responder=notes)
+    run_engine(graph, db, backend, steps=2, test=8, failures_per_step=2)
+    seen: dict[tuple[int, str], set[str]] = {}
+    for step, split, example in rows(db, "SELECT step, split, example_id FROM node_outputs"):
+        seen.setdefault((step, split), set()).add(example)
+    for (step, split), examples in seen.items():
+        assert examples == ids[split], (step, split)  # each pass: its whole split, only it
+        assert split != "test" or step == 2  # the test split once, after the last step
+    assert {k for k in seen if k[1] == "train"} == {(0, "train"), (1, "train"), (2, "train")}
+    grads = {e for (e,) in rows(db, "SELECT DISTINCT example_id FROM gradients")}
+    assert grads and grads <= ids["train"]  # back-propagated: training failures only
+    losses = rows(db, "SELECT split, example_id FROM losses")
+    assert all(e in ids[s] for s, e in losses)
+    held_out = [f"Tom has {e.removeprefix('q')} apples" for e in ids["test"] | ids["val"]]
+    for request in backend.requests:
+        if request.purpose in ("backward", "update"):
+            assert not any(q in request.user_text for q in held_out)
+
+
+# --- failure sampling follows the seed -------------------------------------------------------
+
+def test_failure_sampling_is_seeded_by_seed_and_step():
+    from engine.events import LossRecord
+    from engine.optimizer import sample_failures
+
+    losses = [LossRecord("r", 1, "train", f"e{i}", "", "", 0.0, "") for i in range(30)]
+    losses[3] = LossRecord("r", 1, "train", "e3", "", "", 1.0, "")  # solved: never sampled
+    losses[5] = LossRecord("r", 1, "train", "e5", "", "", 0.0, "", error="boom")  # failed
+    picks = {seed: tuple(sample_failures(losses, 2, seed, 1)) for seed in range(8)}
+    assert all(p == tuple(sample_failures(losses, 2, seed, 1)) for seed, p in picks.items())
+    assert len(set(picks.values())) >= 6  # the seed changes the sample
+    assert sample_failures(losses, 2, 0, 1) != sample_failures(losses, 2, 0, 2)  # and the step
+    assert all(3 not in p and 5 not in p for p in picks.values())
+    assert all(len(p) == 2 and list(p) == sorted(p) for p in picks.values())
+
+
+def test_a_run_samples_failures_by_its_seed(tmp_path):
+    import asyncio
+
+    from engine.graph import load_graph
+    from engine.run import RunConfig, execute, load_splits
+
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    splits = load_splits(RunConfig(graph=str(graph), train=20, val=4, test=0),
+                         load_graph(graph))  # the same splits for every seed
+
+    def sampled(seed: int, name: str) -> tuple[str, ...]:
+        db = tmp_path / f"{name}.duckdb"
+        config = RunConfig(graph=str(graph), db=str(db), backend="scripted", steps=1,
+                           seed=seed, failures_per_step=2)
+        asyncio.run(execute(config, forward_backend=ScriptedBackend(responder=notes),
+                            splits=splits))
+        return tuple(e for (e,) in rows(db, "SELECT DISTINCT example_id FROM gradients "
+                                            "ORDER BY 1"))
+
+    first = sampled(0, "a")
+    assert len(first) == 2 and first == sampled(0, "b")
+    assert len({first, *(sampled(s, f"s{s}") for s in (1, 2, 3))}) >= 3
