@@ -112,7 +112,7 @@ async def run_fork(plan: ForkPlan, *, forward_backend: Backend | None = None,
             val, _, _ = await evaluate(ctx, plan.state.prompts, plan.splits.val, "val")
             plan.state.train_score, plan.state.val_score = train, val
         ctx.emit(StepFinished(ctx.run_id, plan.from_step, plan.state.train_score,
-                              plan.state.val_score, True, started, time.time(),
+                              plan.state.val_score, bool(plan.edited), started, time.time(),
                               metrics={"forked_prompts_edited": float(len(plan.edited))}))
 
     return await _drive(plan.config, plan.graph, plan.splits, plan.state, forward_backend,

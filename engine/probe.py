@@ -306,7 +306,7 @@ class Prober:
         result = ProbeResult(
             self.run.run_id, self.run.step, example_id, node_id, kind, intervention,
             base.prediction, loss.prediction, base.score, loss.score, call_ids,
-            leaks_target(intervention, example.target), loss.error, outputs)
+            kind != "edit" and leaks_target(intervention, example.target), loss.error, outputs)
         self.results.append(result)
         return result
 
