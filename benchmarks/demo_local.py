@@ -1,11 +1,19 @@
-"""The one-click demo on the embedded model: its scores and how long it takes.
+"""The one-click demo on the embedded model: before and after structured replies.
 
 Runs sample_graphs/demo.yaml with `--backend local --steps 1` (what the dashboard's
-"Run the demo" button starts) on the default seed into a temporary run log and prints
-the wall time, each step's train and validation score, the accepted edits and the test
-score.
+"Run the demo" button starts) on the default seed, twice, each into a temporary run log:
 
-    .venv/bin/python benchmarks/demo_local.py [--steps 1] [--seed 0]
+- before: `--structured off --allow-copies` and no KV-state cache: the text formats and
+  parsers, no copy detection, as before issue 15;
+- after: `--structured on` (grammar-constrained JSON replies), copy detection on, the
+  KV-state cache on (the defaults, with `auto` made strict).
+
+For each it prints the wall time, the share of backward and update replies read by a
+fallback rule (goal: 0 with --structured on), the proposals flagged as copying training
+examples, the validation scores, and one gradient and one proposed prompt. Goal: under
+40 s for the demo on a quiet two-core machine.
+
+    .venv/bin/python benchmarks/demo_local.py [--steps 1] [--seed 0] [--only before|after]
 """
 
 from __future__ import annotations
@@ -20,31 +28,116 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.events import Proposal, StepFinished  # noqa: E402
+from engine import prompts as P  # noqa: E402
+from engine import structured as S  # noqa: E402
+from engine.copies import COPY_REASON  # noqa: E402
+from engine.events import CallRecord, Gradient, Proposal, StepFinished  # noqa: E402
 from engine.run import RunConfig, execute  # noqa: E402
+
+SETTINGS = {
+    "before": {"structured": "off", "allow_copies": True, "kv_cache": False},
+    "after": {"structured": "on", "allow_copies": False, "kv_cache": True},
+}
+
+
+def run_demo(name: str, steps: int, seed: int) -> tuple[object, float]:
+    from engine.llm.local import LocalBackend
+
+    settings = SETTINGS[name]
+    backend = LocalBackend()
+    if not settings["kv_cache"]:
+        backend.kv_cache_bytes = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        config = RunConfig(graph=str(ROOT / "sample_graphs" / "demo.yaml"), backend="local",
+                           steps=steps, seed=seed, db=str(Path(tmp) / "runs.duckdb"),
+                           structured=settings["structured"],
+                           allow_copies=settings["allow_copies"])
+        started = time.perf_counter()
+        result = asyncio.run(execute(config, forward_backend=backend))
+        return result, time.perf_counter() - started
+
+
+def fallback_shares(result) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((backward replies read by a fallback, backward replies), (the same for updates))."""
+    calls = {c.call_id: c for c in result.events.of(CallRecord)}
+    backward: dict[str, bool] = {}
+    for g in result.events.of(Gradient):
+        if g.kind == "gradient" and g.call_id in calls and calls[g.call_id].purpose == "backward":
+            backward[g.call_id] = backward.get(g.call_id, False) or g.parse_error is not None
+    updates = [c for c in calls.values() if c.purpose == "update" and not c.error]
+    fell_back = sum(P.parse_prompt(S.reply_text(c.response, "update"))[2] is not None
+                    for c in updates)
+    return (sum(backward.values()), len(backward)), (fell_back, len(updates))
+
+
+def share(pair: tuple[int, int]) -> str:
+    done, total = pair
+    return f"{done}/{total} ({done / total:.0%})" if total else "0/0"
+
+
+def report(name: str, result, wall: float) -> None:
+    settings = SETTINGS[name]
+    print(f"== {name}: --structured {settings['structured']}"
+          f"{' --allow-copies' if settings['allow_copies'] else ''}, KV-state cache "
+          f"{'on' if settings['kv_cache'] else 'off'}")
+    stats = result.stats
+    print(f"wall time {wall:.1f} s, {result.status}: {stats.calls} calls, "
+          f"{stats.completion_tokens} generated tokens")
+    backward, updates = fallback_shares(result)
+    print(f"replies read by a fallback rule: backward {share(backward)}, update "
+          f"{share(updates)}")
+    proposals = result.events.of(Proposal)
+    copies = [p for p in proposals if p.reject_reason == COPY_REASON]
+    copying_text = sum(1 for p in proposals if p.reject_reason != COPY_REASON
+                       and _would_flag(p, result))
+    print(f"proposals flagged as copying training examples: {len(copies)} of {len(proposals)}"
+          + (f" (unflagged, {copying_text} would be)" if settings["allow_copies"] else ""))
+    for step in result.events.of(StepFinished):
+        print(f"step {step.step}: train {step.train_score:.3f}  val {step.val_score:.3f}"
+              f"{'  accepted' if step.accepted else ''}")
+    for p in proposals:
+        verdict = "accepted" if p.accepted else f"rejected ({p.reject_reason or p.parse_error})"
+        print(f"  step {p.step} {p.node_id}: {verdict}; val {p.val_before} -> {p.val_after}")
+    if result.test_score is not None:
+        print(f"test score: {result.test_score:.3f}")
+    grads = [g for g in result.events.of(Gradient)
+             if g.kind == "gradient" and g.from_node_id not in (None, "loss") and g.content]
+    if grads:
+        g = grads[0]
+        print(f"one gradient ({g.from_node_id} -> {g.node_id}, parse: "
+              f"{g.parse_error or 'clean'}):\n  {g.content[:400]!r}")
+    if proposals:
+        p = proposals[0]
+        print(f"one update ({p.node_id}):\n  old {p.old_prompt!r}\n  new {p.new_prompt[:400]!r}")
+
+
+def _would_flag(p, result) -> bool:
+    """Whether copy detection would have flagged proposal `p`: the engine's rule, on the
+    examples back-propagated in p's step (those the update call saw)."""
+    import json
+
+    from engine.copies import find_copies
+
+    rows = [json.loads(r) for r in
+            (ROOT / "sample_graphs" / "data" / "demo_reviews.jsonl").read_text().splitlines()
+            if r.strip()]
+    by_id = {r["id"]: r for r in rows}
+    sampled = {g.example_id for g in result.events.of(Gradient)
+               if g.step == p.step and g.from_node_id == "loss"}
+    examples = [({"review": by_id[e]["review"]}, by_id[e]["positive"]) for e in sampled
+                if e in by_id]
+    return bool(find_copies({p.node_id: (p.new_prompt, p.old_prompt)}, examples))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=tuple(SETTINGS))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = RunConfig(graph=str(ROOT / "sample_graphs" / "demo.yaml"), backend="local",
-                           steps=args.steps, seed=args.seed, db=str(Path(tmp) / "runs.duckdb"))
-        started = time.perf_counter()
-        result = asyncio.run(execute(config))
-        wall = time.perf_counter() - started
-    print(f"demo on the embedded model: {result.status} in {wall:.1f} s "
-          f"({result.stats.calls} calls, {result.stats.completion_tokens} generated tokens)")
-    for step in result.events.of(StepFinished):
-        print(f"step {step.step}: train {step.train_score:.3f}  val {step.val_score:.3f}  "
-              f"{'accepted' if step.accepted else ''}")
-    for p in result.events.of(Proposal):
-        verdict = "accepted" if p.accepted else "rejected"
-        print(f"  step {p.step} {p.node_id}: {verdict} (val {p.val_before} -> {p.val_after})")
-    if result.test_score is not None:
-        print(f"test score: {result.test_score:.3f}")
+    for name in ([args.only] if args.only else list(SETTINGS)):
+        result, wall = run_demo(name, args.steps, args.seed)
+        report(name, result, wall)
 
 
 if __name__ == "__main__":
