@@ -2,7 +2,7 @@
 
     plan  (LLM)       question -> one arithmetic expression
     calc  (function)  plan -> its value, computed by `calculator` (safe: no eval)
-    final (LLM)       question, plan, calc -> the final number      (metric: numeric)
+    final (LLM)       question, calc -> the final number            (metric: numeric)
 
 `calc` has a description, so the backward pass treats it like an LLM node: given the
 feedback on `final`, one joint call says how `plan` should change, knowing what the tool
@@ -87,7 +87,7 @@ def build_graph() -> Graph:
                description="A calculator: evaluates the arithmetic expression in its input "
                            "(numbers, + - * / and parentheses) and returns the number, or "
                            "'error: ...' when the input holds no valid expression.")
-    g.llm("final", inputs=["question", "plan", "calc"], output=True,
+    g.llm("final", inputs=["question", "calc"], output=True,
           prompt="Give the answer to the question.")
     return g
 
