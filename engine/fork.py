@@ -55,8 +55,10 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
     parent_steps = config.steps
     for key, value in overrides.items():
         setattr(config, key, value)
-    if "steps" not in overrides:
-        config.steps = max(parent_steps, from_step + 1)
+    # --steps N: the fork runs N steps of its own (S+1..S+N); by default the parent's
+    # remaining steps, at least one. The stored config counts steps from 0, as a run's does.
+    config.steps = from_step + overrides["steps"] if "steps" in overrides \
+        else max(parent_steps, from_step + 1)
     config.db, config.run_id = db, overrides.get("run_id")
     graph = parse_graph(point.graph_yaml, config.graph)
     if any(key in overrides for key in SPLIT_OPTIONS):

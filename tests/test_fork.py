@@ -58,7 +58,7 @@ def test_a_fork_records_its_lineage_uses_the_edited_prompt_and_continues(parent)
 
 def test_a_fork_without_edits_starts_from_the_parents_accepted_prompts(parent):
     asyncio.run(fork(parent, "bf", 1, overrides={"run_id": "child"},
-                     forward_backend=backend()))
+                     forward_backend=backend()))  # the parent's remaining step: 2
     steps = rows(parent, "SELECT step, val_score FROM steps WHERE run_id = 'child' ORDER BY "
                          "step")
     parent_step1 = rows(parent, "SELECT val_score FROM steps WHERE run_id = 'bf' AND step = 1")
@@ -68,6 +68,10 @@ def test_a_fork_without_edits_starts_from_the_parents_accepted_prompts(parent):
     used = rows(parent, "SELECT DISTINCT prompt_version FROM node_outputs WHERE run_id = "
                         "'child' AND step = 2 AND split = 'train' AND node_id = 'numbers'")
     assert used == [(accepted,)]
+    asyncio.run(fork(parent, "bf", 1, overrides={"run_id": "two", "steps": 2},
+                     forward_backend=backend()))  # --steps counts the fork's own steps
+    assert rows(parent, "SELECT step FROM steps WHERE run_id = 'two' ORDER BY step") == \
+        [(1,), (2,), (3,)]
 
 
 def test_fork_from_the_command_line(parent, tmp_path, capsys, monkeypatch):
