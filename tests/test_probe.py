@@ -222,3 +222,53 @@ def test_a_busy_log_is_said_in_one_line(logged, capsys, monkeypatch):
     notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note:")]
     assert len(notes) == 1 and "retried" in notes[0] and "not disturbed" in notes[0]
     assert rows(logged, "SELECT count(*) FROM probes")[0][0] == 1
+
+
+RUNNER = """
+import asyncio, sys
+from engine.llm.scripted import ScriptedBackend
+from engine.run import RunConfig, execute
+
+config = RunConfig(graph=sys.argv[1], db=sys.argv[2], run_id="live", steps=6, train=16,
+                   val=16, test=0)
+asyncio.run(execute(config, forward_backend=ScriptedBackend(latency=0.1)))
+"""
+
+
+def test_probes_while_another_process_writes_the_log(logged, capsys, monkeypatch):
+    import subprocess
+    import sys
+    import time
+
+    from engine.runlog.schema import connect
+
+    def shared(sql: str) -> list[tuple]:  # the writer holds the file now and then: retry
+        with connect(logged, read_only=True) as con:
+            return con.execute(sql).fetchall()
+
+    monkeypatch.setattr("engine.llm.factory.make_backend", lambda *a, **k: backend())
+    examples = failing(logged)
+    diamond = str(ROOT / "sample_graphs" / "diamond.yaml")
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, diamond, str(logged)], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not shared("SELECT count(*) FROM runs WHERE "
+                                                    "run_id = 'live'")[0][0]:
+            time.sleep(0.05)
+        capsys.readouterr()
+        for example in examples:
+            assert main(["probe", "bf", "--db", str(logged), "--step", "1", "--node",
+                         "numbers", "--example", example, "--gradient"]) == 0
+        running_while_probing = proc.poll() is None
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = capsys.readouterr().err
+    if running_while_probing:
+        assert "note: run 'live' is marked running" in err
+    assert rows(logged, "SELECT status FROM runs WHERE run_id = 'live'") == [("finished",)]
+    assert rows(logged, "SELECT count(*) FROM steps WHERE run_id = 'live'") == [(7,)]
+    assert rows(logged, "SELECT count(*), count(*) FILTER (WHERE after_score = 1) FROM "
+                        "probes") == [(3, 3)]
