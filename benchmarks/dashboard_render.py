@@ -6,7 +6,7 @@
 Builds a synthetic run log (six nodes: five analysis nodes feeding a final one, as in the
 LIAR graph) by inserting DataFrames through engine.runlog.writer.insert_rows, then renders
 each page with Streamlit's AppTest, twice: "cold" (caches cleared: the sidebar's and the
-page's queries, the graph parse, the pyvis page) and "warm" (a rerun, as after a click).
+page's queries, the graph parse, the drawing's data) and "warm" (a rerun, as after a click).
 The Learn page shows its tour only for runs of the demo graph; here it renders its
 "no demo run" state. Then the Examples page (table, trace, filtered search) on a second
 run log with --examples examples per step (default 10,000). Prints one line per page. The goal is
@@ -192,7 +192,7 @@ def render(db: Path, params: dict[str, str], pages: list[str] = PAGES
         for key, value in (p.split("=") for p in query.split("&") if p):
             at.query_params[key] = value
         at.switch_page(f"screens/{page}.py")
-        st.cache_data.clear()  # cold: every query, the graph parse and the pyvis page
+        st.cache_data.clear()  # cold: every query, the graph parse and the drawing's data
         timings = []
         for _ in range(2):
             start = time.perf_counter()

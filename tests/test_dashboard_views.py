@@ -17,7 +17,7 @@ from dashboard import jobs
 from dashboard.views import graph_html as gh
 from dashboard.views.colors import color_nodes, red_green
 from dashboard.views.diff import diff_html, word_diff
-from dashboard.views.figures import node_chart, score_curves
+from dashboard.views.figures import score_curves
 from dashboard.views.walk import walk
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -130,16 +130,6 @@ def test_walk_goes_forward_then_loss_then_backward_then_update():
         ("backward", "larger"), ("backward", "difference"), ("backward", "sum"),
         ("update", None)]
     assert stops[4].highlighted == gh.LOSS_ID and stops[1].highlighted == "difference"
-
-
-def test_node_chart_points_carry_node_ids_and_escaped_hover():
-    fig = node_chart(DIAMOND, {"sum": "#ff0000"}, {"sum": f"sum\n{XSS}"}, selected="larger")
-    nodes = next(t for t in fig.data if t.name == "nodes")
-    assert list(nodes.customdata) == list(DIAMOND.order)
-    hover = dict(zip(nodes.customdata, nodes.hovertext))
-    assert "&lt;img" in hover["sum"] and "<img" not in hover["sum"]
-    sizes = dict(zip(nodes.customdata, nodes.marker.size))
-    assert sizes["larger"] > sizes["sum"]
 
 
 def test_score_curves_mark_accepted_steps():

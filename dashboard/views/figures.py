@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import html
-
 import pandas as pd
 import plotly.graph_objects as go
 
 from dashboard.views.colors import NO_DATA
-from dashboard.views.graph_html import LOSS_ID, GraphModel, layered_positions
 
 PHASES = ("forward", "loss", "backward", "update")
 PHASE_COLORS = {"forward": "#42a5f5", "loss": "#ab47bc", "backward": "#ff7043",
@@ -86,39 +83,3 @@ def usage_by_phase(totals: pd.DataFrame) -> go.Figure:
                                          "$%{customdata[1]:.4f}<extra></extra>"))
     fig.update_yaxes(title="tokens")
     return _layout(fig, "Tokens per phase")
-
-
-def node_chart(model: GraphModel, colors: dict[str, str], hover: dict[str, str],
-               selected: str | None) -> go.Figure:
-    """The graph as a plotly scatter (same layered layout as the pyvis drawing) whose
-    points can be clicked: each point's customdata is its node id. Hover texts are
-    escaped (plotly renders a subset of HTML in them)."""
-    pos = layered_positions(model)
-    fig = go.Figure()
-    for node in model.order:
-        for pred in model.predecessors(node):
-            (x0, y0), (x1, y1) = pos[pred], pos[node]
-            fig.add_trace(go.Scatter(x=[x0, x1], y=[-y0, -y1], mode="lines",
-                                     line=dict(color="#bdbdbd", width=2), hoverinfo="skip",
-                                     showlegend=False))
-    out = pos[model.output]
-    loss = pos[LOSS_ID]
-    fig.add_trace(go.Scatter(x=[out[0], loss[0]], y=[-out[1], -loss[1]], mode="lines+text",
-                             text=["", "loss"], textposition="middle right",
-                             line=dict(color="#bdbdbd", dash="dot"), hoverinfo="skip",
-                             showlegend=False))
-    nodes = list(model.order)
-    fig.add_trace(go.Scatter(
-        x=[pos[n][0] for n in nodes], y=[-pos[n][1] for n in nodes], mode="markers+text",
-        text=[html.escape(n) for n in nodes], textposition="top center", customdata=nodes,
-        hovertext=[html.escape(hover.get(n, n)).replace("\n", "<br>") for n in nodes],
-        hoverinfo="text", showlegend=False, name="nodes",
-        marker=dict(size=[34 if n == selected else 26 for n in nodes], symbol="square",
-                    color=[colors.get(n, NO_DATA) for n in nodes],
-                    line=dict(width=[4 if n == selected else 1 for n in nodes],
-                              color=["#ff6f00" if n == selected else "#555" for n in nodes]))))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False, scaleanchor=None)
-    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), clickmode="event+select",
-                      dragmode=False, title="Click a node to select it")
-    return fig
