@@ -92,13 +92,29 @@ def proposed_prompt(run: LoggedRun, node_id: str) -> str:
 
 
 def backpropagated(run: LoggedRun) -> list[str]:
-    """Examples whose loss was back-propagated at the step, in dataset order."""
+    """Examples whose loss was back-propagated at the step, in dataset order. A method
+    that writes no gradients (`none`) leaves no trace of them: the optimizer's seeded
+    sample is drawn again from the step's logged training losses."""
+    from engine.events import LossRecord
+    from engine.optimizer import sample_failures
+
     with connect(run.db, read_only=True) as con:
         rows = con.execute(
             "SELECT DISTINCT g.example_id, e.position FROM gradients g JOIN examples e ON "
             "e.run_id = g.run_id AND e.example_id = g.example_id WHERE g.run_id = ? AND "
             "g.step = ? ORDER BY e.position", [run.run_id, run.step]).fetchall()
-    return [r[0] for r in rows]
+        losses = [] if rows or run.step == 0 else con.execute(
+            "SELECT l.example_id, l.score, l.error FROM losses l JOIN examples e ON "
+            "e.run_id = l.run_id AND e.example_id = l.example_id AND e.split = 'train' "
+            "WHERE l.run_id = ? AND l.step = ? AND l.split = 'train' ORDER BY e.position",
+            [run.run_id, run.step]).fetchall()
+    if rows or not losses:
+        return [r[0] for r in rows]
+    records = [LossRecord(run.run_id, run.step, "train", e, "", "", s, "", err)
+               for e, s, err in losses]
+    chosen = sample_failures(records, int(run.config.get("failures_per_step", 2)),
+                             int(run.config.get("seed", 0)), run.step)
+    return [losses[i][0] for i in chosen]
 
 
 def select_examples(run: LoggedRun, which: str) -> list[str]:

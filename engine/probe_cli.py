@@ -185,11 +185,11 @@ def blame_lines(report: Any, out: Any) -> list[str]:
         lines.append(f"probes blame: a tie between {', '.join(report.blamed)}")
     else:
         lines.append(f"probes blame: {report.blamed[0]}")
-    pointed = report.by_gradients or "no node (no gradient asked for a change)"
+    pointed = f"{report.by_gradients} (longest received gradient)" if report.by_gradients \
+        else "no node (no gradient asked for a change)"
     verdict = ("the same node" if report.agree else "a different node" if report.blamed
                else "nothing to compare")
-    lines.append(f"gradients singled out: {pointed} (longest received gradient); "
-                 f"probes and gradients: {verdict}")
+    lines.append(f"gradients singled out: {pointed}; probes and gradients: {verdict}")
     lines.append(f"cost: {report.calls} calls ({report.model_calls} to the model), "
                  f"{report.seconds:.1f} s")
     return lines

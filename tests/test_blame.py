@@ -82,3 +82,22 @@ def test_blame_command_prints_the_table_and_the_verdict(tmp_path, capsys, monkey
     assert "probes 18/18 done" in captured.err  # progress, one line at a time in a log
     assert main(["blame", "bf", "--db", db, "--step", "0"]) == 2
     assert "no example was back-propagated at step 0" in capsys.readouterr().err
+
+
+def test_a_method_without_gradients_probes_the_same_sampled_examples(tmp_path):
+    """`--method none` logs no gradients: blame draws the optimizer's seeded sample again,
+    the same examples a gradient method back-propagated, and runs edit probes only."""
+    db = str(tmp_path / "runs.duckdb")
+    for method in ("semantic", "none"):
+        config = RunConfig(graph=str(GRAPH), db=db, steps=1, test=0, run_id=method,
+                           method=method, failures_per_step=3)
+        asyncio.run(execute(config, forward_backend=ScriptedBackend(
+            responder=blame_fault_responder())))
+    with duckdb.connect(db, read_only=True) as con:
+        sampled = [r[0] for r in con.execute(
+            "SELECT DISTINCT g.example_id FROM gradients g JOIN examples e USING (run_id, "
+            "example_id) WHERE g.run_id = 'semantic' AND g.step = 1 ORDER BY 1").fetchall()]
+    report = asyncio.run(blame(db, "none", 1, forward_backend=ScriptedBackend(
+        responder=blame_fault_responder())))
+    assert sorted(report.examples) == sampled and len(sampled) == 3
+    assert {r.kind for r in report.results} == {"edit"}
