@@ -12,12 +12,13 @@ from hypothesis import strategies as hs
 
 from dashboard import jobs
 from dashboard.views import graph_html as gh
-from dashboard.views.colors import EDIT_COLORS, blues, color_nodes, red_green
+from dashboard.views.colors import EDIT_COLORS, blues, color_nodes, red_green, reds
 from dashboard.views.graph_component import FOLDER, clicked
 from dashboard.views.graph_spec import (
     GRADIENT_LABEL,
     contrast,
     graph_spec,
+    luminance,
     placed_boxes,
     text_color,
 )
@@ -74,7 +75,7 @@ def test_boxes_are_wide_enough_for_their_labels_and_layers_run_left_to_right():
 
 
 def test_text_colour_meets_wcag_aa_on_every_fill_the_pages_use():
-    fills = [red_green(t / 10) for t in range(11)] + [blues(t / 10) for t in range(11)]
+    fills = [f(t / 10) for f in (red_green, blues, reds) for t in range(11)]
     fills += list(EDIT_COLORS.values()) + ["#d9d9d9", "#f3f3f3", "#ffe0e0", "#1565c0"]
     for fill in fills:
         assert contrast(fill, text_color(fill)) >= 4.5, fill
@@ -121,7 +122,8 @@ def test_blame_colours_say_what_they_count():
             {"node_id": "c", "probed": None, "flips": None}]
     coloring = color_nodes(rows, "blame")
     assert coloring.captions == {"a": "fixes 4/4", "b": "fixes 0/4"}
-    assert coloring.colors["a"] == red_green(1.0) and coloring.colors["b"] == red_green(0.0)
+    assert coloring.colors["a"] == reds(1.0) and coloring.colors["b"] == reds(0.0)
+    assert luminance(coloring.colors["a"]) < luminance(coloring.colors["b"])  # a: deeper
     assert "c" not in coloring.colors  # not probed: grey
     assert "following its gradient" in coloring.legend
 

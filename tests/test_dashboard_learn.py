@@ -158,7 +158,7 @@ def test_without_a_paired_run_the_stage_offers_to_start_one(log, tmp_path, monke
     monkeypatch.setattr(jobs, "start", lambda spec: specs.append(spec) or jobs.Job(
         "demo-x", str(db), 1, "", [], time.time(), 1))
     at = learn(db, "Without siblings", run=log.demo, step=1)
-    at.button(key="learn_pair").click().run()
+    at.button(key="learn_pair_semantic-nosibling").click().run()
     (spec,) = specs
     assert spec.method == "semantic-nosibling" and spec.seed == 0
     assert spec.graph.endswith("demo.yaml")

@@ -34,6 +34,11 @@ def red_green(share: float) -> str:
                                                                        (share - 0.5) * 2)
 
 
+def reds(t: float) -> str:
+    """0 -> pale rose (probed, not blamed), 1 -> deep red (blamed)."""
+    return _blend((255, 235, 238), (183, 28, 28), min(max(t, 0.0), 1.0))
+
+
 def blues(t: float) -> str:
     """0 -> pale blue, 1 -> deep blue."""
     return _blend((227, 242, 253), (21, 101, 192), min(max(t, 0.0), 1.0))
@@ -86,9 +91,9 @@ def _blame(rows: list[dict]) -> Coloring:
         if _missing(probed) or not probed:
             continue
         flips = 0 if _missing(r.get("flips")) else int(r["flips"])
-        colors[r["node_id"]] = red_green(flips / int(probed))
+        colors[r["node_id"]] = reds(flips / int(probed))
         captions[r["node_id"]] = f"fixes {flips}/{int(probed)}"
     return Coloring(colors, captions,
                     "fixes k/n: of n failing examples probed at this node, following its "
-                    "gradient turned k correct · red: the probes blame this node · grey: not "
-                    "probed yet")
+                    "gradient turned k correct · deeper red: the probes blame this node more · "
+                    "grey: not probed yet")

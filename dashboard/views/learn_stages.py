@@ -84,16 +84,29 @@ def gradient_text(graph: data.RunGraph) -> str:
             "prompt and the message it produced.")
 
 
-def paired_run(db: str, tour: Selection) -> pd.Series | None:
-    """A sibling-blind run (semantic-nosibling or textgrad) of the same graph and seed."""
+def paired_runs(db: str, tour: Selection) -> pd.DataFrame:
+    """Sibling-blind runs (semantic-nosibling, textgrad) of the same graph and seed."""
     runs = data.runs(db)
     record = runs[runs["run_id"] == tour.run]
     if record.empty:
-        return None
+        return runs.iloc[0:0]
     mine = record.iloc[0]
-    pairs = runs[(runs["graph_name"] == mine["graph_name"]) & runs["method"].isin(SIBLING_BLIND)
-                 & (runs["seed"] == mine["seed"]) & (runs["run_id"] != tour.run)]
-    return None if pairs.empty else pairs.iloc[0]
+    return runs[(runs["graph_name"] == mine["graph_name"]) & runs["method"].isin(SIBLING_BLIND)
+                & (runs["seed"] == mine["seed"]) & (runs["run_id"] != tour.run)]
+
+
+def _start_pair_buttons(tour: Selection, have: set[str]) -> None:
+    """A button per sibling-blind method without a paired run yet."""
+    for method in SIBLING_BLIND:
+        if method in have:
+            continue
+        if st.button(f"Start the paired run ({method})", key=f"learn_pair_{method}"):
+            record = data.run(tour.db, tour.run) or {}
+            job = jobs.start(jobs.RunSpec(
+                graph=str(jobs.DEMO_GRAPH), db=tour.db, method=method,
+                seed=int(record.get("seed") or 0), **jobs.DEMO_OPTIONS))
+            st.success(f"Started {job.run_id}; this stage fills in when its step "
+                       f"{tour.step} is written.")
 
 
 def _gradient_row(db: str, run: str, step: int, example: str, node: str) -> dict | None:
@@ -110,19 +123,17 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
         st.caption("This graph has no node with siblings.")
         return
     node = receivers[0]
-    pair = paired_run(tour.db, tour)
-    if pair is None:
+    pairs = paired_runs(tour.db, tour)
+    if pairs.empty:
         st.info("No sibling-blind run of this graph with the same seed yet. Start one: the "
-                "same demo with method `semantic-nosibling` and the same seed, so the same "
-                "failing examples are back-propagated.")
-        if st.button("Start the paired run (semantic-nosibling)", key="learn_pair"):
-            record = data.run(tour.db, tour.run) or {}
-            job = jobs.start(jobs.RunSpec(
-                graph=str(jobs.DEMO_GRAPH), db=tour.db, method="semantic-nosibling",
-                seed=int(record.get("seed") or 0), **jobs.DEMO_OPTIONS))
-            st.success(f"Started {job.run_id}; this stage fills in when its step "
-                       f"{tour.step} is written.")
+                "same demo with method `semantic-nosibling` (or `textgrad`) and the same "
+                "seed, so the same failing examples are back-propagated.")
+        _start_pair_buttons(tour, set())
         return
+    choice = st.radio("Sibling-blind run", list(pairs["run_id"]), horizontal=True,
+                      key="learn_pair_run", format_func=lambda r: f"{r} ("
+                      f"{pairs.loc[pairs['run_id'] == r, 'method'].iloc[0]})")
+    pair = pairs[pairs["run_id"] == choice].iloc[0]
     method = (data.run(tour.db, tour.run) or {}).get("method", "semantic")
     mine = _gradient_row(tour.db, tour.run, tour.step, tour.example, node)
     theirs = _gradient_row(tour.db, pair["run_id"], tour.step, tour.example, node)
@@ -140,6 +151,17 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
                 continue
             show_text(f"gradient {label}", row["content"], expanded=True)
             show_messages(f"backward prompt {label}", row.get("messages"))
+    if mine and theirs and mine.get("messages") == theirs.get("messages"):
+        siblings = [i for i in dict(model.inputs).get(model.output, ()) if i != node]
+        llm = [i for i in siblings if i in model.order]
+        why = (f"{code(node)}'s siblings here are only example fields ({_names(siblings)}), "
+               "which both methods show" if siblings and not llm else
+               "the method sent the same context")
+        st.info(f"The two backward prompts are identical: {why}, so leaving out the "
+                "LLM-produced siblings changes nothing on this graph. TextGrad writes each "
+                "message from one input alone; siblings matter where a node reads two or "
+                "more LLM nodes.")
+    _start_pair_buttons(tour, set(pairs["method"]))
 
 
 def gate_stage(tour: Selection) -> None:
@@ -178,12 +200,12 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
             rows.append({"node": node, "followed its gradient": "not probed yet"})
             continue
         p = mine.iloc[-1].to_dict()
+        verdict = flip_label(p.get("before_score"), p.get("after_score"))
+        if verdict.startswith("fixed") and bool(p.get("leaks_target")):
+            verdict += " (the rewrite contains the target: a leak, not credit)"
         rows.append({"node": node, "score before": fmt(p.get("before_score"), ".2f"),
                      "score after": fmt(p.get("after_score"), ".2f"),
-                     "followed its gradient": flip_label(p.get("before_score"),
-                                                         p.get("after_score"))
-                     + (" (the rewrite contains the target: a leak, not credit)"
-                        if p.get("leaks_target") is True else ""),
+                     "followed its gradient": verdict,
                      "answer after": str(p.get("after_output") or "")[:80]})
     st.dataframe(pd.DataFrame(rows), hide_index=True)
     fixed = [r["node"] for r in rows if str(r["followed its gradient"]).startswith("fixed")
