@@ -187,3 +187,21 @@ def test_check_the_blame_reads_the_probes_and_starts_blame(log, tmp_path, monkey
     at.button(key="learn_blame").click().run()
     assert commands[-1][2:5] == ["engine", "blame", log.demo]
     assert commands[-1][-2:] == ["--step", "1"]
+
+
+def test_gate_falls_back_to_another_run_of_the_graph_and_names_it(log, tmp_path):
+    db = tmp_path / "gate2.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE updates SET accepted = false WHERE run_id = ?", [log.demo])
+        con.execute("""INSERT INTO updates (run_id, step, node_id, old_prompt, new_prompt,
+            accepted, val_before, val_after) VALUES ('demo-nosibling', 1, 'mood',
+            'Write one word about the text.', 'Name the feeling.', true, 0.25, 0.5)""")
+    at = learn(db, "The gate", run=log.demo, step=1)
+    body = text(at)
+    assert " 0 accepted," in body
+    assert "from run demo-nosibling (none in this run)" in body
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE updates SET accepted = false")
+    body = text(learn(db, "The gate", run=log.demo, step=1))
+    assert "None in this run or any other run of this graph" in body

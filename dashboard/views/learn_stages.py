@@ -164,28 +164,42 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
     _start_pair_buttons(tour, set(pairs["method"]))
 
 
-def gate_stage(tour: Selection) -> None:
-    """One accepted and one rejected proposal of this run, with the validation scores."""
-    updates = probe_data.all_updates(tour.db, tour.run)
+def _proposals(db: str, run: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run's changed proposals: (accepted, rejected)."""
+    updates = probe_data.all_updates(db, run)
     changed = updates[updates["new_prompt"].fillna("") != updates["old_prompt"].fillna("")]
-    accepted = changed[changed["accepted"].fillna(False).astype(bool)]
-    rejected = changed[~changed["accepted"].fillna(False).astype(bool)]
-    st.markdown(f"This run proposed {len(changed)} prompt edits: {len(accepted)} accepted, "
-                f"{len(rejected)} rejected by the gate.")
-    for label, rows in (("An accepted proposal", accepted), ("A rejected proposal", rejected)):
+    kept = changed["accepted"].fillna(False).astype(bool)
+    return changed[kept], changed[~kept]
+
+
+def gate_stage(tour: Selection) -> None:
+    """One accepted and one rejected proposal, with the validation scores: from this run,
+    else from another run of the same graph (named), else a plain 'none'."""
+    accepted, rejected = _proposals(tour.db, tour.run)
+    st.markdown(f"This run proposed {len(accepted) + len(rejected)} prompt edits: "
+                f"{len(accepted)} accepted, {len(rejected)} rejected by the gate.")
+    runs = data.runs(tour.db)
+    name = runs.loc[runs["run_id"] == tour.run, "graph_name"]
+    others = [r for r in runs[runs["graph_name"].isin(name)]["run_id"] if r != tour.run][:12]
+    for index, label in ((0, "An accepted proposal"), (1, "A rejected proposal")):
         st.markdown(f"**{label}**")
+        rows, source = (accepted, rejected)[index], tour.run
+        for other in others if rows.empty else []:
+            rows, source = _proposals(tour.db, other)[index], other
+            if not rows.empty:
+                break
         if rows.empty:
-            st.caption(f"None in this run: every proposal was "
-                       f"{'rejected' if label.startswith('An accepted') else 'accepted'}.")
+            st.caption("None in this run or any other run of this graph in the run log.")
             continue
         row = rows.iloc[0].to_dict()
         with st.container(border=True):
-            st.caption(f"step {int(row['step'])} · node {md(row['node_id'])} · validation "
-                       f"alone: {fmt(row.get('val_alone'))}"
+            where = "" if source == tour.run else f"from run {md(source)} (none in this run) · "
+            st.caption(f"{where}step {int(row['step'])} · node {md(row['node_id'])} · "
+                       f"validation alone: {fmt(row.get('val_alone'))}"
                        + (f" · {md(row['reject_reason'])}" if isinstance(
                            row.get("reject_reason"), str) else ""))
             update_pane(row, node=row["node_id"], show_call=False,
-                        copies=probe_data.copies_training(tour.db, tour.run, row))
+                        copies=probe_data.copies_training(tour.db, source, row))
 
 
 def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
