@@ -11,7 +11,8 @@ Runs sample_graphs/demo.yaml with `--backend local --steps 1` (what the dashboar
 For each it prints the wall time, the share of backward and update replies read by a
 fallback rule (goal: 0 with --structured on), the proposals flagged as copying training
 examples, the validation scores, and one gradient and one proposed prompt. Goal: under
-40 s for the demo on a quiet two-core machine.
+40 s for the demo on a quiet two-core machine. The process's CPU time is printed too: on
+a busy machine it varies less than the wall time.
 
     .venv/bin/python benchmarks/demo_local.py [--steps 1] [--seed 0] [--only before|after]
 """
@@ -40,7 +41,7 @@ SETTINGS = {
 }
 
 
-def run_demo(name: str, steps: int, seed: int) -> tuple[object, float]:
+def run_demo(name: str, steps: int, seed: int) -> tuple[object, float, float]:
     from engine.llm.local import LocalBackend
 
     settings = SETTINGS[name]
@@ -52,9 +53,9 @@ def run_demo(name: str, steps: int, seed: int) -> tuple[object, float]:
                            steps=steps, seed=seed, db=str(Path(tmp) / "runs.duckdb"),
                            structured=settings["structured"],
                            allow_copies=settings["allow_copies"])
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = asyncio.run(execute(config, forward_backend=backend))
-        return result, time.perf_counter() - started
+        return result, time.perf_counter() - started, time.process_time() - cpu
 
 
 def fallback_shares(result) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -75,13 +76,13 @@ def share(pair: tuple[int, int]) -> str:
     return f"{done}/{total} ({done / total:.0%})" if total else "0/0"
 
 
-def report(name: str, result, wall: float) -> None:
+def report(name: str, result, wall: float, cpu: float) -> None:
     settings = SETTINGS[name]
     print(f"== {name}: --structured {settings['structured']}"
           f"{' --allow-copies' if settings['allow_copies'] else ''}, KV-state cache "
           f"{'on' if settings['kv_cache'] else 'off'}")
     stats = result.stats
-    print(f"wall time {wall:.1f} s, {result.status}: {stats.calls} calls, "
+    print(f"wall time {wall:.1f} s (CPU time {cpu:.1f} s), {result.status}: {stats.calls} calls, "
           f"{stats.completion_tokens} generated tokens")
     backward, updates = fallback_shares(result)
     print(f"replies read by a fallback rule: backward {share(backward)}, update "
@@ -136,8 +137,8 @@ def main() -> None:
     parser.add_argument("--only", choices=tuple(SETTINGS))
     args = parser.parse_args()
     for name in ([args.only] if args.only else list(SETTINGS)):
-        result, wall = run_demo(name, args.steps, args.seed)
-        report(name, result, wall)
+        result, wall, cpu = run_demo(name, args.steps, args.seed)
+        report(name, result, wall, cpu)
 
 
 if __name__ == "__main__":
