@@ -35,9 +35,9 @@ class ProgressTracker:
         self.per_example = len(llm)
         self.sizes, self.run_id, self.emit = sizes, run_id, emit
         self.updates, self.node_gates = updates, node_gates
-        if method == "textgrad":
+        if method in ("textgrad", "textgrad-lib", "semantic-nosibling"):  # one per input
             per = sum(len(graph.predecessors(n)) for n in llm)
-        elif method in ("semantic", "semantic-evaluative", "semantic-nosibling"):
+        elif method in ("semantic", "semantic-evaluative"):
             per = sum(1 for n in llm if graph.predecessors(n))
         else:
             per = 0
