@@ -38,9 +38,9 @@ for what the sibling-aware message can say that the other cannot: what the other
 already covered.""",
     "The gate": """
 A proposal is kept only if the validation score **strictly improves** with it: the
-*gate*. Below: one proposal of this run that the gate accepted and one it rejected, with
-the validation score before and after, and the score of the edit alone where the engine
-measured it (per-node gates).""",
+*gate*. Below: a proposal the gate accepted and one it rejected, from this run where it
+has them, with the validation score before and after, and the score of the edit alone
+where the engine measured it (per-node gates).""",
     "Check the blame": """
 A gradient is a claim: "had this node's output been like this, the answer would have been
 right". A **probe** tests it: the optimizer model rewrites the node's output the way its

@@ -94,10 +94,11 @@ next_col.button("Next ▶", key="walk_next", on_click=_move, args=(1, stops),
 current = stops[st.session_state[WALK_KEY]]
 where.markdown(f"**{st.session_state[WALK_KEY] + 1} / {len(stops)}: {md(current.label)}**")
 
-left, right = st.columns([2, 3])
+# full width: in a side column a graph of three layers shrinks below readable size
+draw_graph(sel, graph, COLOR_BY_PHASE[current.phase], highlight=current.highlighted,
+           height=320)
+left, right = st.columns([1, 3])
 with left:
-    draw_graph(sel, graph, COLOR_BY_PHASE[current.phase], highlight=current.highlighted,
-               height=320)
     st.radio("Sequence", list(range(len(stops))), format_func=lambda i: stops[i].label,
              key=WALK_KEY, on_change=_follow, args=(stops,))
 with right:
