@@ -487,3 +487,21 @@ def test_a_run_samples_failures_by_its_seed(tmp_path):
     first = sampled(0, "a")
     assert len(first) == 2 and first == sampled(0, "b")
     assert len({first, *(sampled(s, f"s{s}") for s in (1, 2, 3))}) >= 3
+
+
+def test_paper_prompt_set_repairs_missing_hint_lines_by_their_positions(tmp_path):
+    def responder(request):
+        if request.meta.get("role") == "backward_joint_repair":
+            return "Hint 2: SECOND\nHint 3: THIRD"
+        if request.purpose == "backward":
+            return "Hint 1: FIRST"
+        return notes(request)
+
+    graph = write_graph(tmp_path, DIAMOND, arithmetic_rows())
+    backend = ScriptedBackend(responder=responder)
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, backend, steps=1, failures_per_step=1, prompts="paper")
+    (repair,) = [r for r in backend.requests if r.meta.get("role") == "backward_joint_repair"]
+    assert "no line for Hint 2, Hint 3" in repair.messages[-1][1]
+    got = dict(rows(db, "SELECT node_id, content FROM gradients WHERE from_node_id = 'final'"))
+    assert got == {"a": "FIRST", "b": "SECOND", "c": "THIRD"}
