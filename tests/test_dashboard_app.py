@@ -300,7 +300,16 @@ def test_deep_link_opens_the_inspector_with_gradients_prompt_and_diff(open_page,
     for word in ADDED_WORDS.split():
         assert word in diff
     assert "<ins" in diff
-    assert "validation before" in shown and "validation after (candidate)" in shown
+    assert "validation before" in shown and "validation after (all edits of the step)" in shown
+    # the joint gate's score beside the score of this node's edit alone (per-node gate)
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        joint, alone = con.execute("SELECT val_after, val_alone FROM updates WHERE run_id = ? "
+                                   "AND step = 1 AND node_id = 'hint_a'",
+                                   [log.semantic]).fetchone()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["validation after (all edits of the step)"] == f"{joint:.3f}"
+    assert metrics["validation with this edit alone"] == (
+        "–" if alone is None else f"{alone:.3f}")
     assert "prompt tokens" in shown and "cache hit" in shown
     assert "<img" not in diff
 

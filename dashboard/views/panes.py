@@ -166,10 +166,19 @@ def update_pane(update: dict, *, node: str | None = None, show_call: bool = True
                    "instruction: " + "; ".join(f"“{md(c[:80])}”" for c in copies[:3]),
                    icon=":material/content_copy:")
     before, after = _number(update.get("val_before")), _number(update.get("val_after"))
-    c1, c2 = st.columns(2)
+    alone = _number(update.get("val_alone"))
+    c1, c2, c3 = st.columns(3)
     c1.metric("validation before", fmt(before))
-    c2.metric("validation after (candidate)", fmt(after),
-              delta=None if before is None or after is None else round(after - before, 3))
+    c2.metric("validation after (all edits of the step)", fmt(after),
+              delta=None if before is None or after is None else round(after - before, 3),
+              help="The joint gate: every changed prompt of the step together")
+    c3.metric("validation with this edit alone", fmt(alone),
+              delta=None if before is None or alone is None else round(alone - before, 3),
+              help="The per-node gate: this node's edit with every other prompt as it was "
+              "(updates.val_alone; – when not measured)")
+    reason = update.get("reject_reason")
+    if isinstance(reason, str) and reason:
+        st.caption(f"gate: {md(reason)}")
     only = st.toggle("show only what changed", key=f"only_{node}_{update.get('step')}")
     show_diff(update.get("old_prompt") or "", update.get("new_prompt") or "", only_changes=only)
     if update.get("parse_error") and not pd.isna(update["parse_error"]):
