@@ -90,3 +90,8 @@ def test_the_grammar_forbids_raw_newlines_inside_json_strings():
     grammar = LocalBackend()._grammar(S.schema_for("update"))._grammar
     [rule] = [line for line in grammar.splitlines() if line.startswith("char ::=")]
     assert "\\x00-\\x1F" in rule
+    # ... and a required text opens with a letter or digit, not with JSON punctuation
+    for field in ("reasoning", "prompt"):
+        [line] = [x for x in grammar.splitlines() if x.startswith(f"{field} ::=")]
+        assert line.startswith(f'{field} ::= "\\"" first-char ')
+    assert "first-char ::= [A-Za-z0-9]" in grammar.splitlines()

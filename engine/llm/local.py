@@ -46,6 +46,9 @@ _LOOSE_CHAR = 'char ::= [^"\\\\] |'
 _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 # JSON repeats its punctuation: the firmer penalty pushes a constrained reply into junk
 REPEAT_PENALTY_JSON = 1.1
+_FIRST_CHAR_AT = '::= "\\"" char '
+_FIRST_CHAR_NEW = '::= "\\"" first-char '
+_FIRST_CHAR_RULE = "\nfirst-char ::= [A-Za-z0-9]\n"
 KV_CACHE_BYTES = 256 << 20  # saved prompt states, LRU; a 135M model's state is a few MB
 
 
@@ -155,6 +158,9 @@ class LocalBackend:
                 # JSON strings may not hold raw control characters (newlines must be
                 # escaped); the converter's character rule allows them
                 gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR, 1)
+                # a required text starts with a letter or digit: a tiny model otherwise
+                # opens it with the punctuation of the JSON around it (", } {")
+                gbnf = gbnf.replace(_FIRST_CHAR_AT, _FIRST_CHAR_NEW) + _FIRST_CHAR_RULE
                 self._grammars[key] = LlamaGrammar.from_string(gbnf, verbose=False)
             except (ValueError, RuntimeError) as exc:
                 raise LLMError(f"cannot compile the reply schema: {exc}") from None
