@@ -20,7 +20,7 @@ def graph_panel(sel, graph, quantity: str) -> None:
     draw_graph(sel, graph, quantity, example_flows=scope != "all sampled examples")
     st.caption("Click a node to select it. Grey arrows: the forward pass. Dashed orange "
                "arrows: gradients, drawn from the node that wrote them to the node they are "
-               "about (count × ∇, mean characters). Dashed ellipses (ƒ): Python functions. "
+               "about (count × ∇, mean characters). Dashed rounded boxes (ƒ): Python functions. "
                "Hover a node for its numbers and output.")
     st.caption(color_nodes(node_rows(sel), quantity).legend)
 
@@ -46,7 +46,10 @@ def node_summary(sel, graph) -> None:
     c2.metric("fixed by its edit alone", f"{int(b.get('edit_flips') or 0)} / "
               f"{int(b.get('edit_probed') or 0)}" if b.get("edit_probed") else "not probed")
     c3.metric("gradients in", int(r.get("gradients") or 0))
-    st.markdown(f"edit at step {sel.step}: **{md(r.get('edit') or 'none proposed')}**")
+    edit = r.get("edit") if isinstance(r.get("edit"), str) else (
+        "none (a function node has no prompt)" if node in graph.model.functions
+        else "none proposed")
+    st.markdown(f"edit at step {sel.step}: **{md(edit)}**")
     kind = "function" if node in graph.model.functions else (
         "trainable" if node in graph.trainable else "frozen")
     reads = ", ".join(md(x) for x in dict(graph.model.inputs).get(node, ()))
