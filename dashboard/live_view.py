@@ -27,8 +27,8 @@ def following(run: str, status: str) -> bool:
     if status != "running":
         return False
     state = _state()
-    if run not in state:
-        url_step = links.from_url("step")
+    url_step = links.from_url("step")  # a step the address brought (a link), not ours
+    if run not in state or url_step is not None:
         state[run] = url_step is None or links.flag(st.query_params.get("follow", "0"))
     return state[run]
 

@@ -267,6 +267,10 @@ def test_a_live_run_is_followed_until_a_step_is_pinned(open_page, log, tmp_path)
     assert at.selectbox(key="step").value == 0
     at.toggle(key="follow_newest").set_value(True).run()
     assert at.selectbox(key="step").value == 2
+    at.query_params["step"] = "0"  # a link naming a step (e.g. from Examples) pins it
+    at.query_params.pop("follow", None)
+    at.run()
+    assert at.selectbox(key="step").value == 0 and not at.toggle(key="follow_newest").value
 
 
 def test_an_unreadable_file_is_reported(open_page, tmp_path):
