@@ -6,7 +6,8 @@ gets its own server and run log).
 - no two boxes overlap on the canvas, every label is one line inside its box, gradient
   edges carry their labels, a hovered node's tooltip shows model HTML as text;
 - a deep link to every page keeps its whole state across a reload;
-- the What if panel starts a probe and reports it; Fork from here shows its prompt box.
+- the What if panel starts a probe and reports it; Fork from here shows its prompt box;
+- a running run is followed to its newest step when the step lands, until one is picked.
 
 Screenshots go to test-artifacts/screenshots/, and to docs/img/ when SEMBACK_DOCS_IMG=1
 (how the pictures in docs/dashboard.md are made)."""
@@ -215,3 +216,43 @@ def test_learn_stages_on_a_deep_link(server, page):
     settle(page)
     expect(main.get_by_text("This run proposed").first).to_be_visible()
     no_script_ran(page)
+
+
+def test_a_running_run_is_followed_to_its_newest_step(server, page):
+    """Mark a run running and hide its last step; the page follows it when the step
+    lands, until a step is picked by hand."""
+    from engine.runlog.schema import connect
+
+    base, log = server
+    run = log.textgrad
+    with connect(log.db) as con:
+        saved = con.execute("SELECT * FROM steps WHERE run_id = ? AND step = 2", [run]).df()
+        con.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", [run])
+        con.execute("DELETE FROM steps WHERE run_id = ? AND step = 2", [run])
+    try:
+        page.goto(f"{base}/graph?run={run}")
+        settle(page)
+        sidebar = page.locator("[data-testid='stSidebar']")
+        step = sidebar.get_by_role("combobox", name="Step")
+        expect(step).to_have_value("1")
+        expect(sidebar.get_by_text("Follow the newest step")).to_be_visible()
+        expect(sidebar.get_by_text("steps written").first).to_be_visible()
+        with connect(log.db) as con:  # the engine writes step 2
+            con.register("saved_step", saved)
+            con.execute("INSERT INTO steps SELECT * FROM saved_step")
+        expect(step).to_have_value("2", timeout=20_000)
+        assert params(page.url).get("follow") == "1"
+        step.click()
+        page.get_by_role("option", name="0", exact=True).click()
+        settle(page)
+        expect(step).to_have_value("0")
+        with connect(log.db) as con:  # another write: the pinned step stays
+            con.execute("UPDATE steps SET ended_at = ended_at WHERE run_id = ?", [run])
+        page.wait_for_timeout(3_000)
+        settle(page)
+        expect(step).to_have_value("0")
+        assert "follow" not in params(page.url)
+        assert not page.locator("[data-testid='stException']").count()
+    finally:
+        with connect(log.db) as con:
+            con.execute("UPDATE runs SET status = 'finished' WHERE run_id = ?", [run])
