@@ -34,6 +34,12 @@ BACKWARD_ROLES = ("backward_joint", "backward_evaluative", "backward_single",
 ROLES = (*BACKWARD_ROLES, "update", "gtbp_combine", "gtbp_input", "gtbp_update")
 
 
+def is_backward(role: str) -> bool:
+    """Every `backward_*` role (a method's own, such as `backward_textgrad_lib`, too) asks
+    for one gradient per input."""
+    return role.startswith("backward_")
+
+
 def reasoning_key(names: list[str]) -> str:
     """The reasoning field's name: `reasoning`, unless an input is called that."""
     key = "reasoning"
@@ -67,7 +73,7 @@ def schema_for(role: str, names: list[str] | None = None) -> dict[str, Any] | No
     reasoning and one field per input. `gtbp_update`: reasoning and a list of claims."""
     role, names = base_role(role), list(names or [])
     why = {reasoning_key(names): _text(REASONING_CHARS, REASONING_MIN)}
-    if role in BACKWARD_ROLES:
+    if is_backward(role):
         if not names:
             return None
         return _object({**why, **{n: _text(GRADIENT_CHARS, 1) for n in names}})
@@ -105,7 +111,7 @@ def example_reply(role: str, names: list[str]) -> str:
     because a small model copies an example's placeholder text into its reply."""
     role = base_role(role)
     fields = [(reasoning_key(names), "a few sentences of reasoning")]
-    if role in BACKWARD_ROLES:
+    if is_backward(role):
         fields += [(n, f"your feedback on {n}") for n in names]
     elif role == "update":
         fields.append(("prompt", "the complete new prompt"))
@@ -136,7 +142,7 @@ JSON_ASK = "Answer with one JSON object and nothing else, with these fields in t
 def _text_form(role: str, names: list[str]) -> str | None:
     """The rendered block template a role's text instruction shows, if it has one."""
     role = base_role(role)
-    if role in BACKWARD_ROLES:
+    if is_backward(role):
         return P.gradient_blocks(names)
     if role == "gtbp_input":
         return "\n".join(P.INPUT_BLOCK.format(name=n, value=f"the input {n} as it should be")
@@ -209,7 +215,7 @@ def reply_text(reply: str, role: str, names: list[str] | None = None) -> str:
         value = data.get(key)
         return value.strip() if isinstance(value, str) else ""
 
-    if role in BACKWARD_ROLES:
+    if is_backward(role):
         return "\n".join(f'<gradient input="{n}">{field(n)}</gradient>' for n in names
                          if field(n))
     if role == "gtbp_input":

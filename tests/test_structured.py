@@ -30,6 +30,7 @@ NAMES = ["hint_a", "hint_b"]
     ("backward_evaluative", NAMES, NAMES),
     ("backward_single", ["hint_a"], ["hint_a"]),
     ("backward_nosibling", ["hint_a"], ["hint_a"]),
+    ("backward_textgrad_lib", ["hint_a"], ["hint_a"]),
     ("backward_joint_repair", ["hint_b"], ["hint_b"]),
     ("update", [], ["prompt"]),
     ("gtbp_combine", [], ["target"]),
@@ -134,7 +135,8 @@ def _calls(db):
                            "ORDER BY started_at").fetchall()
 
 
-@pytest.mark.parametrize("method", ["semantic", "textgrad", "semantic-evaluative", "gtbp"])
+@pytest.mark.parametrize("method", ["semantic", "textgrad", "semantic-evaluative",
+                                    "semantic-nosibling", "textgrad-lib", "gtbp"])
 def test_scripted_runs_send_schemas_and_get_schema_valid_json(tmp_path, method):
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     db = tmp_path / "runs.duckdb"
