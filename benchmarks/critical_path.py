@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.events import StepFinished  # noqa: E402
 from engine.run import RunConfig, execute  # noqa: E402
+from engine.runlog.schema import connect  # noqa: E402
 from tests.support.fake_openai import FakeOpenAIServer  # noqa: E402
 
 GRAPH = """
@@ -55,19 +55,20 @@ ROUNDS = 6
 ROUND_SIZES = (32, 16, 2, 3, 32, 16)
 
 
-def _serve(latency: float, urls: multiprocessing.Queue, stop: multiprocessing.Event) -> None:
-    with FakeOpenAIServer(latency=latency) as server:
+def _serve(latency: float, urls: multiprocessing.Queue, stop: multiprocessing.Event,
+           options: dict | None = None) -> None:
+    with FakeOpenAIServer(latency=latency, **(options or {})) as server:
         urls.put((server.base_url, None))
         stop.wait()
 
 
 @contextmanager
-def server_process(latency: float):
+def server_process(latency: float, options: dict | None = None):
     """The fake server in its own process, as a real server would be: in the same process
     its request handling would compete with the engine for the interpreter lock."""
     ctx = multiprocessing.get_context("spawn")
     urls, stop = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=_serve, args=(latency, urls, stop), daemon=True)
+    proc = ctx.Process(target=_serve, args=(latency, urls, stop, options), daemon=True)
     proc.start()
     try:
         yield urls.get(timeout=60)[0]
@@ -76,9 +77,18 @@ def server_process(latency: float):
         proc.join(timeout=10)
 
 
-def measure(latency: float, concurrency: int) -> tuple[float, float, int]:
+def measure(latency: float, concurrency: int | None = None) -> tuple[float, float, int]:
+    """(step 1 wall, ratio, requests in the run)."""
+    run = measure_run(latency, concurrency)
+    return run["wall"], run["ratio"], run["requests"]
+
+
+def measure_run(latency: float, concurrency: int | None = None,
+                server: dict | None = None) -> dict:
+    """One run (step 0 and step 1) against a fresh server; step 1's wall time from the run
+    log's `steps` table, with step 1's retries (llm_calls) and the run's requests."""
     os.environ.pop("OPENAI_API_KEY", None)
-    with tempfile.TemporaryDirectory() as tmp, server_process(latency) as base_url:
+    with tempfile.TemporaryDirectory() as tmp, server_process(latency, server) as base_url:
         graph = Path(tmp) / "graph.yaml"
         graph.write_text(GRAPH)
         with open(Path(tmp) / "data.jsonl", "w") as fh:
@@ -90,28 +100,46 @@ def measure(latency: float, concurrency: int) -> tuple[float, float, int]:
                            val=16, cache="off", concurrency=concurrency,
                            db=str(Path(tmp) / "runs.duckdb"))
         result = asyncio.run(execute(config))
-        step = next(e for e in result.events.of(StepFinished) if e.step == 1)
-        wall = step.ended_at - step.started_at
-        calls = result.stats.network_calls
-        return wall, wall / (ROUNDS * latency), calls
+        with connect(config.db, read_only=True) as con:
+            wall = con.execute("SELECT ended_at - started_at FROM steps WHERE run_id = ? AND "
+                               "step = 1", [result.run_id]).fetchall()[0][0]
+            retries = con.execute("SELECT sum(retries) FROM llm_calls WHERE run_id = ? AND "
+                                  "step = 1", [result.run_id]).fetchall()[0][0] or 0
+        return {"wall": wall, "ratio": wall / (ROUNDS * latency), "retries": retries,
+                "requests": result.stats.network_calls, "status": result.status,
+                "failed": result.stats.failures}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.2)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[],
+                        help="also measure these fixed limits (default: only the adaptive "
+                             "default)")
+    parser.add_argument("--share-429", type=float, default=0.2,
+                        help="share of requests the push-back server answers with 429")
     args = parser.parse_args()
     bound = ROUNDS * args.latency
     print(f"dependency bound: {ROUNDS} rounds x {args.latency * 1000:.0f} ms = {bound:.2f} s")
-    for limit in args.concurrency:
-        wall, ratio, requests = measure(args.latency, limit)
-        verdict = "meets" if ratio <= 1.25 else "misses"
-        waves = sum(-(-size // limit) for size in ROUND_SIZES)
-        print(f"--concurrency {limit:>3}: step 1 took {wall:.2f} s, critical-path ratio "
-              f"{ratio:.2f} ({verdict} the 1.25 goal; {requests} requests in the run)")
-        if waves > ROUNDS:
-            print(f"    with {limit} calls in flight the step needs {waves} waves "
-                  f"({waves * args.latency:.2f} s): {wall / (waves * args.latency):.2f} of that")
+    for limit in [None, *args.concurrency]:
+        run = measure_run(args.latency, limit)
+        verdict = "meets" if run["ratio"] <= 1.25 else "misses"
+        label = "default (adaptive)" if limit is None else f"--concurrency {limit}"
+        print(f"{label:>20}: step 1 took {run['wall']:.2f} s, critical-path ratio "
+              f"{run['ratio']:.2f} ({verdict} the 1.25 goal; {run['requests']} requests)")
+    wait = round(args.latency, 3)
+    for name, server in ((f"{args.share_429:.0%} of requests get 429 (Retry-After "
+                          f"{wait:g} s)", {"rate_limit_share": args.share_429,
+                                           "retry_after": wait}),
+                         (f"429 above 24 requests in flight (Retry-After {wait:g} s)",
+                          {"capacity": 24, "retry_after": wait})):
+        print(name + ":")
+        for limit in (None, 64):
+            run = measure_run(args.latency, limit, server)
+            label = "default (adaptive)" if limit is None else f"--concurrency {limit}"
+            print(f"{label:>20}: step 1 took {run['wall']:.2f} s (ratio {run['ratio']:.2f}), "
+                  f"{run['retries']} retries in step 1, {run['requests']} requests in the "
+                  f"run, {run['failed']} calls failed; run {run['status']}")
 
 
 if __name__ == "__main__":

@@ -90,8 +90,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--out", help="folder for results.md and results.csv "
                                  "(default: results/<plan name>/)")
     p.add_argument("--yes", action="store_true", help="start without asking")
-    p.add_argument("--concurrency", type=_positive, default=16,
-                   help="LLM calls in flight within each run")
+    p.add_argument("--concurrency", type=_positive, default=None,
+                   help="the most LLM calls in flight, across all runs (default: adaptive, "
+                        "from 64 up to 256)")
     p.add_argument("--limit-tasks", type=_positive, metavar="N",
                    help="only the first N BBH tasks (alphabetical), for trying a plan")
     p.add_argument("--methods", metavar="A,B",

@@ -87,11 +87,15 @@ class SchemaRefused(LLMError):
 
 
 class TransientLLMError(LLMError):
-    """A call that may succeed if repeated (timeout, connection error, 429, 5xx)."""
+    """A call that may succeed if repeated (timeout, connection error, 429, 5xx).
+    `congestion`: the server is overloaded or rate limiting (429, 503, timeouts, refused
+    connections), so the client halves its concurrency (engine.llm.limits)."""
 
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None,
+                 congestion: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
+        self.congestion = congestion
 
 
 class Backend(Protocol):

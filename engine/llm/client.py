@@ -27,6 +27,7 @@ from engine.llm.base import (
     TransientLLMError,
 )
 from engine.llm.cache import Cache
+from engine.llm.limits import AdaptiveLimit
 from engine.llm.pricing import cost_usd, load_prices
 
 STRUCTURED_MODES = ("auto", "on", "off")
@@ -71,7 +72,9 @@ class LLMClient:
     optimizer_backend: Backend | None = None
     optimizer_model: str | None = None
     cache: Cache = field(default_factory=lambda: Cache("off"))
-    concurrency: int = 16
+    # calls in flight: None adapts (AIMD, engine.llm.limits) from 64 up to 256; a number
+    # set by the user is the ceiling the adaptive limit never exceeds
+    concurrency: int | None = None
     backend_limits: dict[str, int] = field(default_factory=dict)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     on_call: Callable[[CallRecord], None] | None = None
@@ -84,13 +87,17 @@ class LLMClient:
     # JSON-schema replies for the roles in engine/structured.py: auto (where the backend
     # supports it; text formats after a server refuses it), on (a refusal is an error), off
     structured: str = "auto"
+    # one limit shared by several clients (concurrent experiment runs); None: its own
+    shared_limit: AdaptiveLimit | None = None
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
+        if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.optimizer_backend = self.optimizer_backend or self.forward_backend
         self.optimizer_model = self.optimizer_model or self.forward_model
-        self._global = asyncio.Semaphore(self.concurrency)
+        self.limit = self.shared_limit or (
+            AdaptiveLimit() if self.concurrency is None else
+            AdaptiveLimit(start=self.concurrency, ceiling=self.concurrency))
         self._per_backend = {name: asyncio.Semaphore(n) for name, n in self.backend_limits.items()}
         self._prices = load_prices()
         self._jitter = random.Random()
@@ -185,12 +192,18 @@ class LLMClient:
         for attempt in range(self.retry.max_retries + 1):
             retry_after = None
             try:
-                async with self._global:
+                token, congested, wait = await self.limit.acquire(), False, None
+                try:
                     if limit is not None:
                         async with limit:
                             reply = await self._one_call(backend, request, record)
                     else:
                         reply = await self._one_call(backend, request, record)
+                except TransientLLMError as exc:
+                    congested, wait = exc.congestion, exc.retry_after
+                    raise
+                finally:
+                    self.limit.release(token, congested, wait)
                 if not reply.text.strip():
                     raise TransientLLMError("empty reply")
                 return reply
@@ -225,7 +238,8 @@ class LLMClient:
                     backend.complete(dataclasses.replace(request, schema=None)),
                     self.retry.timeout)
         except TimeoutError:
-            raise TransientLLMError(f"timed out after {self.retry.timeout:g} s") from None
+            raise TransientLLMError(f"timed out after {self.retry.timeout:g} s",
+                                    congestion=True) from None
 
     def _refused(self, backend: str, message: str, step: int) -> None:
         """Record, once per backend and run, that its server refused JSON schemas."""

@@ -130,12 +130,14 @@ class OpenAIBackend:
         openai = self._sdk
         message = self._one_line(exc)
         if isinstance(exc, openai.APITimeoutError):
-            return TransientLLMError(f"openai: request timed out ({message})")
+            return TransientLLMError(f"openai: request timed out ({message})", congestion=True)
         if isinstance(exc, openai.APIConnectionError):
-            return TransientLLMError(f"openai: cannot connect to {self._where()} ({message})")
+            return TransientLLMError(f"openai: cannot connect to {self._where()} ({message})",
+                                     congestion=True)
         if isinstance(exc, openai.RateLimitError):
             return TransientLLMError(f"openai: rate limited (429): {message}",
-                                     retry_after=retry_after_seconds(exc.response))
+                                     retry_after=retry_after_seconds(exc.response),
+                                     congestion=True)
         if isinstance(exc, openai.AuthenticationError):
             return LLMError(f"openai: authentication failed (401), check OPENAI_API_KEY: {message}")
         if isinstance(exc, openai.PermissionDeniedError):
@@ -150,7 +152,8 @@ class OpenAIBackend:
             # 408 and 409 are what the SDK itself would retry; 5xx are server trouble.
             if status >= 500 or status in (408, 409):
                 return TransientLLMError(f"openai: server error ({status}): {message}",
-                                         retry_after=retry_after_seconds(exc.response))
+                                         retry_after=retry_after_seconds(exc.response),
+                                         congestion=status == 503)
             return LLMError(f"openai: HTTP {status}: {message}")
         return LLMError(f"openai: {type(exc).__name__}: {message}")
 

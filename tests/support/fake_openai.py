@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -95,8 +97,16 @@ class FakeOpenAIServer:
     in arrival order) and `authorizations` (the Authorization header of each)."""
 
     def __init__(self, latency: float = 0.0, responder: Responder | None = None,
-                 faults: Iterable[Fault] | None = None, reject_response_format: bool = False):
+                 faults: Iterable[Fault] | None = None, reject_response_format: bool = False,
+                 rate_limit_share: float = 0.0, capacity: int | None = None,
+                 retry_after: float | None = None, seed: int = 0):
         self.latency = latency
+        # push-back (429, with Retry-After: retry_after): a seeded random share of requests,
+        # and/or every request beyond `capacity` arriving within one latency
+        self.rate_limit_share, self.capacity, self.retry_after = (rate_limit_share, capacity,
+                                                                  retry_after)
+        self._rng = random.Random(seed)
+        self._arrivals: deque[float] = deque()
         self.reject_response_format = reject_response_format
         self.responder = responder or default_responder
         self.requests: list[dict] = []
@@ -160,6 +170,18 @@ class FakeOpenAIServer:
             self.authorizations.append(authorization)
             return self._faults.pop(0) if self._faults else None
 
+    def _pushback(self) -> Fault | None:
+        with self._lock:
+            now = time.monotonic()
+            self._arrivals.append(now)
+            while self._arrivals[0] < now - max(self.latency, 0.001):
+                self._arrivals.popleft()
+            over = self.capacity is not None and len(self._arrivals) > self.capacity
+            if over:
+                self._arrivals.pop()  # a refused request takes no capacity
+            chance = self.rate_limit_share > 0 and self._rng.random() < self.rate_limit_share
+        return ("status", 429, self.retry_after) if over or chance else None
+
     def _sleep(self, seconds: float) -> None:
         if seconds > 0:
             self._stopping.wait(seconds)
@@ -221,7 +243,8 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 self._send_json(400, _error("body is not JSON", "invalid_request_error"))
                 return
-            fault = server._record(body, self.headers.get("Authorization"))
+            fault = server._record(body, self.headers.get("Authorization")) \
+                or server._pushback()
             server._sleep(server.latency)
             if server.reject_response_format and body.get("response_format"):
                 self._send_json(400, _error("response_format is not supported by this server",
