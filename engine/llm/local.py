@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,8 @@ class LocalBackend:
             raise LLMError(f"local model file not found: {path}")
         self.model_path = path
         self.n_ctx = n_ctx
-        self.n_threads = n_threads
+        # llama-cpp-python's default is half the cores, which leaves one of two idle
+        self.n_threads = n_threads or len(os.sched_getaffinity(0))
         self._llama: Any = None
         self._model_lock = threading.Lock()
         self._lock: asyncio.Lock | None = None
