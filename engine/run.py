@@ -14,6 +14,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from engine.forward import RunContext
 from engine.graph import Graph, load_graph, parse_graph
 from engine.llm.base import Backend
 from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
+from engine.llm.limits import AdaptiveLimit
 from engine.methods import METHODS, Method, make_method
 from engine.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
 from engine.progress import ProgressTracker
@@ -35,6 +37,9 @@ from engine.runlog.state import load_cache, load_resume_state, run_exists
 from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
 
 DEFAULT_SPLITS = {"train": 20, "val": 20, "test": 0}
+# The concurrency limit of every run started in this context (experiment --parallel: one
+# limit for all its runs); None: each run has its own.
+SHARED_LIMIT: ContextVar[AdaptiveLimit | None] = ContextVar("shared_limit", default=None)
 
 
 @dataclass
@@ -187,7 +192,7 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
     return LLMClient(
         forward_backend=forward, forward_model=model, optimizer_backend=optimizer,
         optimizer_model=optimizer_model, cache=cache, concurrency=config.concurrency,
-        backend_limits=dict(config.backend_limits),
+        backend_limits=dict(config.backend_limits), shared_limit=SHARED_LIMIT.get(),
         retry=RetryPolicy(max_retries=config.max_retries, timeout=config.timeout),
         temperature=config.temperature, seed=config.seed, structured=config.structured)
 

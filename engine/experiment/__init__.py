@@ -93,6 +93,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--concurrency", type=_positive, default=None,
                    help="the most LLM calls in flight, across all runs (default: adaptive, "
                         "from 64 up to 256)")
+    p.add_argument("--parallel", type=_positive, default=1, metavar="N",
+                   help="runs at once, in this process, under one shared concurrency limit "
+                        "(results are the same as one at a time)")
     p.add_argument("--limit-tasks", type=_positive, metavar="N",
                    help="only the first N BBH tasks (alphabetical), for trying a plan")
     p.add_argument("--methods", metavar="A,B",
@@ -140,7 +143,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if not confirm(total, args.yes, sys.stdin, console):
         console.print("not started", markup=False)
         return 1
-    failed = run_cells(pending, console) if pending else []
+    failed = run_cells(pending, console, args.parallel, args.concurrency) if pending else []
     metrics = run_metrics(args.db, [c.run_id for c in cells if c.run_id])
     rows = result_rows(cells, metrics)
     out_dir = Path(args.out) if args.out else Path("results") / plan.name

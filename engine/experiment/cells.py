@@ -21,7 +21,8 @@ from engine.events import CallRecord, StepFinished
 from engine.experiment.plan import Entry, Plan, PlanError, Variant
 from engine.graph import GraphError, load_graph
 from engine.llm.base import LLMError
-from engine.run import RunConfig, RunResult, execute, load_splits, sizes
+from engine.llm.limits import AdaptiveLimit
+from engine.run import SHARED_LIMIT, RunConfig, RunResult, execute, load_splits, sizes
 from engine.runlog.schema import RunLogError
 
 # Fields of a stored run's config that must equal the plan's for the run to count as done.
@@ -172,28 +173,43 @@ async def run_cell(cell: Cell, listeners: tuple) -> RunResult:
     return await execute(config, listeners=listeners, splits=cell.splits)
 
 
-def run_cells(pending: list[Cell], console: Any) -> list[str]:
-    """Run the cells one after another (each run is itself concurrent); returns the labels
-    of the runs that did not finish. Bad input aborts; other failures move on."""
-    failed: list[str] = []
+def run_cells(pending: list[Cell], console: Any, parallel: int = 1,
+              concurrency: int | None = None) -> list[str]:
+    """Run the cells, up to `parallel` at once in this process under one shared
+    concurrency limit (each run is itself concurrent); returns the labels of the runs that
+    did not finish. Bad input aborts; a failed run moves on; a stopped run stops the rest."""
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[calls]} calls"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("runs", total=len(pending), calls=0)
-        calls = {"n": 0}
-        for cell in pending:
+        limit = AdaptiveLimit() if concurrency is None else \
+            AdaptiveLimit(start=concurrency, ceiling=concurrency)
+        return asyncio.run(_run_all(pending, parallel, limit, progress, bar))
+
+
+async def _run_all(pending: list[Cell], parallel: int, limit: AdaptiveLimit, progress: Any,
+                   bar: Any) -> list[str]:
+    SHARED_LIMIT.set(limit)  # every run's client takes its calls from this one limit
+    slots = asyncio.Semaphore(parallel)
+    failed: list[str] = []
+    calls = {"n": 0, "stopped": False}
+
+    async def one(cell: Cell) -> None:
+        async with slots:
+            if calls["stopped"]:
+                return
             progress.update(bar, description=cell.label)
 
-            def listener(event: Any, cell: Cell = cell) -> None:
+            def listener(event: Any) -> None:
                 if isinstance(event, CallRecord):
                     calls["n"] += 1
                     progress.update(bar, calls=calls["n"])
-                elif isinstance(event, StepFinished):
+                elif isinstance(event, StepFinished) and parallel == 1:
                     progress.update(bar, description=f"{cell.label} step {event.step}/"
                                                      f"{cell.config.steps}")
 
             try:
-                result = asyncio.run(run_cell(cell, (listener,)))
+                result = await run_cell(cell, (listener,))
             except BAD_INPUT:
                 raise
             except Exception as exc:  # noqa: BLE001 - one failed run must not stop the rest
@@ -201,15 +217,18 @@ def run_cells(pending: list[Cell], console: Any) -> list[str]:
                 progress.console.print(f"failed: {cell.label}: {exc.__class__.__name__}: "
                                        f"{exc}", markup=False, highlight=False)
                 progress.advance(bar)
-                continue
+                return
             if result.status != "finished":
                 failed.append(cell.label)
+                calls["stopped"] = True
                 progress.console.print(f"{result.status}: {cell.label} ({result.run_id})",
                                        markup=False)
-                break
+                return
             cell.run_id = result.run_id
             score = "" if result.test_score is None else f": test {result.test_score:.3f}"
             progress.console.print(f"done: {cell.label}{score} ({result.run_id})",
                                    markup=False, highlight=False)
             progress.advance(bar)
+
+    await asyncio.gather(*(one(cell) for cell in pending))
     return failed
