@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.run import RunConfig, execute  # noqa: E402
+from engine.llm.limits import AdaptiveLimit  # noqa: E402
+from engine.run import SHARED_LIMIT, RunConfig, execute  # noqa: E402
 from engine.runlog.schema import connect  # noqa: E402
 from tests.support.fake_openai import FakeOpenAIServer  # noqa: E402
 
@@ -83,7 +84,7 @@ def measure(latency: float, concurrency: int | None = None) -> tuple[float, floa
     return run["wall"], run["ratio"], run["requests"]
 
 
-def measure_run(latency: float, concurrency: int | None = None,
+def measure_run(latency: float, concurrency: int | str | None = None,
                 server: dict | None = None, node_gates: str = "auto") -> dict:
     """One run (step 0 and step 1) against a fresh server; step 1's wall time from the run
     log's `steps` table, with step 1's retries (llm_calls) and the run's requests."""
@@ -97,9 +98,15 @@ def measure_run(latency: float, concurrency: int | None = None,
                                      f"{i + 3} more. How many?", "answer": str(2 * i + 3)}) + "\n")
         config = RunConfig(graph=str(graph), backend="openai", base_url=base_url,
                            model="fake-small", optimizer_model="fake-large", steps=1, train=16,
-                           val=16, cache="off", concurrency=concurrency, node_gates=node_gates,
+                           val=16, cache="off", node_gates=node_gates,
+                           concurrency=None if concurrency == "fixed" else concurrency,
                            db=str(Path(tmp) / "runs.duckdb"))
-        result = asyncio.run(execute(config))
+        if concurrency == "fixed":  # a limit of 64 that never adapts, for comparison
+            SHARED_LIMIT.set(AdaptiveLimit(start=64, ceiling=64, floor=64))
+        try:
+            result = asyncio.run(execute(config))
+        finally:
+            SHARED_LIMIT.set(None)
         with connect(config.db, read_only=True) as con:
             wall = con.execute("SELECT ended_at - started_at FROM steps WHERE run_id = ? AND "
                                "step = 1", [result.run_id]).fetchall()[0][0]
@@ -137,9 +144,9 @@ def main() -> None:
                          (f"429 above 24 requests in flight (Retry-After {wait:g} s)",
                           {"capacity": 24, "retry_after": wait})):
         print(name + ":")
-        for limit in (None, 64):
+        for limit in (None, "fixed"):
             run = measure_run(args.latency, limit, server, node_gates="off")
-            label = "default (adaptive)" if limit is None else f"--concurrency {limit}"
+            label = "default (adaptive)" if limit is None else "fixed 64 (no AIMD)"
             print(f"{label:>20}: step 1 took {run['wall']:.2f} s (ratio {run['ratio']:.2f}), "
                   f"{run['retries']} retries in step 1, {run['requests']} requests in the "
                   f"run, {run['failed']} calls failed; run {run['status']}")

@@ -106,9 +106,22 @@ def test_a_rate_limiting_server_gets_fewer_retries_than_under_a_fixed_limit():
 def test_retry_after_holds_new_calls():
     async def scenario():
         limit = AdaptiveLimit(start=8, ceiling=8)
-        limit.release(await limit.acquire(), congested=True, retry_after=0.05)
+        for token in [await limit.acquire() for _ in range(4)]:  # saturated: 4 of 4 refused
+            limit.release(token, congested=True, retry_after=0.05)
         started = time.monotonic()
         limit.release(await limit.acquire())
         return time.monotonic() - started
 
     assert asyncio.run(scenario()) >= 0.04
+
+
+def test_an_occasional_pushback_does_not_cut_the_limit():
+    async def scenario():
+        limit = AdaptiveLimit(start=64, ceiling=64)
+        for i in range(200):  # one 429 in five: noise, not saturation
+            limit.release(await limit.acquire(), congested=(i % 5 == 0), retry_after=0.5)
+        return limit
+
+    limit = asyncio.run(scenario())
+    assert limit.slots == 64 and limit.cuts == 0
+    assert limit._resume_at < time.monotonic()  # nothing held

@@ -1,11 +1,12 @@
 """How many model calls may be in flight: an adaptive (AIMD) limit.
 
 The limit starts generous, halves when the server signals congestion (a 429, a timeout, a
-connection error) and grows back by about one call per round of successful calls, never
-above its ceiling (`--concurrency` when the user sets it). A 429 with Retry-After also
-holds every new call until that time, so a rate-limited server is not hit again at once.
-Only calls that started after the last cut can cut again: one burst of 429s is one
-congestion event, not thirty halvings.
+connection error) on half or more of the last 20 calls, and grows back by about one call
+per round of successful calls, never above its ceiling (`--concurrency` when the user sets
+it). Then a 429's Retry-After also holds every new call until that time, so a saturated
+server is not hit again at once; an occasional pushback only delays its own retry. Only
+calls that started after the last cut can cut again: one burst of 429s is one congestion
+event, not thirty halvings.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import deque
 
 DEFAULT_START = 64
 DEFAULT_CEILING = 256
+RECENT = 20  # calls whose outcome decides whether a pushback means saturation
 
 
 class AdaptiveLimit:
@@ -33,6 +35,7 @@ class AdaptiveLimit:
         self.peak = 0  # the most calls in flight at once
         self.cuts = 0  # congestion events that halved the limit
         self._waiters: deque[asyncio.Future] = deque()
+        self._recent: deque[bool] = deque(maxlen=RECENT)  # congested? for the last calls
         self._resume_at = 0.0  # monotonic time before which no call starts (Retry-After)
         self._last_cut = float("-inf")
         self._timer: asyncio.TimerHandle | None = None
@@ -64,13 +67,17 @@ class AdaptiveLimit:
                 retry_after: float | None = None) -> None:
         self.in_flight -= 1
         now = time.monotonic()
+        self._recent.append(congested)
         if congested:
-            if token >= self._last_cut:
+            # a pushback on a share of the recent calls is noise (each such call retries
+            # after its own delay); on half of them or more, the server is saturated
+            saturated = len(self._recent) >= 4 and sum(self._recent) * 2 >= len(self._recent)
+            if saturated and token >= self._last_cut:
                 self.limit = max(float(self.floor), self.limit / 2)
                 self._last_cut = now
                 self.cuts += 1
-            if retry_after:
-                self._resume_at = max(self._resume_at, now + retry_after)
+                if retry_after:
+                    self._resume_at = max(self._resume_at, now + retry_after)
         elif self.limit < self.ceiling:
             self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
         self._wake()
