@@ -63,7 +63,7 @@ def _text(value: str) -> str:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from engine.blame import probe
-    from engine.cli import console, out
+    from engine.console import console, out
 
     if args.output is not None:
         kind, text = "output", _text(args.output)
@@ -131,7 +131,7 @@ def cmd_blame(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engine.blame import blame
-    from engine.cli import console, out
+    from engine.console import console, out
 
     _say_if_busy(args.db, args.run_id, console)
     bar = Progress(TextColumn("[bold]probes"), BarColumn(), MofNCompleteColumn(),
