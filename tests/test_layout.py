@@ -35,3 +35,11 @@ def test_the_engine_core_never_imports_test_support_or_the_dashboard():
     for path in sorted(ENGINE.rglob("*.py")):
         names = imports_of(path)
         assert not any(n.startswith(("tests", "dashboard")) for n in names), path
+
+
+def test_only_the_entry_points_import_the_command_line():
+    # engine.cli wires subcommands together; a module it imports must not import it back.
+    allowed = {"cli.py", "__main__.py"}
+    for path in sorted(ENGINE.rglob("*.py")):
+        if path.name not in allowed:
+            assert "engine.cli" not in imports_of(path), path.relative_to(ENGINE)
