@@ -39,33 +39,11 @@ from engine.runlog.writer import insert_rows
 
 KINDS = ("output", "gradient", "edit")
 
-# The gradient probe's call: the optimizer model follows a node's gradient by rewriting
-# that node's output (parsed like a forward reply, with prompts.parse_output).
-PROBE_REWRITE = """A step of the pipeline has this task:
-<task>
-{prompt}
-</task>
-
-For one example it received these inputs:
-{inputs}
-
-It produced this output:
-<output>
-{output}
-</output>
-
-Feedback on this output:
-<feedback>
-{feedback}
-</feedback>
-
-Rewrite the output as the feedback says it should have been. Change only what the feedback asks for and keep the output's form. Write the rewritten output between <output> and </output>."""
-
 
 def probe_rewrite_messages(prompt: str, inputs: dict[str, str], output: str, feedback: str
                            ) -> list[tuple[str, str]]:
     return [("system", P.BACKWARD_SYSTEM),
-            ("user", PROBE_REWRITE.format(prompt=prompt, inputs=P.render_inputs(inputs),
+            ("user", P.PROBE_REWRITE.format(prompt=prompt, inputs=P.render_inputs(inputs),
                                           output=output, feedback=feedback))]
 
 

@@ -334,3 +334,28 @@ def prompt_set(name: str) -> PromptSet:
 
         return PAPER
     raise ValueError(f"unknown prompt set '{name}' (choose from {', '.join(PROMPT_SET_NAMES)})")
+
+
+# --- probes (engine/probe.py) -----------------------------------------------------------
+
+# The gradient probe's call: the optimizer model follows a node's gradient by rewriting
+# that node's output (parsed like a forward reply, with parse_output).
+PROBE_REWRITE = """A step of the pipeline has this task:
+<task>
+{prompt}
+</task>
+
+For one example it received these inputs:
+{inputs}
+
+It produced this output:
+<output>
+{output}
+</output>
+
+Feedback on this output:
+<feedback>
+{feedback}
+</feedback>
+
+Rewrite the output as the feedback says it should have been. Change only what the feedback asks for and keep the output's form. Write the rewritten output between <output> and </output>."""
