@@ -60,6 +60,24 @@ class ExampleTrace:
 
 
 @dataclass
+class SharedCalls:
+    """Node calls shared by forward passes that run together over the same examples (a
+    step's joint validation pass and its per-node gate passes): an identical call (same
+    example, node, prompt version and inputs) is made once and its activation shared, so
+    the passes add no round trips and no duplicate calls. `used` records, per pass label,
+    which calls it needed; `cache_hit` whether each call was answered from the cache."""
+
+    calls: dict[tuple, asyncio.Task] = field(default_factory=dict)
+    used: dict[str, set[tuple]] = field(default_factory=dict)
+    cache_hit: dict[tuple, bool] = field(default_factory=dict)
+
+    def extra(self, besides: str) -> set[tuple]:
+        """Calls that passes other than `besides` needed and `besides` did not."""
+        others = set().union(*(keys for name, keys in self.used.items() if name != besides))
+        return others - self.used.get(besides, set())
+
+
+@dataclass
 class RunContext:
     """What every phase of a step needs; passed down instead of globals."""
 
@@ -71,6 +89,8 @@ class RunContext:
     max_tokens: int = 512
     optimizer_max_tokens: int = 768
     prompt_set: P.PromptSet = P.DEFAULT  # --prompts default | paper
+    shared: SharedCalls | None = None  # set while passes run together (the gate phase)
+    pass_label: str = ""  # this pass's name in `shared.used`
 
 
 async def forward_pass(ctx: RunContext, prompts: Prompts, examples: list[Example],
@@ -101,7 +121,7 @@ async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, s
             output, error = await call_function(node, values)
             return _activation(ctx, split, example, node, prompts, values, output=output,
                                error=error)
-        return await _call_node(ctx, prompts, example, node, values, split)
+        return await _shared_call(ctx, prompts, example, node, values, split)
 
     for node_id in ctx.graph.topological_order():
         tasks[node_id] = asyncio.ensure_future(run(ctx.graph.node(node_id)))
@@ -132,8 +152,29 @@ async def call_function(node: Node, values: dict[str, str]) -> tuple[str, str | 
     return ("" if result is None else str(result)), None
 
 
+async def _shared_call(ctx: RunContext, prompts: Prompts, example: Example, node: Node,
+                       values: dict[str, str], split: str) -> Activation:
+    shared = ctx.shared
+    if shared is None:
+        return await _call_node(ctx, prompts, example, node, values, split)
+    key = (split, example.id, node.id, prompts.version.get(node.id, 0), prompts.text[node.id],
+           tuple(values.items()))
+    shared.used.setdefault(ctx.pass_label, set()).add(key)
+    if key not in shared.calls:
+        records: list = []
+
+        async def call() -> Activation:
+            activation = await _call_node(ctx, prompts, example, node, values, split, records)
+            shared.cache_hit[key] = bool(records and records[0].cache_hit)
+            return activation
+
+        shared.calls[key] = asyncio.ensure_future(call())
+    return await asyncio.shield(shared.calls[key])
+
+
 async def _call_node(ctx: RunContext, prompts: Prompts, example: Example, node: Node,
-                     values: dict[str, str], split: str) -> Activation:
+                     values: dict[str, str], split: str, records: list | None = None
+                     ) -> Activation:
     answer_format = ctx.graph.answer_format if node.output else ""
     messages = ctx.prompt_set.forward(prompts.text[node.id], values, answer_format,
                                       frozenset(ctx.graph.input_fields))
@@ -143,6 +184,8 @@ async def _call_node(ctx: RunContext, prompts: Prompts, example: Example, node: 
               "inputs": list(node.inputs)})
     record = await ctx.client.call(request, step=ctx.step, node_id=node.id,
                                    example_id=example.id)
+    if records is not None:
+        records.append(record)
     if record.error:
         return _activation(ctx, split, example, node, prompts, values, error=record.error,
                            call_id=record.call_id)

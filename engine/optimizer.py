@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from engine.copies import COPY_REASON, find_copies
 from engine.data.examples import Example, Splits
 from engine.events import LossRecord, PromptVersion, Proposal, StepFinished
-from engine.forward import ExampleTrace, Prompts, RunContext, forward_pass
+from engine.forward import ExampleTrace, Prompts, RunContext, SharedCalls, forward_pass
 from engine.loss import compute_losses, mean_score
 from engine.methods.base import Method, UpdateSample
 
@@ -110,15 +110,22 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
                if n not in copies and p.new_prompt.strip()
                and p.new_prompt.strip() != prompts.text[n].strip()}
     val_before, val_after, accepted = state.val_score, None, False
+    val_alone, gate_calls, gate_timing = {}, {}, {}
     if changes:
-        candidate = prompts.updated(changes)
-        val_after, _, _ = await evaluate(ctx, candidate, splits.val, "val")
+        started_gate = time.perf_counter()
+        # The joint candidate and, per-node gates, each edit alone (the others as they
+        # were) are scored together; identical node calls are made once. The alone scores
+        # are informative only: the joint decision stays the paper's.
+        gate_ctx = replace(ctx, shared=SharedCalls())
+        (val_after, _, _), val_alone = await asyncio.gather(
+            evaluate(replace(gate_ctx, pass_label="joint"), prompts.updated(changes),
+                     splits.val, "val"),
+            score_edits_alone(gate_ctx, prompts, changes, splits, config.node_gates))
+        gate_calls, gate_timing = node_gate_cost(gate_ctx.shared, val_alone, started_gate)
         accepted = (not config.gate) or (
             val_after is not None and (val_before is None or val_after > val_before))
-    # Per-node gates: each edit alone, the others as they were. Informative only: the
-    # joint decision above stays the paper's.
-    val_alone, gate_calls, gate_timing = await score_edits_alone(
-        ctx, prompts, changes, splits, config.node_gates, val_after)
+        if len(changes) == 1:  # the joint candidate is that edit alone
+            val_alone = {n: val_after for n in changes}
     for n, p in zip(nodes, proposals):
         changed = n in changes
         problem = p.error or p.parse_error or (
@@ -177,29 +184,32 @@ def node_gates_apply(mode: str, changed: int) -> bool:
 
 
 async def score_edits_alone(ctx: RunContext, prompts: Prompts,
-                            changes: dict[str, tuple[int, str]], splits: Splits, mode: str,
-                            val_joint: float | None
-                            ) -> tuple[dict[str, float | None], dict[str, float],
-                                       dict[str, float]]:
-    """Validation score of each changed prompt applied alone, and what scoring cost: the
-    metric `node_gate_calls` (logged), and `node_gate_model_calls` (cache misses) and
-    `node_gate_seconds` (summary only). With one change, the joint candidate is that edit
-    alone: its score is reused at no cost."""
-    if len(changes) == 1:
-        return {n: val_joint for n in changes}, {}, {}
+                            changes: dict[str, tuple[int, str]], splits: Splits, mode: str
+                            ) -> dict[str, float | None]:
+    """Validation score of each changed prompt applied alone, the others as they were.
+    Runs beside the joint pass, sharing its identical node calls through `ctx.shared`."""
     if not node_gates_apply(mode, len(changes)):
-        return {}, {}, {}
-    stats, started = ctx.client.stats, time.perf_counter()
-    calls, network = stats.calls, stats.network_calls
+        return {}
     # Only the scores are kept: these forward passes are not the run's activations.
     quiet = replace(ctx, emit=lambda event: None)
     scores = await asyncio.gather(*(
-        evaluate(quiet, prompts.updated({n: change}), splits.val, "val")
+        evaluate(replace(quiet, pass_label=n), prompts.updated({n: change}), splits.val, "val")
         for n, change in changes.items()))
-    timing = {"node_gate_model_calls": float(stats.network_calls - network),
-              "node_gate_seconds": time.perf_counter() - started}
-    return ({n: score for n, (score, _, _) in zip(changes, scores)},
-            {"node_gate_calls": float(stats.calls - calls)}, timing)
+    return {n: score for n, (score, _, _) in zip(changes, scores)}
+
+
+def node_gate_cost(shared: SharedCalls, val_alone: dict[str, float | None], started: float
+                   ) -> tuple[dict[str, float], dict[str, float]]:
+    """What the per-node gates added to the joint pass: the metric `node_gate_calls` (node
+    calls the joint pass did not need; logged), `node_gate_model_calls` (those the cache did
+    not answer) and `node_gate_seconds` (the gate phase; summary only)."""
+    if len(val_alone) < 2 or len(shared.used) < 2:  # no per-node pass ran
+        return {}, {}
+    extra = shared.extra(besides="joint")
+    model = sum(1 for key in extra if not shared.cache_hit.get(key, False))
+    return ({"node_gate_calls": float(len(extra))},
+            {"node_gate_model_calls": float(model),
+             "node_gate_seconds": time.perf_counter() - started})
 
 
 async def optimize(ctx: RunContext, method: Method, splits: Splits, config: OptimizerConfig,
