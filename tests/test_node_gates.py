@@ -69,8 +69,13 @@ def test_each_edit_is_scored_alone_and_the_joint_decision_stays(tmp_path):
                                  "AND split = 'val'").fetchone()[0]
         logged = con.execute("SELECT value FROM metrics WHERE step = 1 "
                              "AND key = 'node_gate_calls'").fetchone()[0]
+        forward_calls = con.execute("SELECT count(*) FROM llm_calls WHERE step = 1 "
+                                    "AND purpose = 'forward'").fetchone()[0]
     assert (val_rows, val_losses) == (4 * 3, 4)
     assert logged == 16
+    # one call per distinct node call: train 4 x 3, joint val 4 x 3, the 16 the gates added
+    # (a gate pass that repeated the joint pass's calls would make 4 x 3 x 2 more, not 16)
+    assert forward_calls == 12 + 12 + 16
 
 
 def test_node_gates_off_scores_nothing_alone(tmp_path):
