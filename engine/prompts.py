@@ -338,24 +338,9 @@ def prompt_set(name: str) -> PromptSet:
 
 # --- probes (engine/probe.py) -----------------------------------------------------------
 
-# The gradient probe's call: the optimizer model follows a node's gradient by rewriting
-# that node's output (parsed like a forward reply, with parse_output).
-PROBE_REWRITE = """A step of the pipeline has this task:
-<task>
-{prompt}
-</task>
-
-For one example it received these inputs:
-{inputs}
-
-It produced this output:
-<output>
-{output}
-</output>
-
-Feedback on this output:
-<feedback>
-{feedback}
-</feedback>
-
-Rewrite the output as the feedback says it should have been. Change only what the feedback asks for and keep the output's form. Write the rewritten output between <output> and </output>."""
+# The gradient probe's call: the backward call's context, then the optimizer model follows
+# the gradient by rewriting the node's output (parsed like a forward reply, parse_output).
+PROBE_REWRITE = BACKWARD_CONTEXT + (
+    "Rewrite the output as the feedback says it should have been. Change only what the "
+    "feedback asks for and keep the output's form. Write the rewritten output between "
+    "<output> and </output>.")

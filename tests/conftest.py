@@ -55,6 +55,21 @@ nodes:
     output: true
 """
 
+# three root nodes with different prompts feeding one node: a node with three siblings, and
+# no two requests identical (identical requests in flight are answered once)
+DIAMOND = """
+name: diamond
+dataset: data.jsonl
+input_fields: [question]
+target_field: answer
+metric: numeric
+nodes:
+  - {id: a, prompt: Find the first quantity., inputs: [question]}
+  - {id: b, prompt: Find the second quantity., inputs: [question]}
+  - {id: c, prompt: Find the operation., inputs: [question]}
+  - {id: final, prompt: Solve the problem., inputs: [question, a, b, c], output: true}
+"""
+
 
 def run_engine(graph: Path, db: Path, backend=None, **options):
     """Run the real engine under the scripted backend (or `backend`); returns RunResult."""

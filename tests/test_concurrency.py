@@ -9,26 +9,11 @@ from __future__ import annotations
 import asyncio
 
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import arithmetic_rows, run_engine, write_graph
-
-# three root nodes with different prompts: no two requests are identical (identical
-# requests in flight are answered once, which would hide the overlap)
-THREE_ROOTS = """
-name: three-roots
-dataset: data.jsonl
-input_fields: [question]
-target_field: answer
-metric: numeric
-nodes:
-  - {id: a, prompt: Find the first quantity., inputs: [question]}
-  - {id: b, prompt: Find the second quantity., inputs: [question]}
-  - {id: c, prompt: Find the operation., inputs: [question]}
-  - {id: final, prompt: Solve the problem., inputs: [question, a, b, c], output: true}
-"""
+from tests.conftest import DIAMOND, arithmetic_rows, run_engine, write_graph
 
 
 def test_a_step_makes_exactly_its_calls(tmp_path):
-    graph = write_graph(tmp_path, THREE_ROOTS, arithmetic_rows())
+    graph = write_graph(tmp_path, DIAMOND, arithmetic_rows())
     backend = ScriptedBackend()
     run_engine(graph, tmp_path / "r.duckdb", backend, steps=1, train=8, val=8, cache="off",
                failures_per_step=2, node_gates="off")
@@ -69,7 +54,7 @@ class Rendezvous(ScriptedBackend):
 
 
 def test_independent_activations_are_in_flight_together(tmp_path):
-    graph = write_graph(tmp_path, THREE_ROOTS, arithmetic_rows())
+    graph = write_graph(tmp_path, DIAMOND, arithmetic_rows())
     # step 0 evaluates train and validation together: 3 root nodes x 16 examples
     backend = Rendezvous(expected=48)
     result = run_engine(graph, tmp_path / "r.duckdb", backend, steps=0, train=8, val=8,
@@ -79,7 +64,7 @@ def test_independent_activations_are_in_flight_together(tmp_path):
 
 
 def test_the_concurrency_limit_bounds_what_is_in_flight(tmp_path):
-    graph = write_graph(tmp_path, THREE_ROOTS, arithmetic_rows())
+    graph = write_graph(tmp_path, DIAMOND, arithmetic_rows())
     backend = Rendezvous(expected=0)
     run_engine(graph, tmp_path / "r.duckdb", backend, steps=0, train=8, val=8, concurrency=5)
     assert backend.max_in_flight <= 5

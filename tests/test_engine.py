@@ -10,20 +10,7 @@ import duckdb
 
 from engine.llm.base import LLMRequest, TransientLLMError
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
-
-DIAMOND = """
-name: diamond
-dataset: data.jsonl
-input_fields: [question]
-target_field: answer
-metric: numeric
-nodes:
-  - {id: a, prompt: Find the first quantity., inputs: [question]}
-  - {id: b, prompt: Find the second quantity., inputs: [question]}
-  - {id: c, prompt: Find the operation., inputs: [question]}
-  - {id: final, prompt: Solve the problem., inputs: [question, a, b, c], output: true}
-"""
+from tests.conftest import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
 
 TWO_SUCCESSORS = """
 name: fanout

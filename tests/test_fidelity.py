@@ -11,7 +11,7 @@ import re
 
 from engine import prompts as P
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.conftest import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
 from tests.test_engine import notes, rows
 
 # --- a gradient reaches only the input it was written for ----------------------------------
@@ -207,19 +207,6 @@ def test_reject_reason_names_the_edit_alone_when_a_node_gate_scored_it():
 
 
 # --- the joint backward call shows the node's own output, its siblings and the fields -------
-
-DIAMOND = """
-name: diamond
-dataset: data.jsonl
-input_fields: [question]
-target_field: answer
-metric: numeric
-nodes:
-  - {id: a, prompt: Find the first quantity., inputs: [question]}
-  - {id: b, prompt: Find the second quantity., inputs: [question]}
-  - {id: c, prompt: Find the operation., inputs: [question]}
-  - {id: final, prompt: Solve the problem., inputs: [question, a, b, c], output: true}
-"""
 
 
 def _final_backward_calls(tmp_path, method: str, prompts: str = "default", responder=notes):
