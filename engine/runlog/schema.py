@@ -164,9 +164,8 @@ _CURRENT: set[str] = set()  # run logs seen at this engine's schema version
 def _upgrade_older_log(path: str, timeout: float) -> None:
     """A run log written by an older engine gains the new tables and columns the first time
     this process reads it, so that readers can select every current column."""
-    with connect(path, read_only=False, timeout=timeout) if _older(path, timeout) \
-            else _nothing() as con:
-        if con is not None:
+    if _older(path, timeout):
+        with connect(path, read_only=False, timeout=timeout) as con:
             ensure_schema(con, path)
     _CURRENT.add(path)
 
@@ -183,11 +182,6 @@ def _older(path: str, timeout: float) -> bool:
             return int(version or 0) < SCHEMA_VERSION
     finally:
         _CURRENT.discard(path)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
 
 
 def _first_line(exc: Exception) -> str:
