@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from rich.console import Console  # noqa: E402
 
-from engine.blame import blame  # noqa: E402
-from engine.probe_cli import blame_lines  # noqa: E402
-from engine.run import RunConfig, execute  # noqa: E402
+from engine.cli.probes import blame_lines  # noqa: E402
+from engine.probes.blame import blame  # noqa: E402
+from engine.runs.execute import RunConfig, execute  # noqa: E402
 
 
 def run_then_blame(config: RunConfig, label: str, show_table: bool) -> None:

@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.llm.limits import AdaptiveLimit  # noqa: E402
-from engine.run import SHARED_LIMIT, RunConfig, execute  # noqa: E402
 from engine.runlog.schema import connect  # noqa: E402
+from engine.runs.execute import SHARED_LIMIT, RunConfig, execute  # noqa: E402
 from tests.support.fake_openai import FakeOpenAIServer  # noqa: E402
 
 GRAPH = """

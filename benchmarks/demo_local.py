@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import prompts as P  # noqa: E402
-from engine import structured as S  # noqa: E402
-from engine.copies import COPY_REASON  # noqa: E402
+from engine.core.copies import COPY_REASON  # noqa: E402
 from engine.events import CallRecord, Gradient, Proposal, StepFinished  # noqa: E402
-from engine.run import RunConfig, execute  # noqa: E402
+from engine.prompts import structured as S  # noqa: E402
+from engine.prompts import templates as P  # noqa: E402
+from engine.runs.execute import RunConfig, execute  # noqa: E402
 
 SETTINGS = {
     "before": {"structured": "off", "allow_copies": True, "kv_cache": False},
@@ -117,7 +117,7 @@ def _would_flag(p, result) -> bool:
     examples back-propagated in p's step (those the update call saw)."""
     import json
 
-    from engine.copies import find_copies
+    from engine.core.copies import find_copies
 
     rows = [json.loads(r) for r in
             (ROOT / "sample_graphs" / "data" / "demo_reviews.jsonl").read_text().splitlines()

@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.core.forward import Prompts, RunContext, forward_pass  # noqa: E402
+from engine.core.graph import parse_graph  # noqa: E402
 from engine.data.examples import Example  # noqa: E402
-from engine.forward import Prompts, RunContext, forward_pass  # noqa: E402
-from engine.graph import parse_graph  # noqa: E402
 from engine.llm.client import LLMClient  # noqa: E402
 from engine.llm.scripted import ScriptedBackend  # noqa: E402
-from engine.run import RunConfig, execute  # noqa: E402
+from engine.runs.execute import RunConfig, execute  # noqa: E402
 
 GRAPH = """
 name: overhead

@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.cli import main as cli_main  # noqa: E402
-from engine.run import RunConfig, execute  # noqa: E402
 from engine.runlog.schema import connect  # noqa: E402
+from engine.runs.execute import RunConfig, execute  # noqa: E402
 
 TRAIN = VAL = 4
 

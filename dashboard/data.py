@@ -74,8 +74,8 @@ def run(db: str, run_id: str) -> dict | None:
 
 @st.cache_data(**_CACHE)
 def _graph(db: str, run_id: str, version: Stamp) -> RunGraph | None:
-    from engine.api_support import read_logged_graph
-    from engine.graph import GraphError
+    from engine.api.support import read_logged_graph
+    from engine.core.graph import GraphError
 
     record = reader.run_record(db, run_id)
     if record is None or not record.get("graph_yaml"):

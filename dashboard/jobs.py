@@ -95,9 +95,9 @@ def build_command(spec: RunSpec) -> list[str]:
 
 def start(spec: RunSpec) -> Job:
     """Validate the graph, then start the run in a new process group. Raises
-    engine.graph.GraphError for a bad graph file."""
-    from engine.graph import load_graph
-    from engine.run import new_run_id
+    engine.core.graph.GraphError for a bad graph file."""
+    from engine.core.graph import load_graph
+    from engine.runs.execute import new_run_id
 
     graph = load_graph(spec.graph)
     spec.run_id = spec.run_id or new_run_id(graph.name, spec.method)
@@ -324,7 +324,7 @@ def fork_command(spec: ForkSpec, prompt_files: dict[str, Path]) -> list[str]:
 
 def start_fork(spec: ForkSpec, graph_name: str = "fork", method: str = "semantic") -> Job:
     """Start the fork in the background; it shows on the Runs page like any run."""
-    from engine.run import new_run_id
+    from engine.runs.execute import new_run_id
 
     spec.db = str(Path(spec.db).resolve())
     spec.new_run_id = spec.new_run_id or new_run_id(graph_name, method)

@@ -91,7 +91,7 @@ def copied_examples(db: str, run_id: str, prompt: str) -> list[str]:
 def _function_nodes(db: str, run_id: str, version: Stamp) -> dict[str, tuple[str, str]]:
     import yaml
 
-    from engine.functions import FUNCTIONS
+    from engine.core.functions import FUNCTIONS
 
     record = reader.run_record(db, run_id) or {}
     try:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from engine.api import Graph, aoptimize, optimize
-    from engine.api_support import (
+    from engine.api.builder import Graph, aoptimize, optimize
+    from engine.api.support import (
         Backend,
         Data,
         Metric,
@@ -29,15 +29,15 @@ if TYPE_CHECKING:
         load_functions,
         read_logged_graph,
     )
-    from engine.graph import GraphError
-    from engine.loss import MetricError
+    from engine.core.graph import GraphError
+    from engine.core.loss import MetricError
 
 _EXPORTS = {
-    "Graph": "engine.api", "optimize": "engine.api", "aoptimize": "engine.api",
-    "GraphError": "engine.graph", "MetricError": "engine.loss",
-    "OptimizeResult": "engine.api_support", "Backend": "engine.api_support",
-    "Data": "engine.api_support", "Metric": "engine.api_support",
-    "load_functions": "engine.api_support", "read_logged_graph": "engine.api_support",
+    "Graph": "engine.api.builder", "optimize": "engine.api.builder", "aoptimize": "engine.api.builder",
+    "GraphError": "engine.core.graph", "MetricError": "engine.core.loss",
+    "OptimizeResult": "engine.api.support", "Backend": "engine.api.support",
+    "Data": "engine.api.support", "Metric": "engine.api.support",
+    "load_functions": "engine.api.support", "read_logged_graph": "engine.api.support",
 }
 __all__ = ["Backend", "Data", "Graph", "GraphError", "Metric", "MetricError", "OptimizeResult",
            "aoptimize", "load_functions", "optimize", "read_logged_graph"]

@@ -73,7 +73,7 @@ nodes:
 
 def run_engine(graph: Path, db: Path, backend=None, **options):
     """Run the real engine under the scripted backend (or `backend`); returns RunResult."""
-    from engine.run import RunConfig, execute
+    from engine.runs.execute import RunConfig, execute
 
     settings = {"backend": "scripted", "steps": 2, "train": 6, "val": 6, "test": 0}
     settings.update(options)

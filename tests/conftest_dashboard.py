@@ -18,8 +18,8 @@ from pathlib import Path
 
 from engine.llm.base import LLMRequest
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
 from engine.runlog.schema import connect
+from engine.runs.execute import RunConfig, execute
 
 XSS = '<img src=x onerror="window.__xss=true">'
 HINT_A_OUTPUT = f"Looking at {XSS} the numbers"

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from engine import Graph, GraphError, MetricError, optimize
-from engine.graph import parse_graph
+from engine.core.graph import parse_graph
 from engine.llm.base import LLMRequest
 from engine.llm.scripted import ScriptedBackend
 from engine.runlog.schema import connect
@@ -176,7 +176,7 @@ nodes:
 
 
 def same_in_python() -> Graph:
-    from engine.functions import extract_number
+    from engine.core.functions import extract_number
 
     g = Graph(name="same", input_fields=["question"], target_field="answer", metric="numeric")
     g.llm("hint", prompt="Work out a step.", inputs=["question"])
@@ -284,7 +284,7 @@ def test_to_yaml_refuses_python_functions():
 
 
 def test_openai_keywords_never_store_the_key(tmp_path):
-    from engine.api_support import make_backends
+    from engine.api.support import make_backends
 
     forward, optimizer, names = make_backends(
         "openai", None, model="m-small", optimizer_model="m-large",
@@ -333,7 +333,7 @@ def test_every_method_calls_on_the_described_tool_only(tmp_path, method):
 def test_every_sample_graph_file_round_trips_through_the_builder():
     from pathlib import Path
 
-    from engine.graph import load_graph
+    from engine.core.graph import load_graph
 
     def unlined(graph):
         return [replace(n, line=None) for n in graph.nodes]

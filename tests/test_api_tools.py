@@ -169,10 +169,10 @@ def test_functions_file_may_import_its_sibling_modules(tmp_path):
 def test_resume_binds_the_functions_again(tmp_path, capsys):
     import asyncio
 
-    from engine.api import Graph
-    from engine.api_support import load_functions
+    from engine.api.builder import Graph
+    from engine.api.support import load_functions
     from engine.events import StepFinished
-    from engine.run import RunConfig, execute
+    from engine.runs.execute import RunConfig, execute
 
     path, db = graph_file(tmp_path), tmp_path / "runs.duckdb"
 

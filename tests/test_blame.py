@@ -8,10 +8,10 @@ import asyncio
 
 import duckdb
 
-from engine.blame import blame
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
+from engine.probes.blame import blame
+from engine.runs.execute import RunConfig, execute
 from tests.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 

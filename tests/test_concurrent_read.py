@@ -13,8 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from engine.run import RunConfig, execute
 from engine.runlog import reader
+from engine.runs.execute import RunConfig, execute
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPH = str(ROOT / "sample_graphs" / "diamond.yaml")
@@ -27,7 +27,7 @@ TABLES = ("steps", "prompt_versions", "node_outputs", "losses", "gradients", "up
 WRITER = f"""
 import asyncio, sys
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
+from engine.runs.execute import RunConfig, execute
 
 config = RunConfig(graph=sys.argv[1], db=sys.argv[2], run_id=sys.argv[3], **{SIZES!r})
 result = asyncio.run(execute(config, forward_backend=ScriptedBackend(latency=0.02)))

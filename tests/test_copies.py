@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from engine.copies import COPY_REASON, SPAN_WORDS, WHOLE_WORDS, copied_span, find_copies
+from engine.core.copies import COPY_REASON, SPAN_WORDS, WHOLE_WORDS, copied_span, find_copies
 from engine.llm.scripted import ScriptedBackend
 from tests.conftest import write_graph
 

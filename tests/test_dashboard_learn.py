@@ -28,7 +28,7 @@ def log(tmp_path_factory):
     folder = tmp_path_factory.mktemp("learn")
     built = build_run_log(folder)
     from engine.llm.scripted import ScriptedBackend
-    from engine.run import RunConfig, execute
+    from engine.runs.execute import RunConfig, execute
 
     config = RunConfig(graph=str(folder / "demo.yaml"), backend="scripted",
                        method="semantic-nosibling", steps=2, train=4, val=4, test=0, seed=0,

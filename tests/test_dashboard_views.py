@@ -58,7 +58,7 @@ def test_nodes_of_one_layer_are_spread_and_centred():
 
 
 def test_graph_model_from_an_engine_graph():
-    from engine.graph import parse_graph
+    from engine.core.graph import parse_graph
 
     graph = parse_graph("""
 name: g
@@ -202,7 +202,7 @@ def test_stop_sends_sigterm(tmp_path, monkeypatch):
 
 
 def test_a_bad_graph_is_refused_before_starting(tmp_path, monkeypatch):
-    from engine.graph import GraphError
+    from engine.core.graph import GraphError
 
     monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
     bad = tmp_path / "bad.yaml"

@@ -170,9 +170,9 @@ def test_a_function_node_shows_its_description_input_and_return(tmp_path, starte
 
     from conftest_dashboard import write_data
 
-    from engine.functions import FUNCTIONS
+    from engine.core.functions import FUNCTIONS
     from engine.llm.scripted import ScriptedBackend
-    from engine.run import RunConfig, execute
+    from engine.runs.execute import RunConfig, execute
 
     write_data(tmp_path)
     (tmp_path / "fn.yaml").write_text(FUNCTION_GRAPH)

@@ -15,6 +15,7 @@ import duckdb
 import pytest
 
 from engine import cli
+from engine.core.graph import load_graph
 from engine.experiment import (
     Cell,
     PlanError,
@@ -25,8 +26,7 @@ from engine.experiment import (
     load_plan,
     prepare,
 )
-from engine.graph import load_graph
-from engine.run import RunConfig
+from engine.runs.execute import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "datasets"

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.cli import main
-from engine.run import RunConfig, execute
 from engine.runlog.export import RUN_TABLES, read_run
 from engine.runlog.schema import SCHEMA_VERSION, column_names
+from engine.runs.execute import RunConfig, execute
 
 ROOT = Path(__file__).resolve().parents[1]
 DIAMOND = str(ROOT / "sample_graphs" / "diamond.yaml")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from engine import prompts as P
 from engine.llm.scripted import ScriptedBackend
+from engine.prompts import templates as P
 from tests.conftest import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
 from tests.test_engine import notes, rows
 
@@ -99,12 +99,12 @@ nodes:
 
 
 def test_every_registered_function_has_a_backward_rule():
-    from engine.functions import BACKWARD_RULES, FUNCTIONS
+    from engine.core.functions import BACKWARD_RULES, FUNCTIONS
     assert set(BACKWARD_RULES) == set(FUNCTIONS)
 
 
 def test_concatenate_splits_a_message_by_part_and_extractors_feed_only_their_input():
-    from engine.functions import function_backward
+    from engine.core.functions import function_backward
     values = {"a": "first", "b": "second"}
     assert function_backward("concatenate", "NEW-A\n\nNEW-B", values) == (
         {"a": "NEW-A", "b": "NEW-B"}, None)
@@ -198,7 +198,7 @@ def test_rejected_proposals_are_cleared_once_the_prompt_changes(tmp_path):
 
 
 def test_reject_reason_names_the_edit_alone_when_a_node_gate_scored_it():
-    from engine.optimizer import reject_reason
+    from engine.core.optimizer import reject_reason
     assert reject_reason(False, 0.5, 0.4, None) is None
     assert reject_reason(True, 0.5, 0.4, None) == (
         "rejected jointly: the candidate scored 0.4, not above 0.5")
@@ -235,7 +235,7 @@ def test_joint_call_shows_own_output_every_sibling_and_the_examples_fields(tmp_p
 
 def _context_free(text: str) -> str:
     """The call with the shown inputs, the asked-about names and the reply format (text
-    blocks or a JSON shape, engine/structured.py) taken out."""
+    blocks or a JSON shape, engine/prompts/structured.py) taken out."""
     text = text[:text.index("\nAnswer with")]
     text = re.sub(r'<input name="[^"]+">\n.*?\n</input>\n?', "", text, flags=re.S)
     return re.sub(r"\(([a-z_, ]+)\)", "(NAMES)", text)
@@ -339,7 +339,7 @@ nodes:
 def test_validate_refuses_a_node_that_reads_the_answer_naming_it():
     import pytest
 
-    from engine.graph import GraphError, parse_graph
+    from engine.core.graph import GraphError, parse_graph
 
     cases = [("data.jsonl", "answer", "answer", "the target field"),
              ("gsm8k/train", "answer", "solution", "holds the answer or label"),
@@ -367,8 +367,8 @@ def test_cli_validate_prints_one_error_line_for_a_leaky_graph(tmp_path, capsys):
 # --- the gate scores candidates on validation, and nothing else ------------------------------
 
 def _split_ids(graph, **sizes) -> dict[str, set[str]]:
-    from engine.graph import load_graph
-    from engine.run import RunConfig, load_splits
+    from engine.core.graph import load_graph
+    from engine.runs.execute import RunConfig, load_splits
 
     splits = load_splits(RunConfig(graph=str(graph), **sizes), load_graph(graph))
     return {name: {e.id for e in examples} for name, examples in splits.by_name().items()}
@@ -438,8 +438,8 @@ def test_every_split_sees_only_its_own_examples_and_test_only_at_the_end(tmp_pat
 # --- failure sampling follows the seed -------------------------------------------------------
 
 def test_failure_sampling_is_seeded_by_seed_and_step():
+    from engine.core.optimizer import sample_failures
     from engine.events import LossRecord
-    from engine.optimizer import sample_failures
 
     losses = [LossRecord("r", 1, "train", f"e{i}", "", "", 0.0, "") for i in range(30)]
     losses[3] = LossRecord("r", 1, "train", "e3", "", "", 1.0, "")  # solved: never sampled
@@ -455,8 +455,8 @@ def test_failure_sampling_is_seeded_by_seed_and_step():
 def test_a_run_samples_failures_by_its_seed(tmp_path):
     import asyncio
 
-    from engine.graph import load_graph
-    from engine.run import RunConfig, execute, load_splits
+    from engine.core.graph import load_graph
+    from engine.runs.execute import RunConfig, execute, load_splits
 
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     splits = load_splits(RunConfig(graph=str(graph), train=20, val=4, test=0),

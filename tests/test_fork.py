@@ -9,9 +9,9 @@ import duckdb
 import pytest
 
 from engine.cli import main
-from engine.fork import fork
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
+from engine.runs.execute import RunConfig, execute
+from engine.runs.fork import fork
 from tests.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 

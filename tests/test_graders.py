@@ -11,6 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from engine.core.graph import METRICS
 from engine.data.graders import (
     KNOWN_METRICS,
     extract_answer,
@@ -18,7 +19,6 @@ from engine.data.graders import (
     normalize_text,
     target_family,
 )
-from engine.graph import METRICS
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 BBH_FILES = sorted((DATA / "bbh").glob("*.json")) if DATA.is_dir() else []

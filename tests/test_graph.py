@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from engine.cli import main
-from engine.graph import GraphError, load_graph, parse_graph
+from engine.core.graph import GraphError, load_graph, parse_graph
 from tests.conftest import REPO, TWO_HINTS, write_graph
 
 HEAD = """name: g

@@ -13,7 +13,6 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from engine import run as engine_run
 from engine.llm.scripted import ScriptedBackend
 from engine.methods import METHODS, make_method
 from engine.methods.gtbp import (
@@ -27,7 +26,8 @@ from engine.methods.gtbp import (
     parse_target,
     split_claims,
 )
-from engine.run import RunConfig
+from engine.runs import execute as engine_run
+from engine.runs.execute import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

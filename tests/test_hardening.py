@@ -133,7 +133,7 @@ def test_two_hints_graph_still_validates(tmp_path, capsys):
 
 def test_topology_is_computed_once_per_graph(monkeypatch):
     from benchmarks.large_graph import graph_yaml
-    from engine import graph as graph_module
+    from engine.core import graph as graph_module
 
     built = []
     original = graph_module._Topology.of
@@ -247,9 +247,9 @@ def test_immutable_file_is_named_as_not_writable(tmp_path, capsys, immutable):
 def test_a_failing_finish_does_not_hide_the_original_error(tmp_path, monkeypatch):
     import asyncio
 
-    from engine.run import RunConfig, execute
     from engine.runlog.schema import RunLogError
     from engine.runlog.writer import RunLogWriter
+    from engine.runs.execute import RunConfig, execute
 
     def broken_finish(self, status, error=None):
         raise RunLogError("disk gone")
@@ -271,7 +271,7 @@ def test_a_failing_finish_does_not_hide_the_original_error(tmp_path, monkeypatch
 
 
 def test_stored_config_keeps_host_and_port_but_never_credentials():
-    from engine.run import RunConfig
+    from engine.runs.execute import RunConfig
 
     def stored(url):
         return RunConfig(graph="g", base_url=url).to_json()["base_url"]
@@ -286,8 +286,8 @@ def test_resume_reaches_the_same_port_and_a_failed_step_fails_the_run(tmp_path, 
     import asyncio
 
     from engine.llm.client import ModelUnavailable
-    from engine.run import RunConfig, execute, resume
     from engine.runlog.schema import connect
+    from engine.runs.execute import RunConfig, execute, resume
     from tests.support.fake_openai import FakeOpenAIServer
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

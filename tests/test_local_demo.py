@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from engine.llm.local import local_model_path
-from engine.run import RunConfig, execute
+from engine.runs.execute import RunConfig, execute
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(

@@ -10,10 +10,10 @@ import asyncio
 
 import pytest
 
-from engine import prompts as P
-from engine import structured as S
 from engine.llm.client import LLMClient, RetryPolicy
 from engine.methods.gtbp import parse_claims_reply, parse_inferred_input, parse_target
+from engine.prompts import structured as S
+from engine.prompts import templates as P
 from tests.support.json_schema import assert_follows
 from tests.test_local_backend import _local_model_missing
 from tests.test_structured import NAMES, _view, role_messages

@@ -91,7 +91,7 @@ def test_node_gates_off_scores_nothing_alone(tmp_path):
 
 
 def test_auto_skips_steps_that_change_more_than_four_prompts():
-    from engine.optimizer import node_gates_apply
+    from engine.core.optimizer import node_gates_apply
 
     assert node_gates_apply("auto", 2) and node_gates_apply("auto", 4)
     assert not node_gates_apply("auto", 5) and node_gates_apply("on", 5)

@@ -10,10 +10,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from engine.blame import probe
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
+from engine.probes.blame import probe
+from engine.runs.execute import RunConfig, execute
 from tests.blame_fault_script import HONEST, blame_fault_responder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +227,7 @@ def test_a_busy_log_is_said_in_one_line(logged, capsys, monkeypatch):
 RUNNER = """
 import asyncio, sys
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
+from engine.runs.execute import RunConfig, execute
 
 config = RunConfig(graph=sys.argv[1], db=sys.argv[2], run_id="live", steps=6, train=16,
                    val=16, test=0)

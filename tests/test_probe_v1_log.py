@@ -10,8 +10,8 @@ import duckdb
 
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
 from engine.runlog.schema import SCHEMA_VERSION, TABLES
+from engine.runs.execute import RunConfig, execute
 from tests.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 

@@ -9,7 +9,7 @@ from itertools import groupby
 from pathlib import Path
 
 from engine.events import CallRecord, Progress
-from engine.progress import progress_line
+from engine.runs.progress import progress_line
 from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 
 ROOT = Path(__file__).resolve().parents[1]

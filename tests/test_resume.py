@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 
-from engine.run import RunConfig, execute
+from engine.runs.execute import RunConfig, execute
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPH = str(ROOT / "sample_graphs" / "diamond.yaml")
@@ -30,7 +30,7 @@ WRAPPER = f"""
 import asyncio, sys
 from pathlib import Path
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
+from engine.runs.execute import RunConfig, execute
 
 graph, db, run_id, marker = sys.argv[1:5]
 

@@ -16,10 +16,10 @@ import pytest
 from engine.cli import main
 from engine.events import StepFinished
 from engine.llm.scripted import ScriptedBackend
-from engine.run import RunConfig, execute
 from engine.runlog.export import export_json
 from engine.runlog.schema import SCHEMA_VERSION, TABLES, column_names
 from engine.runlog.writer import open_for_writing
+from engine.runs.execute import RunConfig, execute
 
 ROOT = Path(__file__).resolve().parents[1]
 DIAMOND = str(ROOT / "sample_graphs" / "diamond.yaml")

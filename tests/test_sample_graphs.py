@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine.core.graph import Graph, load_graph
 from engine.data.datasets import DatasetError, load_examples, with_target
 from engine.data.examples import split_examples
 from engine.data.graders import grade
-from engine.graph import Graph, load_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_graphs"

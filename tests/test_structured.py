@@ -9,8 +9,6 @@ import json
 import duckdb
 import pytest
 
-from engine import prompts as P
-from engine import structured as S
 from engine.methods.gtbp import (
     GTBP,
     GTBP_COMBINE,
@@ -19,6 +17,8 @@ from engine.methods.gtbp import (
     parse_inferred_input,
     parse_target,
 )
+from engine.prompts import structured as S
+from engine.prompts import templates as P
 from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 from tests.support.json_schema import assert_follows
 

@@ -10,10 +10,10 @@ import json
 import duckdb
 import pytest
 
-from engine import structured as S
 from engine.events import StructuredFallback
 from engine.llm.openai_backend import OpenAIBackend
-from engine.run import RunConfig, execute
+from engine.prompts import structured as S
+from engine.runs.execute import RunConfig, execute
 from tests.conftest import TWO_HINTS, arithmetic_rows, write_graph
 from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.json_schema import assert_follows

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.cli import main
-from engine.graph import GRAPH_KEYS, NODE_KEYS, parse_graph
+from engine.core.graph import GRAPH_KEYS, NODE_KEYS, parse_graph
 from tests.conftest import arithmetic_rows, run_engine
 
 SETTINGS = settings(max_examples=60, deadline=None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.graph import Graph
+    from engine.core.graph import Graph
 
 ANSWER_FIELDS: dict[str, tuple[str, ...]] = {
     "gsm8k": ("answer", "solution"),
@@ -32,7 +32,7 @@ def answer_fields(graph: Graph) -> set[str]:
 
 def check_no_answer_inputs(graph: Graph) -> None:
     """Raise GraphError naming the first node that reads a field holding the answer."""
-    from engine.graph import GraphError
+    from engine.core.graph import GraphError
 
     forbidden = answer_fields(graph) - set(graph.node_ids)
     for node in graph.nodes:

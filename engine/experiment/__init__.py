@@ -4,7 +4,7 @@
 A plan is a YAML file: `name`, `description` and a list of `entries`. Each entry is a graph
 run with several methods (or named variants of a method, for ablations) on one dataset, or
 on every BBH task (`tasks: all`), for one or more seeds. Each (entry, task, variant, seed)
-is one run: `engine.run.execute`, logged in the run log like any other run. Finished runs
+is one run: `engine.runs.execute.execute`, logged in the run log like any other run. Finished runs
 are found again in the run log by their run id prefix and configuration and skipped, so an
 interrupted experiment continues where it stopped. Results are always read back from the
 run log. The harness is one workflow, one module per stage: plan -> cells (estimate) ->
@@ -58,7 +58,7 @@ from engine.experiment.results import (
     run_metrics,
     write_results,
 )
-from engine.run import RunConfig
+from engine.runs.execute import RunConfig
 
 __all__ = [
     "BAD_INPUT", "COLUMNS", "ENTRY_KEYS", "FORWARD_TOKENS", "GROUPS", "NAME", "OPTIMIZER_TOKENS",

@@ -1,6 +1,6 @@
 """Cells: one run each. A plan expands to one cell per (entry, task, variant, seed); each
 cell gets its RunConfig and splits, is found again in the run log if it already finished
-(by run id prefix and configuration), and is otherwise run with `engine.run.execute`.
+(by run id prefix and configuration), and is otherwise run with `engine.runs.execute.execute`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from engine.core.graph import GraphError, load_graph
 from engine.data.datasets import DatasetError, bbh_tasks, load_examples, with_target
 from engine.data.examples import SplitError, Splits, split_examples
 from engine.events import CallRecord, StepFinished
 from engine.experiment.plan import Entry, Plan, PlanError, Variant
-from engine.graph import GraphError, load_graph
 from engine.llm.base import LLMError
 from engine.llm.limits import AdaptiveLimit
-from engine.run import SHARED_LIMIT, RunConfig, RunResult, execute, load_splits, sizes
 from engine.runlog.schema import RunLogError
+from engine.runs.execute import SHARED_LIMIT, RunConfig, RunResult, execute, load_splits, sizes
 
 # Fields of a stored run's config that must equal the plan's for the run to count as done.
 SAME_CONFIG = ("method", "backend", "steps", "train", "val", "test", "seed", "dataset",

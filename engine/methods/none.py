@@ -3,9 +3,9 @@ and outputs of each node."""
 
 from __future__ import annotations
 
+from engine.core.backward import Method
+from engine.core.forward import ExampleTrace, Prompts, RunContext
 from engine.events import LossRecord
-from engine.forward import ExampleTrace, Prompts, RunContext
-from engine.methods.base import Method
 
 
 class NoGradients(Method):

@@ -8,9 +8,9 @@ split into one gradient per predecessor: each is conditioned on its siblings' va
 
 from __future__ import annotations
 
-from engine import prompts as P
-from engine.forward import ExampleTrace, Prompts, RunContext
-from engine.methods.base import Method, NodeGradient, ask_backward
+from engine.core.backward import Method, NodeGradient, ask_backward
+from engine.core.forward import ExampleTrace, Prompts, RunContext
+from engine.prompts import templates as P
 
 
 class SemanticBackprop(Method):

@@ -2,7 +2,7 @@
 (node, predecessor), each seeing only that one input, the node's task, its output and its
 feedback: no sibling values, no example fields.
 
-The instruction text is the one `semantic` uses (engine/prompts.py): the two differ only
+The instruction text is the one `semantic` uses (engine/prompts/templates.py): the two differ only
 in the context they show. For the TextGrad library's own backward, which shows the full
 formatted prompt, see `textgrad-lib` (textgrad_lib.py).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 
-from engine import prompts as P
-from engine.forward import ExampleTrace, Prompts, RunContext
-from engine.methods.base import Method, NodeGradient, ask_backward
+from engine.core.backward import Method, NodeGradient, ask_backward
+from engine.core.forward import ExampleTrace, Prompts, RunContext
+from engine.prompts import templates as P
 
 
 class TextGrad(Method):

@@ -3,13 +3,13 @@ like `textgrad`, but each call shows everything the node's forward call showed (
 and ALL its inputs, siblings and example fields included), then asks about that one input.
 
 The paper's formal description of TextGrad (no siblings) is `textgrad`. The instruction
-text is shared with every other method (engine/prompts.py); the update step is this
+text is shared with every other method (engine/prompts/templates.py); the update step is this
 project's, not TextGrad's optimizer.
 """
 
 from __future__ import annotations
 
-from engine.forward import RunContext
+from engine.core.forward import RunContext
 from engine.methods.textgrad import TextGrad
 
 

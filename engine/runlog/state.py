@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.forward import Prompts
+from engine.core.forward import Prompts
+from engine.core.optimizer import OptimizerState
 from engine.llm.base import LLMReply
 from engine.llm.cache import Cache
-from engine.optimizer import OptimizerState
 from engine.runlog.schema import RunLogError, check_readable, connect
 
 

@@ -5,7 +5,7 @@ example's reference answer. In reverse topological order, a node v with target �
 one call (role "gtbp_input") asking which input Î_v would have made v, with its prompt
 unchanged, produce Ô_v while staying close to its actual input; each predecessor reads
 its own target output off its block of Î_v. Function nodes apply their backward rule
-(engine/functions.py: extractors pass the target on, `concatenate` splits it by part);
+(engine/core/functions.py: extractors pass the target on, `concatenate` splits it by part);
 nodes that read only example fields stop.
 
 Several successors (left open by the paper; this project's extension): like semantic

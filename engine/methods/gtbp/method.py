@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import asyncio
 
-from engine import prompts as P
-from engine import structured as S
-from engine.events import LossRecord
-from engine.forward import ExampleTrace, Prompts, RunContext
-from engine.methods.base import (
+from engine.core.backward import (
     Method,
     NodeGradient,
     UpdateProposal,
     UpdateSample,
     function_messages,
 )
+from engine.core.forward import ExampleTrace, Prompts, RunContext
+from engine.events import LossRecord
 from engine.methods.gtbp.claims import (
     edit_budget,
     enforce_budget,
@@ -41,6 +39,8 @@ from engine.methods.gtbp.templates import (
     GTBP_SYSTEM,
     GTBP_UPDATE,
 )
+from engine.prompts import structured as S
+from engine.prompts import templates as P
 
 
 def _positive(name: str, value: object) -> int:

@@ -13,10 +13,10 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from engine import prompts as P
+from engine.core.forward import ExampleTrace, RunContext
 from engine.data.graders import grade
 from engine.events import LossRecord
-from engine.forward import ExampleTrace, RunContext
+from engine.prompts import templates as P
 
 
 async def compute_losses(ctx: RunContext, traces: list[ExampleTrace], split: str

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.core.forward import RunContext
+from engine.core.graph import Graph, parse_graph
+from engine.core.optimizer import OptimizerState, evaluate
 from engine.data.examples import Splits
 from engine.events import PromptVersion, StepFinished
-from engine.forward import RunContext
-from engine.graph import Graph, parse_graph
 from engine.llm.base import Backend
-from engine.optimizer import OptimizerState, evaluate
 from engine.runlog.schema import RunLogError, connect
 from engine.runlog.state import load_resume_state, run_exists
 from engine.runlog.writer import open_for_writing
@@ -31,7 +31,7 @@ SPLIT_OPTIONS = ("train", "val", "test", "seed", "dataset", "data_dir")
 
 @dataclass
 class ForkPlan:
-    config: Any  # engine.run.RunConfig
+    config: Any  # engine.runs.execute.RunConfig
     graph: Graph
     splits: Splits
     state: OptimizerState
@@ -45,7 +45,7 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
               overrides: dict[str, Any] | None = None) -> ForkPlan:
     """Check the request against the log and prepare the fork (raises RunLogError or
     ValueError with one line)."""
-    from engine.run import RunConfig, _examples_of, load_splits, new_run_id
+    from engine.runs.execute import RunConfig, _examples_of, load_splits, new_run_id
 
     point = load_resume_state(db, parent_id, at_step=from_step)
     if point.state is None or point.state.step != from_step:
@@ -97,8 +97,8 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
 async def run_fork(plan: ForkPlan, *, forward_backend: Backend | None = None,
                    optimizer_backend: Backend | None = None,
                    listeners: tuple[Callable[[Any], None], ...] = ()) -> Any:
-    """Run a planned fork to `plan.config.steps`; returns engine.run.RunResult."""
-    from engine.run import _drive
+    """Run a planned fork to `plan.config.steps`; returns engine.runs.execute.RunResult."""
+    from engine.runs.execute import _drive
 
     async def log_start(ctx: RunContext) -> None:
         ctx = replace(ctx, step=plan.from_step)

@@ -19,11 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.console import console, out
+from engine.core.graph import GraphError, load_graph
 from engine.data.examples import SplitError
 from engine.events import CallRecord, Proposal, StepFinished
 from engine.events import Progress as PhaseProgress
-from engine.graph import GraphError, load_graph
-from engine.progress import progress_line
+from engine.runs.progress import progress_line
 
 EXIT_BAD_INPUT = 2
 FUNCTIONS_HELP = ("a Python file to import: the graph's kind: function nodes bind to its "
@@ -57,7 +57,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         or bool(os.environ.get(DATA_DIR_ENV)))
     checked = ""
     if resolvable or args.check_data:
-        from engine.run import RunConfig, load_splits
+        from engine.runs.execute import RunConfig, load_splits
 
         load_splits(RunConfig(graph=args.graph, data_dir=args.data_dir, train=0, val=0,
                               test=0), graph)
@@ -123,10 +123,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.llm.factory import default_backend_kind
-    from engine.run import RunConfig, execute
+    from engine.runs.execute import RunConfig, execute
 
     if args.fork or args.from_step is not None or args.set_prompt:
-        from engine.probe_cli import cmd_fork
+        from engine.cli.probes import cmd_fork
 
         return cmd_fork(args, add_run_options, _with_progress)
     if not args.graph:
@@ -155,16 +155,16 @@ def _graph_with_functions(args: argparse.Namespace) -> Any:
     names to its functions. Without it, a graph file never imports code."""
     if not getattr(args, "functions", None):
         return None
-    from engine.api import Graph
-    from engine.api_support import load_functions
+    from engine.api.builder import Graph
+    from engine.api.support import load_functions
 
     return Graph.from_yaml(args.graph, functions=load_functions(args.functions)).spec
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from engine.run import RunConfig, resume
     from engine.runlog.schema import RunLogError
     from engine.runlog.state import load_resume_state
+    from engine.runs.execute import RunConfig, resume
 
     point = load_resume_state(args.db, args.run_id)
     if point.status == "finished":
@@ -173,7 +173,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     done = 0 if point.state is None else point.state.step + 1
     functions = None
     if getattr(args, "functions", None):
-        from engine.api_support import load_functions
+        from engine.api.support import load_functions
 
         functions = load_functions(args.functions)
     return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners,
@@ -356,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default="runs.duckdb")
     p.set_defaults(func=cmd_runs)
 
-    from engine import experiment, probe_cli
+    from engine import experiment
+    from engine.cli import probes as probe_cli
     from engine.runlog import export
 
     export.register_cli(sub)

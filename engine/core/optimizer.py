@@ -15,12 +15,12 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 
-from engine.copies import COPY_REASON, find_copies
+from engine.core.backward import Method, UpdateSample
+from engine.core.copies import COPY_REASON, find_copies
+from engine.core.forward import ExampleTrace, Prompts, RunContext, SharedCalls, forward_pass
+from engine.core.loss import compute_losses, mean_score
 from engine.data.examples import Example, Splits
 from engine.events import LossRecord, PromptVersion, Proposal, StepFinished
-from engine.forward import ExampleTrace, Prompts, RunContext, SharedCalls, forward_pass
-from engine.loss import compute_losses, mean_score
-from engine.methods.base import Method, UpdateSample
 
 REJECTED_SHOWN = 3
 NODE_GATES_AUTO_MAX = 4  # --node-gates auto scores edits alone when a step makes <= this many
@@ -34,7 +34,7 @@ class OptimizerConfig:
     update_mode: str = "all"  # all | one
     seed: int = 0
     node_gates: str = "auto"  # on | off | auto: on when a step changes at most 4 prompts
-    allow_copies: bool = False  # apply proposals that paste training examples (engine/copies.py)
+    allow_copies: bool = False  # apply proposals that paste training examples (engine/core/copies.py)
 
 
 @dataclass

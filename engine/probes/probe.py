@@ -26,13 +26,13 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from engine import prompts as P
+from engine.core.forward import ExampleTrace, Prompts, RunContext, _call_node, call_function
+from engine.core.graph import Graph, parse_graph
+from engine.core.loss import example_loss
 from engine.data.examples import Example
 from engine.events import Activation, CallRecord
-from engine.forward import ExampleTrace, Prompts, RunContext, _call_node, call_function
-from engine.graph import Graph, parse_graph
 from engine.llm.base import Backend
-from engine.loss import example_loss
+from engine.prompts import templates as P
 from engine.runlog.schema import RunLogError, check_readable, connect
 from engine.runlog.state import load_cache
 from engine.runlog.writer import insert_rows
@@ -362,7 +362,7 @@ def _inputs(graph: Graph, example: Example, acts: dict[str, Activation]
 def open_prober(run: LoggedRun, forward_backend: Backend | None = None,
                 optimizer_backend: Backend | None = None) -> Prober:
     """A prober with the run's backends, models and settings, and its reply cache."""
-    from engine.run import RunConfig, default_max_tokens, make_client
+    from engine.runs.execute import RunConfig, default_max_tokens, make_client
 
     config = RunConfig.from_json(run.config)
     cache = load_cache(run.db, config.cache)

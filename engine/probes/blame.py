@@ -23,7 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.llm.base import Backend
-from engine.probe import KINDS, LoggedRun, ProbeError, Prober, ProbeResult, load_run, open_prober
+from engine.probes.probe import (
+    KINDS,
+    LoggedRun,
+    ProbeError,
+    Prober,
+    ProbeResult,
+    load_run,
+    open_prober,
+)
 from engine.runlog.schema import connect
 
 NO_CHANGE = re.compile(
@@ -95,8 +103,8 @@ def backpropagated(run: LoggedRun) -> list[str]:
     """Examples whose loss was back-propagated at the step, in dataset order. A method
     that writes no gradients (`none`) leaves no trace of them: the optimizer's seeded
     sample is drawn again from the step's logged training losses."""
+    from engine.core.optimizer import sample_failures
     from engine.events import LossRecord
-    from engine.optimizer import sample_failures
 
     with connect(run.db, read_only=True) as con:
         rows = con.execute(
@@ -233,7 +241,7 @@ async def _failing_with_gradients(run: LoggedRun, prober: Prober, which: str
             raise ProbeError(f"no example was back-propagated at step {run.step}; try "
                              "--examples val")
         return ids, received_gradients(run)
-    from engine.loss import example_loss
+    from engine.core.loss import example_loss
     from engine.methods import make_method
 
     method = make_method(run.config.get("method", "semantic"),

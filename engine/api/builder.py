@@ -8,7 +8,7 @@
     g.llm("final", prompt="Give the final number.", inputs=["question", "calc"], output=True)
     result = optimize(g, train=rows[:8], val=rows[8:16], backend="scripted", steps=2)
 
-A `Graph` builds exactly the graph a YAML file describes (`engine.graph`), through the same
+A `Graph` builds exactly the graph a YAML file describes (`engine.core.graph`), through the same
 loader, so it is validated the same way and refused with the same one-line `GraphError`.
 Python callables are bound by name: a graph file alone still never imports code.
 """
@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from engine import graph as G
-from engine.api_support import (
+from engine.api.support import (
     Backend,
     Data,
     Metric,
@@ -36,7 +35,8 @@ from engine.api_support import (
     make_backends,
     read_logged_graph,
 )
-from engine.graph import GraphError
+from engine.core import graph as G
+from engine.core.graph import GraphError
 
 if TYPE_CHECKING:
     from engine.events import Activation
@@ -141,7 +141,7 @@ class Graph:
 
     @property
     def spec(self) -> G.Graph:
-        """The validated engine graph (`engine.graph.Graph`); raises GraphError."""
+        """The validated engine graph (`engine.core.graph.Graph`); raises GraphError."""
         if self._spec is None:
             spec = _parse(self._yaml(placeholder_metric=True), self._where, self._functions)
             metric_fn = self.metric if callable(self.metric) else None
@@ -206,7 +206,7 @@ class Graph:
                        prompts: Mapping[str, str] | None = None, model: str | None = None,
                        **backend_options: Any) -> dict[str, Activation]:
         """`forward` for code that already runs an event loop (a notebook)."""
-        from engine.forward import Prompts, RunContext, forward_example
+        from engine.core.forward import Prompts, RunContext, forward_example
         from engine.llm.client import LLMClient
 
         spec = self.spec
@@ -289,7 +289,7 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
     in docs/methods.md); `steps`, `failures_per_step`, `gate`, `update_mode`, `seed`,
     `concurrency`, `cache`, `temperature` and the token limits mean what the command
     line's options of the same names do. `run_options` passes any other run setting by its
-    `engine.run.RunConfig` name (e.g. timeout=30, max_retries=2). `listeners` receive
+    `engine.runs.execute.RunConfig` name (e.g. timeout=30, max_retries=2). `listeners` receive
     every event (`engine.events`) as it happens.
 
     Returns an `OptimizeResult`: run_id, status, prompts (the accepted prompt of every
@@ -314,9 +314,9 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
 async def aoptimize(graph: Graph, train: Data | None = None, val: Data | None = None,
                     test: Data | None = None, **options: Any) -> OptimizeResult:
     """`optimize` for code that already runs an event loop (a notebook): same arguments."""
-    from engine.api_support import run_optimization
+    from engine.api.support import run_optimization
 
-    spec = graph.spec if isinstance(graph, Graph) else graph  # or an engine.graph.Graph
+    spec = graph.spec if isinstance(graph, Graph) else graph  # or an engine.core.graph.Graph
     return await run_optimization(spec, train, val, test, **options)
 
 

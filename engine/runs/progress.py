@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from engine.core.optimizer import node_gates_apply
 from engine.events import CallRecord, Progress, StepFinished
-from engine.optimizer import node_gates_apply
 
 PHASES = ("forward", "loss", "backward", "update", "gate", "test")
 

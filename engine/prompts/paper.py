@@ -16,14 +16,14 @@ What each call shows, in what order, and what it forbids follows the reference
   "my output" and the feedback received; it forbids the word "feedback" and anything
   specific to the examples, and wants the new prompt in <prompt> tags.
 
-Replies are read by the parsers in engine/prompts.py ("Hint i" lines are one of their
+Replies are read by the parsers in engine/prompts/templates.py ("Hint i" lines are one of their
 rules). Proposals rejected by the gate are still shown to the update call: without them
 the reference re-proposes the same candidate and stalls (its defect 8).
 """
 
 from __future__ import annotations
 
-from engine import prompts as P
+from engine.prompts import templates as P
 
 
 def _indent(text: str) -> str:

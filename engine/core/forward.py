@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine import prompts as P
+from engine.core.functions import FUNCTIONS
+from engine.core.graph import Graph, Node
 from engine.data.examples import Example
 from engine.events import Activation
-from engine.functions import FUNCTIONS
-from engine.graph import Graph, Node
 from engine.llm.client import LLMClient
+from engine.prompts import templates as P
 
 
 @dataclass(frozen=True)

@@ -20,21 +20,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from engine.core.forward import RunContext
+from engine.core.graph import Graph, load_graph, parse_graph
+from engine.core.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
 from engine.data.datasets import check_input_fields, load_examples, with_target
 from engine.data.examples import Example, Splits, split_examples
 from engine.events import CallRecord, Collector, EventBus, StepFinished
-from engine.forward import RunContext
-from engine.graph import Graph, load_graph, parse_graph
 from engine.llm.base import Backend
 from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
 from engine.llm.limits import AdaptiveLimit
 from engine.methods import METHODS, Method, make_method
-from engine.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
-from engine.progress import ProgressTracker
-from engine.prompts import prompt_set
+from engine.prompts.templates import prompt_set
 from engine.runlog.schema import RunLogError
 from engine.runlog.state import load_cache, load_resume_state, run_exists
 from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
+from engine.runs.progress import ProgressTracker
 
 DEFAULT_SPLITS = {"train": 20, "val": 20, "test": 0}
 # The concurrency limit of every run started in this context (experiment --parallel: one
@@ -73,8 +73,8 @@ class RunConfig:
     max_retries: int = 4
     run_id: str | None = None
     method_options: dict[str, Any] = field(default_factory=dict)
-    prompts: str = "default"  # the prompt set: default | paper (engine/paper_prompts.py)
-    structured: str = "auto"  # JSON-schema replies: auto | on | off (engine/structured.py)
+    prompts: str = "default"  # the prompt set: default | paper (engine/prompts/paper.py)
+    structured: str = "auto"  # JSON-schema replies: auto | on | off (engine/prompts/structured.py)
     allow_copies: bool = False  # apply proposals that copy training examples
 
     def to_json(self) -> dict[str, Any]:
@@ -217,7 +217,7 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
 
     `splits` replaces the seeded cut of the graph's dataset, for benchmarks with a test
     split of their own (GSM8K, LIAR); it must be disjoint, which is checked. `graph`, a
-    graph already built (engine.api), replaces loading `config.graph`."""
+    graph already built (engine.api.builder), replaces loading `config.graph`."""
     graph = graph or load_graph(config.graph)
     method_from_config(config)  # fail fast on a bad method or option
     prompt_set(config.prompts)  # and on an unknown prompt set
@@ -245,7 +245,7 @@ async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None
                  listeners: tuple[Callable[[Any], None], ...] = (),
                  functions: Mapping[str, Callable[..., Any]] | None = None) -> RunResult:
     """Continue `run_id` from its last complete step with its accepted prompts;
-    `functions` binds the logged graph's Python function names again (engine.api)."""
+    `functions` binds the logged graph's Python function names again (engine.api.builder)."""
     point = load_resume_state(db, run_id)
     if point.status == "finished":
         raise RunLogError(f"run '{run_id}' has already finished; nothing to resume")

@@ -306,7 +306,7 @@ def parse_prompt(reply: str) -> tuple[str, str, str | None]:
 
 
 # --- prompt sets -----------------------------------------------------------------------
-# `--prompts default` is this file's templates; `--prompts paper` (engine/paper_prompts.py)
+# `--prompts default` is this file's templates; `--prompts paper` (engine/prompts/paper.py)
 # follows the structure of the paper's reference code in this project's own words. Both
 # are parsed by the same parsers above. docs/methods.md lists every difference.
 
@@ -330,13 +330,13 @@ def prompt_set(name: str) -> PromptSet:
     if name == "default":
         return DEFAULT
     if name == "paper":
-        from engine.paper_prompts import PAPER
+        from engine.prompts.paper import PAPER
 
         return PAPER
     raise ValueError(f"unknown prompt set '{name}' (choose from {', '.join(PROMPT_SET_NAMES)})")
 
 
-# --- probes (engine/probe.py) -----------------------------------------------------------
+# --- probes (engine/probes/probe.py) -----------------------------------------------------------
 
 # The gradient probe's call: the backward call's context, then the optimizer model follows
 # the gradient by rewriting the node's output (parsed like a forward reply, parse_output).

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from engine import prompts as P
-from engine import structured as S
+from engine.core.forward import ExampleTrace, Prompts, RunContext
+from engine.core.functions import function_backward
 from engine.events import Gradient, LossRecord
-from engine.forward import ExampleTrace, Prompts, RunContext
-from engine.functions import function_backward
+from engine.prompts import structured as S
+from engine.prompts import templates as P
 
 
 @dataclass
@@ -115,7 +115,7 @@ class Method:
         record = await ctx.client.call(request, step=ctx.step, node_id=node_id)
         if record.error:
             return UpdateProposal(current, call_id=record.call_id, error=record.error)
-        # a JSON reply (engine/structured.py) is read as its text form: same parser
+        # a JSON reply (engine/prompts/structured.py) is read as its text form: same parser
         new_prompt, reasoning, problem = P.parse_prompt(S.reply_text(record.response, "update"))
         if not new_prompt:
             new_prompt = current
@@ -124,7 +124,7 @@ class Method:
 
 def function_messages(function: str, message: str, values: dict[str, str],
                       predecessors: list[str]) -> dict[str, NodeGradient]:
-    """A function node's registered backward rule (engine/functions.py), no call: one
+    """A function node's registered backward rule (engine/core/functions.py), no call: one
     message per predecessor; a predecessor the rule gives nothing is left out."""
     split, note = function_backward(function, message, values)
     return {p: NodeGradient(split[p], None, note) for p in predecessors if split.get(p)}

@@ -1,5 +1,5 @@
 """Structured replies: one JSON schema per reply role, beside the text templates of
-`engine/prompts.py`.
+`engine/prompts/templates.py`.
 
 When structured replies are on (`--structured auto|on`), `LLMClient.request` asks
 `prepare` for the role named in a request's `meta`: it returns the role's schema and the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine import prompts as P
+from engine.prompts import templates as P
 
 REASONING_CHARS = 240   # the reasoning field of every role
 REASONING_MIN = 20      # ... at least this long: a tiny model otherwise skips it

@@ -1,4 +1,4 @@
-"""What the Python API (engine.api) needs besides the graph builder: rows to examples,
+"""What the Python API (engine.api.builder) needs besides the graph builder: rows to examples,
 backends from names or objects, binding functions from a user's file, reading a logged
 graph whose Python functions this process does not have, and running an optimization."""
 
@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, Union
 
 import yaml
 
-from engine.functions import FUNCTIONS
-from engine.graph import METRICS, parse_graph
+from engine.core.functions import FUNCTIONS
+from engine.core.graph import METRICS, parse_graph
 from engine.llm.base import Backend
 
 if TYPE_CHECKING:
     import pandas
 
+    from engine.core.graph import Graph as GraphSpec
     from engine.data.examples import Example
-    from engine.graph import Graph as GraphSpec
 
 Data = Union[Sequence[Mapping[str, Any]], "pandas.DataFrame", str]
 """Rows (a list of dicts, or a pandas DataFrame) or a dataset name (`gsm8k/train`, a .jsonl)."""
@@ -214,9 +214,9 @@ async def run_optimization(spec: GraphSpec, train: Data | None, val: Data | None
                            splits: Mapping[str, int] | None = None,
                            listeners: Iterable[Callable[[Any], None]] = (),
                            **config: Any) -> OptimizeResult:
-    """engine.api.aoptimize's body: build the RunConfig and the splits, then execute."""
+    """engine.api.builder.aoptimize's body: build the RunConfig and the splits, then execute."""
     from engine.data.examples import Splits
-    from engine.run import RunConfig, execute
+    from engine.runs.execute import RunConfig, execute
 
     forward, optimizer, names = make_backends(
         backend, optimizer_backend, model=model, optimizer_model=optimizer_model,
@@ -227,7 +227,7 @@ async def run_optimization(spec: GraphSpec, train: Data | None, val: Data | None
     config["method_options"] = dict(config.get("method_options") or {})
     unknown = sorted(set(config) - {f.name for f in dataclasses.fields(RunConfig)})
     if unknown:
-        raise ValueError(f"unknown run option '{unknown[0]}' (see engine.run.RunConfig)")
+        raise ValueError(f"unknown run option '{unknown[0]}' (see engine.runs.execute.RunConfig)")
     run = RunConfig(graph=spec.path, base_url=base_url, **names, **config,
                     **{k: v for k, v in (splits or {}).items() if k in ("train", "val", "test")})
     given = None

@@ -1,4 +1,4 @@
-"""Command line of probes and blame (engine/probe.py, engine/blame.py):
+"""Command line of probes and blame (engine/probes/probe.py, engine/probes/blame.py):
 
     python -m engine probe RUN_ID --db DB --step S --node N --example E --output TEXT|@FILE
     python -m engine probe RUN_ID --db DB --step S --node N --example E --gradient
@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.table import Column, Table
 
-from engine.probe import ProbeError
+from engine.probes.probe import ProbeError
 
 
 def register_cli(sub: Any) -> None:
@@ -62,8 +62,8 @@ def _text(value: str) -> str:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from engine.blame import probe
     from engine.console import console, out
+    from engine.probes.blame import probe
 
     if args.output is not None:
         kind, text = "output", _text(args.output)
@@ -130,8 +130,8 @@ def _say_if_busy(db: str, run_id: str, console: Any) -> None:
 def cmd_blame(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engine.blame import blame
     from engine.console import console, out
+    from engine.probes.blame import blame
 
     _say_if_busy(args.db, args.run_id, console)
     bar = Progress(TextColumn("[bold]probes"), BarColumn(), MofNCompleteColumn(),
@@ -202,8 +202,8 @@ def cmd_fork(args: argparse.Namespace, add_run_options: Any, with_progress: Any)
     """Fork a run: options given on the command line replace the parent's."""
     from dataclasses import fields
 
-    from engine.fork import plan_fork, run_fork
-    from engine.run import RunConfig
+    from engine.runs.execute import RunConfig
+    from engine.runs.fork import plan_fork, run_fork
 
     if not args.fork or args.from_step is None:
         raise ProbeError("a fork needs both --fork RUN_ID and --from-step S")

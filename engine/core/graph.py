@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
+from engine.core.functions import FUNCTIONS
 from engine.data.answers import check_no_answer_inputs
-from engine.functions import FUNCTIONS
 
 GRAPH_KEYS = {
     "name": "graph name, shown in the run log and the dashboard",
@@ -70,7 +70,7 @@ class Node:
     max_tokens: int | None = None
     line: int | None = None
     description: str = ""
-    # a Python callable bound to this function node (engine.api); None: FUNCTIONS[function]
+    # a Python callable bound to this function node (engine.api.builder); None: FUNCTIONS[function]
     fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
 
@@ -123,7 +123,7 @@ class Graph:
     splits: dict[str, int] = field(default_factory=dict)
     path: str = ""
     yaml_text: str = ""
-    # a Python metric (engine.api): (example, prediction) -> float | (float, feedback)
+    # a Python metric (engine.api.builder): (example, prediction) -> float | (float, feedback)
     metric_fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
     # Graphs are immutable, so the id index and the topology are computed once, on first
@@ -190,7 +190,7 @@ def load_graph(path: str | Path, functions: Mapping[str, Callable[..., Any]] | N
 def parse_graph(text: str, path: str | Path = "<graph>",
                 functions: Mapping[str, Callable[..., Any]] | None = None) -> Graph:
     """Parse and validate graph text; `functions` binds extra function names to Python
-    callables (engine.api); a graph file alone never imports code."""
+    callables (engine.api.builder); a graph file alone never imports code."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
