@@ -19,6 +19,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+from engine.runs.settings import DEFAULTS, as_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_GRAPH = ROOT / "sample_graphs" / "demo.yaml"
@@ -30,22 +33,29 @@ _PROCESSES: dict[int, subprocess.Popen] = {}  # children of this server, to reap
 
 @dataclass
 class RunSpec:
-    """What the New run form asks for; maps one-to-one onto `python -m engine run` flags."""
+    """What the New run form asks for. Its fields are run settings
+    (`engine.runs.settings.RunConfig`) with the same defaults; `settings` takes any other
+    setting by name, and `extra` raw flags."""
 
     graph: str
     db: str
-    method: str = "semantic"
-    backend: str = "scripted"
-    model: str | None = None
-    optimizer_model: str | None = None
-    steps: int = 4
-    train: int | None = None
-    val: int | None = None
-    test: int | None = None
-    seed: int = 0
-    dataset: str | None = None
-    run_id: str | None = None
+    method: str = DEFAULTS.method
+    backend: str = DEFAULTS.backend
+    model: str | None = DEFAULTS.model
+    optimizer_model: str | None = DEFAULTS.optimizer_model
+    steps: int = DEFAULTS.steps
+    train: int | None = DEFAULTS.train
+    val: int | None = DEFAULTS.val
+    test: int | None = DEFAULTS.test
+    seed: int = DEFAULTS.seed
+    dataset: str | None = DEFAULTS.dataset
+    run_id: str | None = DEFAULTS.run_id
+    settings: dict[str, Any] = field(default_factory=dict)
     extra: list[str] = field(default_factory=list)
+
+    def run_settings(self) -> dict[str, Any]:
+        chosen = {k: v for k, v in asdict(self).items() if k not in ("graph", "settings", "extra")}
+        return {**chosen, **self.settings}
 
 
 @dataclass
@@ -81,16 +91,9 @@ def jobs_dir(db: str | Path) -> Path:
 
 
 def build_command(spec: RunSpec) -> list[str]:
-    """The engine command line for a spec (run id included)."""
-    cmd = [sys.executable, "-m", "engine", "run", str(spec.graph), "--db", str(spec.db),
-           "--method", spec.method, "--backend", spec.backend, "--steps", str(spec.steps),
-           "--seed", str(spec.seed)]
-    for flag, value in (("--model", spec.model), ("--optimizer-model", spec.optimizer_model),
-                        ("--train", spec.train), ("--val", spec.val), ("--test", spec.test),
-                        ("--dataset", spec.dataset), ("--run-id", spec.run_id)):
-        if value not in (None, ""):
-            cmd += [flag, str(value)]
-    return cmd + list(spec.extra)
+    """The engine command line for a spec (run id included): the same flags a person types."""
+    return [sys.executable, "-m", "engine", "run", str(spec.graph),
+            *as_flags(spec.run_settings()), *spec.extra]
 
 
 def start(spec: RunSpec) -> Job:

@@ -135,24 +135,26 @@ def _jobs_body(db: str) -> None:
         st.rerun(scope="app")
 
 
-def run_flags(method: str, data_dir: str, m0: int, m_plus: int, m_minus: int) -> list[str]:
-    """Engine flags the form adds: the data directory, and gtbp's schedule for gtbp runs."""
-    flags = ["--data-dir", data_dir.strip()] if data_dir.strip() else []
+def form_settings(method: str, data_dir: str, m0: int, m_plus: int, m_minus: int
+                  ) -> dict[str, object]:
+    """Run settings the form adds: the data directory, and gtbp's schedule for gtbp runs."""
+    settings: dict[str, object] = {"data_dir": data_dir.strip()} if data_dir.strip() else {}
     if method == "gtbp":
-        flags += ["--option", f"m0={int(m0)}", "--option", f"m_plus={int(m_plus)}",
-                  "--option", f"m_minus={int(m_minus)}"]
-    return flags
+        settings["method_options"] = {"m0": int(m0), "m_plus": int(m_plus),
+                                      "m_minus": int(m_minus)}
+    return settings
 
 
 def new_run_form(db: str) -> None:
-    from engine.llm.factory import BACKENDS
+    from engine.llm.factory import BACKENDS, default_backend_kind
     from engine.methods import METHODS
+    from engine.runs.settings import DEFAULTS
 
     samples = sorted(p.name for p in SAMPLE_GRAPHS.glob("*.yaml"))
     with st.expander("New run", expanded=False, icon=":material/play_arrow:"):
         # outside the form, so that choosing a method shows only that method's fields
         method = st.selectbox("Method", sorted(METHODS), key="new_run_method",
-                              index=sorted(METHODS).index("semantic"))
+                              index=sorted(METHODS).index(DEFAULTS.method))
         with st.form("new_run"):
             c1, c2 = st.columns(2)
             choice = c1.selectbox("Graph", [*samples, UPLOAD],
@@ -168,12 +170,13 @@ def new_run_form(db: str) -> None:
             test = s3.number_input("Test examples", min_value=0, value=None,
                                    placeholder="graph's default")
             b1, b2, b3 = st.columns(3)
-            backend = b1.selectbox("Backend", BACKENDS, index=list(BACKENDS).index("local"))
+            backend = b1.selectbox("Backend", BACKENDS,
+                                   index=list(BACKENDS).index(default_backend_kind()))
             model = b2.text_input("Model", placeholder="backend's default")
             optimizer_model = b3.text_input("Optimizer model", placeholder="same as model")
             m2, m3 = st.columns(2)
-            steps = m2.number_input("Steps", min_value=0, value=2)
-            seed = m3.number_input("Seed", value=0, step=1)
+            steps = m2.number_input("Steps", min_value=0, value=DEFAULTS.steps)
+            seed = m3.number_input("Seed", value=DEFAULTS.seed, step=1)
             data_dir = st.text_input(
                 "Data directory", value=os.environ.get("SEMBACK_DATA_DIR", ""),
                 placeholder="where gsm8k/, liar/ and bbh/ live (for the paper's graphs)")
@@ -206,7 +209,7 @@ def new_run_form(db: str) -> None:
                         model=model or None, optimizer_model=optimizer_model or None,
                         steps=int(steps), train=train, val=val, test=test, seed=int(seed),
                         dataset=str(dataset_path) if dataset_path else None,
-                        extra=run_flags(method, data_dir, m0, m_plus, m_minus))
+                        settings=form_settings(method, data_dir, m0, m_plus, m_minus))
     try:
         job = jobs.start(spec)
     except Exception as exc:  # noqa: BLE001 - a bad graph file: one line for the user

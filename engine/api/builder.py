@@ -37,6 +37,7 @@ from engine.api.support import (
 )
 from engine.core import graph as G
 from engine.core.graph import GraphError
+from engine.runs.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from engine.events import Activation
@@ -252,16 +253,21 @@ class Graph:
 
 
 def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
-             test: Data | None = None, *, method: str = "semantic",
-             backend: str | Backend | None = None, steps: int = 4,
-             db: str | Path = "runs.duckdb", model: str | None = None,
-             optimizer_model: str | None = None, optimizer_backend: str | Backend | None = None,
-             base_url: str | None = None, api_key: str | None = None,
-             dataset: str | None = None, splits: Mapping[str, int] | None = None,
-             data_dir: str | Path | None = None, seed: int = 0, failures_per_step: int = 2,
-             gate: bool = True, update_mode: str = "all", concurrency: int = 16,
-             cache: str = "readwrite", temperature: float = 0.0, max_tokens: int | None = None,
-             optimizer_max_tokens: int | None = None, run_id: str | None = None,
+             test: Data | None = None, *, method: str = DEFAULTS.method,
+             backend: str | Backend | None = None, steps: int = DEFAULTS.steps,
+             db: str | Path = DEFAULTS.db, model: str | None = DEFAULTS.model,
+             optimizer_model: str | None = DEFAULTS.optimizer_model,
+             optimizer_backend: str | Backend | None = None,
+             base_url: str | None = DEFAULTS.base_url, api_key: str | None = None,
+             dataset: str | None = DEFAULTS.dataset, splits: Mapping[str, int] | None = None,
+             data_dir: str | Path | None = DEFAULTS.data_dir, seed: int = DEFAULTS.seed,
+             failures_per_step: int = DEFAULTS.failures_per_step, gate: bool = DEFAULTS.gate,
+             update_mode: str = DEFAULTS.update_mode,
+             concurrency: int | None = DEFAULTS.concurrency, cache: str = DEFAULTS.cache,
+             temperature: float = DEFAULTS.temperature,
+             max_tokens: int | None = DEFAULTS.max_tokens,
+             optimizer_max_tokens: int | None = DEFAULTS.optimizer_max_tokens,
+             run_id: str | None = DEFAULTS.run_id,
              method_options: Mapping[str, Any] | None = None,
              listeners: Iterable[Callable[[Any], None]] = (),
              **run_options: Any) -> OptimizeResult:
@@ -288,8 +294,9 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
     Method: `method` is a credit-assignment method (semantic, the default; the others are
     in docs/methods.md); `steps`, `failures_per_step`, `gate`, `update_mode`, `seed`,
     `concurrency`, `cache`, `temperature` and the token limits mean what the command
-    line's options of the same names do. `run_options` passes any other run setting by its
-    `engine.runs.execute.RunConfig` name (e.g. timeout=30, max_retries=2). `listeners` receive
+    line's options of the same names do, with the same defaults (both come from
+    `engine.runs.settings.RunConfig`). `run_options` passes any other run setting by its
+    RunConfig name (e.g. timeout=30, max_retries=2). `listeners` receive
     every event (`engine.events`) as it happens.
 
     Returns an `OptimizeResult`: run_id, status, prompts (the accepted prompt of every

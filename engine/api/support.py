@@ -18,6 +18,7 @@ import yaml
 from engine.core.functions import FUNCTIONS
 from engine.core.graph import METRICS, parse_graph
 from engine.llm.base import Backend
+from engine.runs.settings import DEFAULTS
 
 if TYPE_CHECKING:
     import pandas
@@ -177,7 +178,7 @@ def _row(row: Any, split: str, index: int) -> tuple[str, dict[str, str]]:
 def make_backends(backend: str | Backend | None, optimizer_backend: str | Backend | None, *,
                   model: str | None = None, optimizer_model: str | None = None,
                   base_url: str | None = None, api_key: str | None = None,
-                  timeout: float = 120.0) -> tuple[Backend, Backend | None, dict[str, Any]]:
+                  timeout: float = DEFAULTS.timeout) -> tuple[Backend, Backend | None, dict[str, Any]]:
     """(forward backend, optimizer backend or None for the same, names for RunConfig).
     The API key goes into the backend object only, never into the names."""
     from engine.llm.factory import default_backend_kind, default_model, make_backend
@@ -193,7 +194,11 @@ def make_backends(backend: str | Backend | None, optimizer_backend: str | Backen
         return spec, name, getattr(spec, "model", None)
 
     forward, kind, default = build(backend or default_backend_kind())
-    names = {"backend": kind, "model": model or default or kind, "optimizer_backend": None,
+    # A named backend resolves its default model when the run starts, as on the command line,
+    # so the stored settings match; an object's model is all a run log can know of it.
+    named = isinstance(backend or "", str)
+    names = {"backend": kind, "model": model if named else (model or default or kind),
+             "optimizer_backend": None,
              "optimizer_model": optimizer_model}
     optimizer = None
     if optimizer_backend is not None:
@@ -216,12 +221,13 @@ async def run_optimization(spec: GraphSpec, train: Data | None, val: Data | None
                            **config: Any) -> OptimizeResult:
     """engine.api.builder.aoptimize's body: build the RunConfig and the splits, then execute."""
     from engine.data.examples import Splits
-    from engine.runs.execute import RunConfig, execute
+    from engine.runs.execute import execute
+    from engine.runs.settings import RunConfig
 
     forward, optimizer, names = make_backends(
         backend, optimizer_backend, model=model, optimizer_model=optimizer_model,
-        base_url=base_url, api_key=api_key, timeout=float(config.pop("timeout", 120.0)))
-    config["db"] = str(config.get("db", "runs.duckdb"))
+        base_url=base_url, api_key=api_key, timeout=float(config.get("timeout", DEFAULTS.timeout)))
+    config["db"] = str(config.get("db", DEFAULTS.db))
     if config.get("data_dir") is not None:
         config["data_dir"] = str(config["data_dir"])
     config["method_options"] = dict(config.get("method_options") or {})

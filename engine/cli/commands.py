@@ -24,6 +24,7 @@ from engine.data.examples import SplitError
 from engine.events import CallRecord, Proposal, StepFinished
 from engine.events import Progress as PhaseProgress
 from engine.runs.progress import progress_line
+from engine.runs.settings import add_run_flags, non_negative_int
 
 EXIT_BAD_INPUT = 2
 FUNCTIONS_HELP = ("a Python file to import: the graph's kind: function nodes bind to its "
@@ -69,82 +70,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    from engine.llm.factory import BACKENDS
-    from engine.methods import METHODS
-
-    p.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="model backend (default: openai if OPENAI_API_KEY or OPENAI_BASE_URL "
-                        "is set, else the embedded local model)")
-    p.add_argument("--model", help="model for forward calls")
-    p.add_argument("--optimizer-backend", choices=BACKENDS, default=None,
-                   help="backend for loss, backward and update calls (default: --backend)")
-    p.add_argument("--optimizer-model", help="model for loss, backward and update calls")
-    p.add_argument("--base-url", help="OpenAI-compatible server URL (default: OPENAI_BASE_URL)")
-    p.add_argument("--method", choices=sorted(METHODS), default="semantic")
-    p.add_argument("--prompts", choices=("default", "paper"), default="default",
-                   help="prompt set: ours, or the paper reference code's structure "
-                        "(docs/methods.md)")
-    p.add_argument("--steps", type=_non_negative, default=4)
-    p.add_argument("--train", type=_non_negative, help="training examples (default: graph's)")
-    p.add_argument("--val", type=_non_negative, help="validation examples (default: graph's)")
-    p.add_argument("--test", type=_non_negative, help="test examples (default: graph's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset", help="override the graph's dataset")
-    p.add_argument("--failures", type=_positive, default=2, dest="failures_per_step",
-                   help="failing examples back-propagated per step (k)")
-    p.add_argument("--no-gate", action="store_false", dest="gate",
-                   help="accept every proposal (ablation)")
-    p.add_argument("--update-mode", choices=("all", "one"), default="all",
-                   help="update every trainable prompt per step, or one at a time")
-    p.add_argument("--node-gates", choices=("auto", "on", "off"), default="auto",
-                   help="also score each changed prompt alone on validation (auto: when a "
-                        "step changes 2 to 4 prompts)")
-    p.add_argument("--structured", choices=("auto", "on", "off"), default="auto",
-                   help="JSON-schema replies for backward, update and gtbp calls (auto: where "
-                        "the backend supports them, text formats after a server refuses)")
-    p.add_argument("--allow-copies", action="store_true",
-                   help="apply proposed prompts that copy training examples (few-shot style)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-tokens", type=_positive, help="forward generation limit")
-    p.add_argument("--optimizer-max-tokens", type=_positive)
-    p.add_argument("--cache", choices=("off", "read", "readwrite"), default="readwrite")
-    p.add_argument("--concurrency", type=_positive, default=None,
-                   help="the most calls in flight at once, across all backends (default: "
-                        "adaptive, from 64 up to 256, halved when the server pushes back)")
-    p.add_argument("--backend-limit", action="append", default=[], metavar="BACKEND=N",
-                   help="a lower limit for one backend, e.g. openai=4 (repeatable)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
-    p.add_argument("--max-retries", type=_non_negative, default=4)
-    p.add_argument("--run-id", help="name the run (default: generated)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="method option, e.g. m0=2 for gtbp (repeatable)")
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.llm.factory import default_backend_kind
-    from engine.runs.execute import RunConfig, execute
+    from engine.runs.execute import execute
+    from engine.runs.settings import RunConfig, given_settings
 
     if args.fork or args.from_step is not None or args.set_prompt:
         from engine.cli.probes import cmd_fork
 
-        return cmd_fork(args, add_run_options, _with_progress)
+        return cmd_fork(args, _with_progress)
     if not args.graph:
         raise UsageError("run needs a graph file (or --fork RUN_ID --from-step S)")
-    config = RunConfig(
-        graph=args.graph, method=args.method, backend=args.backend or default_backend_kind(),
-        model=args.model, optimizer_backend=args.optimizer_backend,
-        optimizer_model=args.optimizer_model, steps=args.steps, train=args.train, val=args.val,
-        test=args.test, seed=args.seed, db=args.db, data_dir=args.data_dir,
-        dataset=args.dataset, cache=args.cache, concurrency=args.concurrency,
-        backend_limits=_limits(args.backend_limit),
-        failures_per_step=args.failures_per_step, gate=args.gate,
-        update_mode=args.update_mode, node_gates=args.node_gates,
-        temperature=args.temperature, max_tokens=args.max_tokens,
-        optimizer_max_tokens=args.optimizer_max_tokens, base_url=args.base_url,
-        timeout=args.timeout, max_retries=args.max_retries, run_id=args.run_id,
-        method_options=_options(args.option), prompts=args.prompts,
-        structured=args.structured, allow_copies=args.allow_copies)
+    settings = given_settings(args)
+    settings.setdefault("backend", default_backend_kind())
+    config = RunConfig(graph=args.graph, **settings)
     graph = _graph_with_functions(args)
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
                           config.steps)
@@ -282,44 +221,6 @@ def _fmt(value: float | None) -> str:
 # --- argument helpers ------------------------------------------------------------------
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
-    return value
-
-
-def _options(items: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"--option expects KEY=VALUE, not {item!r}")
-        key, value = item.split("=", 1)
-        try:
-            options[key] = int(value)
-        except ValueError:
-            options[key] = value
-    return options
-
-
-def _limits(items: list[str]) -> dict[str, int]:
-    limits = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        if not name or not value.isdigit() or int(value) < 1:
-            raise UsageError(f"--backend-limit expects BACKEND=N with N a positive whole "
-                             f"number, not {item!r}")
-        limits[name] = int(value)
-    return limits
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine",
                                      description="Semantic backpropagation for agentic graphs.")
@@ -336,14 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("graph", nargs="?", help="the graph file (not with --fork)")
     p.add_argument("--fork", metavar="RUN_ID", help="start from another run's state "
                                                     "(with --from-step)")
-    p.add_argument("--from-step", type=_non_negative, metavar="S",
+    p.add_argument("--from-step", type=non_negative_int, metavar="S",
                    help="the parent's step to fork from")
     p.add_argument("--set-prompt", action="append", default=[], metavar="NODE=@FILE",
                    help="with --fork: a hand-edited prompt for a node (repeatable)")
-    p.add_argument("--db", default="runs.duckdb")
-    p.add_argument("--data-dir", help="where named datasets live")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
-    add_run_options(p)
+    add_run_flags(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("resume", help="continue a run from its last complete step")

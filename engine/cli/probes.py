@@ -198,31 +198,24 @@ def blame_lines(report: Any, out: Any) -> list[str]:
 # --- forks (python -m engine run --fork RUN_ID --from-step S ...) ------------------------
 
 
-def cmd_fork(args: argparse.Namespace, add_run_options: Any, with_progress: Any) -> int:
-    """Fork a run: options given on the command line replace the parent's."""
-    from dataclasses import fields
-
-    from engine.runs.execute import RunConfig
+def cmd_fork(args: argparse.Namespace, with_progress: Any) -> int:
+    """Fork a run: every run setting typed on the command line replaces the parent's, also
+    one equal to the command line's default (`--temperature 0` on a run made at 0.5)."""
     from engine.runs.fork import plan_fork, run_fork
+    from engine.runs.settings import DEFAULTS, given_settings
 
     if not args.fork or args.from_step is None:
         raise ProbeError("a fork needs both --fork RUN_ID and --from-step S")
     if args.graph:
         raise ProbeError("a fork runs its parent's graph: drop the graph argument")
-    defaults = argparse.ArgumentParser()
-    add_run_options(defaults)
-    default = vars(defaults.parse_args([]))
-    known = {f.name for f in fields(RunConfig)}
-    overrides = {k: v for k, v in vars(args).items()
-                 if k in known and k in default and v != default[k]}
-    if args.data_dir:
-        overrides["data_dir"] = args.data_dir
+    overrides = given_settings(args)
+    db = overrides.pop("db", DEFAULTS.db)  # the parent's run log, where the fork is written
     prompts = {}
     for item in args.set_prompt:
         node, sep, value = item.partition("=")
         if not sep or not node:
             raise ProbeError(f"--set-prompt expects NODE=TEXT or NODE=@FILE, not {item!r}")
         prompts[node] = _text(value)
-    plan = plan_fork(args.db, args.fork, args.from_step, prompts, overrides)
+    plan = plan_fork(db, args.fork, args.from_step, prompts, overrides)
     return with_progress(lambda listeners: run_fork(plan, listeners=listeners),
                          plan.config.steps, args.from_step + 1)

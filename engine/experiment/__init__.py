@@ -58,7 +58,7 @@ from engine.experiment.results import (
     run_metrics,
     write_results,
 )
-from engine.runs.execute import RunConfig
+from engine.runs.settings import RunConfig, add_run_flags, given_settings, positive_int
 
 __all__ = [
     "BAD_INPUT", "COLUMNS", "ENTRY_KEYS", "FORWARD_TOKENS", "GROUPS", "NAME", "OPTIMIZER_TOKENS",
@@ -74,40 +74,23 @@ __all__ = [
 
 
 def register_cli(subparsers: Any) -> None:
-    from engine.llm.factory import BACKENDS
-
     p = subparsers.add_parser("experiment", help="run a plan of benchmark runs (the paper's "
                                                  "protocol) and write a results table")
     p.add_argument("plan", help="plan file, e.g. benchmarks/plans/paper.yaml")
-    p.add_argument("--db", default="runs.duckdb", help="run log (default: runs.duckdb)")
-    p.add_argument("--data-dir", help="where the benchmark data lives (gsm8k/, liar/, bbh/)")
-    p.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="model backend (default: openai if OPENAI_API_KEY or OPENAI_BASE_URL "
-                        "is set, else the embedded local model)")
-    p.add_argument("--model", help="model for forward calls")
-    p.add_argument("--optimizer-model", help="model for loss, backward and update calls")
-    p.add_argument("--base-url", help="OpenAI-compatible server URL (default: OPENAI_BASE_URL)")
+    # the run settings an experiment takes from its command line (the plan sets the rest)
+    add_run_flags(p, only=("db", "data_dir", "backend", "model", "optimizer_model", "base_url",
+                           "concurrency"))
     p.add_argument("--out", help="folder for results.md and results.csv "
                                  "(default: results/<plan name>/)")
     p.add_argument("--yes", action="store_true", help="start without asking")
-    p.add_argument("--concurrency", type=_positive, default=None,
-                   help="the most LLM calls in flight, across all runs (default: adaptive, "
-                        "from 64 up to 256)")
-    p.add_argument("--parallel", type=_positive, default=1, metavar="N",
+    p.add_argument("--parallel", type=positive_int, default=1, metavar="N",
                    help="runs at once, in this process, under one shared concurrency limit "
                         "(results are the same as one at a time)")
-    p.add_argument("--limit-tasks", type=_positive, metavar="N",
+    p.add_argument("--limit-tasks", type=positive_int, metavar="N",
                    help="only the first N BBH tasks (alphabetical), for trying a plan")
     p.add_argument("--methods", metavar="A,B",
                    help="only run these methods or variants (the table still shows the rest)")
     p.set_defaults(func=cmd_experiment)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text}")
-    return value
 
 
 def _selected(cells: list[Cell], methods: str | None) -> list[Cell]:
@@ -127,9 +110,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from engine.llm.factory import default_backend_kind
 
     plan = load_plan(args.plan)
-    base = RunConfig(graph="", backend=args.backend or default_backend_kind(), model=args.model,
-                     optimizer_model=args.optimizer_model, db=args.db, data_dir=args.data_dir,
-                     concurrency=args.concurrency, base_url=args.base_url)
+    settings = given_settings(args)
+    settings.setdefault("backend", default_backend_kind())
+    base = RunConfig(graph="", **settings)
+    args.db, args.data_dir, args.concurrency = base.db, base.data_dir, base.concurrency
     cells = expand(plan, args.data_dir, args.limit_tasks)
     prepare(cells, base)
     finished_runs(args.db, cells)

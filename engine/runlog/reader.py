@@ -261,6 +261,15 @@ def prompt_history(db: str | Path, run_id: str) -> pd.DataFrame:
         WHERE run_id = ? ORDER BY node_id, version""", [run_id])
 
 
+def prompt_versions_up_to(db: str | Path, run_id: str, step: int) -> list[dict]:
+    """The prompt versions written at steps 0..`step`, in the order they were written (what a
+    fork copies from its parent)."""
+    rows = query(db, """
+        SELECT node_id, version, prompt, step, accepted FROM prompt_versions
+        WHERE run_id = ? AND step <= ? ORDER BY step, node_id, version""", [run_id, step])
+    return rows.to_dict("records")
+
+
 def example_gradients(db: str | Path, run_id: str, step: int, example_id: str
                       ) -> pd.DataFrame:
     """One example's gradients at one step (every kind), for side-by-side comparison."""

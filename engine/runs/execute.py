@@ -15,10 +15,9 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from engine.core.forward import RunContext
 from engine.core.graph import Graph, load_graph, parse_graph
@@ -35,60 +34,12 @@ from engine.runlog.schema import RunLogError
 from engine.runlog.state import load_cache, load_resume_state, run_exists
 from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
 from engine.runs.progress import ProgressTracker
+from engine.runs.settings import RunConfig
 
 DEFAULT_SPLITS = {"train": 20, "val": 20, "test": 0}
 # The concurrency limit of every run started in this context (experiment --parallel: one
 # limit for all its runs); None: each run has its own.
 SHARED_LIMIT: ContextVar[AdaptiveLimit | None] = ContextVar("shared_limit", default=None)
-
-
-@dataclass
-class RunConfig:
-    graph: str
-    method: str = "semantic"
-    backend: str = "scripted"
-    model: str | None = None
-    optimizer_backend: str | None = None
-    optimizer_model: str | None = None
-    steps: int = 4
-    train: int | None = None
-    val: int | None = None
-    test: int | None = None
-    seed: int = 0
-    db: str = "runs.duckdb"
-    data_dir: str | None = None
-    dataset: str | None = None
-    cache: str = "readwrite"
-    concurrency: int | None = None  # None: adaptive (engine.llm.limits)
-    backend_limits: dict[str, int] = field(default_factory=dict)
-    failures_per_step: int = 2
-    gate: bool = True
-    update_mode: str = "all"
-    node_gates: str = "auto"
-    temperature: float = 0.0
-    max_tokens: int | None = None
-    optimizer_max_tokens: int | None = None
-    base_url: str | None = None
-    timeout: float = 120.0
-    max_retries: int = 4
-    run_id: str | None = None
-    method_options: dict[str, Any] = field(default_factory=dict)
-    prompts: str = "default"  # the prompt set: default | paper (engine/prompts/paper.py)
-    structured: str = "auto"  # JSON-schema replies: auto | on | off (engine/prompts/structured.py)
-    allow_copies: bool = False  # apply proposals that copy training examples
-
-    def to_json(self) -> dict[str, Any]:
-        """The config as stored in the run log: never an API key; a base URL loses any
-        user:password part."""
-        data = asdict(self)
-        if data.get("base_url"):
-            data["base_url"] = without_credentials(data["base_url"])
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class StepCallGuard:
@@ -128,15 +79,6 @@ def method_from_config(config: RunConfig) -> Method:
         given = ", ".join(sorted(config.method_options))
         raise ValueError(f"--option {given}: not an option of method '{config.method}' "
                          f"({known})") from None
-
-
-def without_credentials(url: str) -> str:
-    """`url` without any user:password part; scheme, host, port and path are kept."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rpartition("@")[2]  # host[:port], IPv6 brackets included
-    return urlunsplit(parts._replace(netloc=host))
 
 
 @dataclass

@@ -5,7 +5,8 @@ The fork gets its own run id, records its lineage in `runs.parent_run_id` and
 `runs.fork_step`, keeps the parent's examples (unless split options change them), and
 logs the state it starts from as its step S: the parent's prompt history up to S, the
 hand-edited prompts as new accepted versions, and step S's scores (re-measured when a
-prompt was edited, so that the gate compares against the prompts actually in use). Its
+prompt was edited or the splits changed, so that the gate compares against the prompts
+and examples actually in use). Its
 own optimization steps are S+1, S+2, ...
 """
 
@@ -22,7 +23,8 @@ from engine.core.optimizer import OptimizerState, evaluate
 from engine.data.examples import Splits
 from engine.events import PromptVersion, StepFinished
 from engine.llm.base import Backend
-from engine.runlog.schema import RunLogError, connect
+from engine.runlog.reader import prompt_versions_up_to
+from engine.runlog.schema import RunLogError
 from engine.runlog.state import load_resume_state, run_exists
 from engine.runlog.writer import open_for_writing
 
@@ -39,6 +41,9 @@ class ForkPlan:
     from_step: int
     history: list[dict]  # the parent's prompt_versions rows up to the fork step
     edited: dict[str, str]
+    # New splits or edited prompts: step S's scores are measured again, so the gate compares
+    # against the prompts in use on the examples in use, not the parent's other examples.
+    rescore: bool = False
 
 
 def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, str] | None = None,
@@ -61,7 +66,8 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
         else max(parent_steps, from_step + 1)
     config.db, config.run_id = db, overrides.get("run_id")
     graph = parse_graph(point.graph_yaml, config.graph)
-    if any(key in overrides for key in SPLIT_OPTIONS):
+    resplit = any(key in overrides for key in SPLIT_OPTIONS)
+    if resplit:
         splits = load_splits(config, graph)
     else:
         splits = Splits(*(_examples_of(point.examples, s) for s in ("train", "val", "test")))
@@ -85,13 +91,9 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
         raise RunLogError(f"{db}: a run '{config.run_id}' already exists; choose another "
                           "--run-id")
     config.run_id = config.run_id or new_run_id(graph.name, config.method)
-    with connect(db, read_only=True) as con:
-        cursor = con.execute("SELECT node_id, version, prompt, step, accepted FROM "
-                             "prompt_versions WHERE run_id = ? AND step <= ? ORDER BY step, "
-                             "node_id, version", [parent_id, from_step])
-        names = [d[0] for d in cursor.description]
-        history = [dict(zip(names, row)) for row in cursor.fetchall()]
-    return ForkPlan(config, graph, splits, state, parent_id, from_step, history, edited)
+    history = prompt_versions_up_to(db, parent_id, from_step)
+    return ForkPlan(config, graph, splits, state, parent_id, from_step, history, edited,
+                    rescore=resplit or bool(edited))
 
 
 async def run_fork(plan: ForkPlan, *, forward_backend: Backend | None = None,
@@ -109,7 +111,7 @@ async def run_fork(plan: ForkPlan, *, forward_backend: Backend | None = None,
             ctx.emit(PromptVersion(ctx.run_id, node_id, plan.state.prompts.version[node_id],
                                    plan.state.prompts.text[node_id], plan.from_step, True))
         started = time.time()
-        if plan.edited:  # the hand-edited prompts' own scores become the gate's baseline
+        if plan.rescore:  # the scores the fork's gate compares against
             train, _, _ = await evaluate(ctx, plan.state.prompts, plan.splits.train, "train")
             val, _, _ = await evaluate(ctx, plan.state.prompts, plan.splits.val, "val")
             plan.state.train_score, plan.state.val_score = train, val
