@@ -20,7 +20,7 @@ from dashboard.views import graph_html as gh
 from engine.runlog import debug, reader
 
 Stamp = tuple[int, ...]
-_CACHE = dict(show_spinner=False, max_entries=256, ttl=3600)
+CACHE_OPTIONS = dict(show_spinner=False, max_entries=256, ttl=3600)
 
 
 def stamp(db: str) -> Stamp:
@@ -51,7 +51,7 @@ class RunGraph:
 # --- cached queries ---------------------------------------------------------------------
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _runs(db: str, version: Stamp) -> pd.DataFrame:
     return reader.list_runs(db)
 
@@ -63,7 +63,7 @@ def runs(db: str) -> pd.DataFrame:
     return _runs(db, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _run(db: str, run_id: str, version: Stamp) -> dict | None:
     return reader.run_record(db, run_id)
 
@@ -72,7 +72,7 @@ def run(db: str, run_id: str) -> dict | None:
     return _run(db, run_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _graph(db: str, run_id: str, version: Stamp) -> RunGraph | None:
     from engine.api.support import read_logged_graph
     from engine.core.graph import GraphError
@@ -93,7 +93,7 @@ def graph(db: str, run_id: str) -> RunGraph | None:
     return _graph(db, run_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _steps(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
     return reader.step_table(db, run_id)
 
@@ -102,7 +102,7 @@ def steps(db: str, run_id: str) -> pd.DataFrame:
     return _steps(db, run_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _step_examples(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
     return reader.step_examples(db, run_id, step)
 
@@ -111,7 +111,7 @@ def step_examples(db: str, run_id: str, step: int) -> pd.DataFrame:
     return _step_examples(db, run_id, int(step), stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _node_stats(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
     return reader.node_step_stats(db, run_id, step)
 
@@ -120,7 +120,7 @@ def node_stats(db: str, run_id: str, step: int) -> pd.DataFrame:
     return _node_stats(db, run_id, int(step), stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _flows(db: str, run_id: str, step: int, example_id: str | None, version: Stamp
            ) -> pd.DataFrame:
     return reader.gradient_flows(db, run_id, step, example_id)
@@ -130,7 +130,7 @@ def flows(db: str, run_id: str, step: int, example_id: str | None = None) -> pd.
     return _flows(db, run_id, int(step), example_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _node_view(db: str, run_id: str, step: int, example_id: str, node_id: str,
                version: Stamp) -> dict[str, pd.DataFrame]:
     return reader.node_view(db, run_id, step, example_id, node_id)
@@ -141,7 +141,7 @@ def node_view(db: str, run_id: str, step: int, example_id: str, node_id: str
     return _node_view(db, run_id, int(step), example_id, node_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _example_trace(db: str, run_id: str, step: int, example_id: str, version: Stamp
                    ) -> dict[str, pd.DataFrame]:
     return reader.example_trace(db, run_id, step, example_id)
@@ -151,7 +151,7 @@ def example_trace(db: str, run_id: str, step: int, example_id: str) -> dict[str,
     return _example_trace(db, run_id, int(step), example_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _updates(db: str, run_id: str, step: int | None, version: Stamp) -> pd.DataFrame:
     return reader.step_updates(db, run_id, step)
 
@@ -160,7 +160,7 @@ def updates(db: str, run_id: str, step: int | None = None) -> pd.DataFrame:
     return _updates(db, run_id, None if step is None else int(step), stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _prompt_history(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
     return reader.prompt_history(db, run_id)
 
@@ -169,7 +169,7 @@ def prompt_history(db: str, run_id: str) -> pd.DataFrame:
     return _prompt_history(db, run_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _example_gradients(db: str, run_id: str, step: int, example_id: str, version: Stamp
                        ) -> pd.DataFrame:
     return reader.example_gradients(db, run_id, step, example_id)
@@ -179,7 +179,7 @@ def example_gradients(db: str, run_id: str, step: int, example_id: str) -> pd.Da
     return _example_gradients(db, run_id, int(step), example_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _token_totals(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
     return reader.token_totals(db, run_id)
 
@@ -188,7 +188,7 @@ def token_totals(db: str, run_id: str) -> pd.DataFrame:
     return _token_totals(db, run_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _step_totals(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
     return reader.step_totals(db, run_id)
 
@@ -200,7 +200,7 @@ def step_totals(db: str, run_id: str) -> pd.DataFrame:
 # --- debugging views: examples, traces, prompt history, per-example compare -------------
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _example_rows(db: str, run_id: str, step: int, options: tuple, version: Stamp
                   ) -> pd.DataFrame:
     return debug.example_rows(db, run_id, step, **dict(options))
@@ -211,7 +211,7 @@ def example_rows(db: str, run_id: str, step: int, **options) -> pd.DataFrame:
     return _example_rows(db, run_id, int(step), tuple(sorted(options.items())), stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _example_calls(db: str, run_id: str, step: int, example_id: str, version: Stamp
                    ) -> pd.DataFrame:
     return debug.example_calls(db, run_id, step, example_id)
@@ -221,7 +221,7 @@ def example_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataFr
     return _example_calls(db, run_id, int(step), example_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _node_history(db: str, run_id: str, node_id: str, version: Stamp
                   ) -> dict[str, pd.DataFrame]:
     return debug.node_history(db, run_id, node_id)
@@ -231,7 +231,7 @@ def node_history(db: str, run_id: str, node_id: str) -> dict[str, pd.DataFrame]:
     return _node_history(db, run_id, node_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _compare_rows(db: str, a: str, b: str, step_a: int, step_b: int, version: Stamp
                   ) -> pd.DataFrame:
     return debug.compare_rows(db, a, b, step_a, step_b)
@@ -241,7 +241,7 @@ def compare_rows(db: str, a: str, b: str, step_a: int, step_b: int) -> pd.DataFr
     return _compare_rows(db, a, b, int(step_a), int(step_b), stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _backward_calls(db: str, run_id: str, step: int, example_id: str, version: Stamp
                     ) -> pd.DataFrame:
     return debug.backward_calls(db, run_id, step, example_id)
@@ -251,13 +251,13 @@ def backward_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataF
     return _backward_calls(db, run_id, int(step), example_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _test_scores(db: str, version: Stamp) -> dict[str, float]:
     frame = debug.test_scores(db)
     return dict(zip(frame["run_id"], frame["test_score"]))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _forks(db: str, run_id: str, version: Stamp) -> list[str]:
     return debug.forks(db, run_id)
 

@@ -8,11 +8,11 @@ import json
 import pandas as pd
 import streamlit as st
 
-from dashboard.data import _CACHE, Stamp, stamp
+from dashboard.data import CACHE_OPTIONS, Stamp, stamp
 from engine.runlog import reader
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _probes(db: str, run_id: str, step: int | None, example_id: str | None,
             node_id: str | None, version: Stamp) -> pd.DataFrame:
     return reader.probe_rows(db, run_id, step, example_id, node_id)
@@ -25,7 +25,7 @@ def probes(db: str, run_id: str, step: int | None = None, example_id: str | None
                    stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _probe_outputs(db: str, probe_id: str, version: Stamp) -> pd.DataFrame:
     return reader.probe_outputs(db, probe_id)
 
@@ -34,7 +34,7 @@ def probe_outputs(db: str, probe_id: str) -> pd.DataFrame:
     return _probe_outputs(db, probe_id, stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _node_blame(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
     return reader.node_blame(db, run_id, step)
 
@@ -45,7 +45,7 @@ def node_blame(db: str, run_id: str, step: int) -> pd.DataFrame:
     return _node_blame(db, run_id, int(step), stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _step_calls(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
     return reader.query(db, """
         SELECT purpose, count(*) AS calls FROM llm_calls
@@ -58,7 +58,7 @@ def step_calls(db: str, run_id: str, step: int) -> dict[str, int]:
     return {str(p): int(c) for p, c in zip(frame["purpose"], frame["calls"])}
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _train_texts(db: str, run_id: str, version: Stamp) -> tuple[str, ...]:
     frame = reader.query(db, "SELECT fields FROM examples WHERE run_id = ? AND split = 'train'",
                          [run_id])
@@ -87,7 +87,7 @@ def copied_examples(db: str, run_id: str, prompt: str) -> list[str]:
     return found
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _function_nodes(db: str, run_id: str, version: Stamp) -> dict[str, tuple[str, str]]:
     import yaml
 
@@ -112,7 +112,7 @@ def function_node(db: str, run_id: str, node_id: str) -> tuple[str, str] | None:
     return _function_nodes(db, run_id, stamp(db)).get(node_id)
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _all_updates(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
     return reader.query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id",
                         [run_id])

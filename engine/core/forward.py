@@ -156,7 +156,7 @@ async def _shared_call(ctx: RunContext, prompts: Prompts, example: Example, node
                        values: dict[str, str], split: str) -> Activation:
     shared = ctx.shared
     if shared is None:
-        return await _call_node(ctx, prompts, example, node, values, split)
+        return await call_node(ctx, prompts, example, node, values, split)
     key = (split, example.id, node.id, prompts.version.get(node.id, 0), prompts.text[node.id],
            tuple(values.items()))
     shared.used.setdefault(ctx.pass_label, set()).add(key)
@@ -164,7 +164,7 @@ async def _shared_call(ctx: RunContext, prompts: Prompts, example: Example, node
         records: list = []
 
         async def call() -> Activation:
-            activation = await _call_node(ctx, prompts, example, node, values, split, records)
+            activation = await call_node(ctx, prompts, example, node, values, split, records)
             shared.cache_hit[key] = bool(records and records[0].cache_hit)
             return activation
 
@@ -172,7 +172,7 @@ async def _shared_call(ctx: RunContext, prompts: Prompts, example: Example, node
     return await asyncio.shield(shared.calls[key])
 
 
-async def _call_node(ctx: RunContext, prompts: Prompts, example: Example, node: Node,
+async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: Node,
                      values: dict[str, str], split: str, records: list | None = None
                      ) -> Activation:
     answer_format = ctx.graph.answer_format if node.output else ""

@@ -50,7 +50,7 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
               overrides: dict[str, Any] | None = None) -> ForkPlan:
     """Check the request against the log and prepare the fork (raises RunLogError or
     ValueError with one line)."""
-    from engine.runs.execute import RunConfig, _examples_of, load_splits, new_run_id
+    from engine.runs.execute import RunConfig, examples_of, load_splits, new_run_id
 
     point = load_resume_state(db, parent_id, at_step=from_step)
     if point.state is None or point.state.step != from_step:
@@ -70,7 +70,7 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
     if resplit:
         splits = load_splits(config, graph)
     else:
-        splits = Splits(*(_examples_of(point.examples, s) for s in ("train", "val", "test")))
+        splits = Splits(*(examples_of(point.examples, s) for s in ("train", "val", "test")))
     state = point.state
     edited = dict(set_prompts or {})
     for node_id, text in edited.items():
@@ -100,7 +100,7 @@ async def run_fork(plan: ForkPlan, *, forward_backend: Backend | None = None,
                    optimizer_backend: Backend | None = None,
                    listeners: tuple[Callable[[Any], None], ...] = ()) -> Any:
     """Run a planned fork to `plan.config.steps`; returns engine.runs.execute.RunResult."""
-    from engine.runs.execute import _drive
+    from engine.runs.execute import drive_run
 
     async def log_start(ctx: RunContext) -> None:
         ctx = replace(ctx, step=plan.from_step)
@@ -119,7 +119,7 @@ async def run_fork(plan: ForkPlan, *, forward_backend: Backend | None = None,
                               plan.state.val_score, bool(plan.edited), started, time.time(),
                               metrics={"forked_prompts_edited": float(len(plan.edited))}))
 
-    return await _drive(plan.config, plan.graph, plan.splits, plan.state, forward_backend,
+    return await drive_run(plan.config, plan.graph, plan.splits, plan.state, forward_backend,
                         optimizer_backend, listeners, new=True, prologue=log_start,
                         run_extra={"parent_run_id": plan.parent_id,
                                    "fork_step": plan.from_step})
