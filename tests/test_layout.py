@@ -43,3 +43,109 @@ def test_only_the_entry_points_import_the_command_line():
         if path.name != "__main__.py" and path.parent.name != "cli":
             names = imports_of(path)
             assert not any(n.startswith("engine.cli") for n in names), path.relative_to(ENGINE)
+
+
+ROOT = ENGINE.parent
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the engine and dashboard modules it imports, counting every import
+    statement (lazy ones inside functions and those under TYPE_CHECKING too)."""
+    paths = sorted([*ENGINE.rglob("*.py"), *(ROOT / "dashboard").rglob("*.py")])
+    modules = {module_name(p): p for p in paths}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    found.add(sub if sub in modules else node.module)
+        edges[name] = {m for m in found if m in modules and m != name}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles_among_engine_and_dashboard_modules():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_check_sees_a_lazy_import():
+    edges = {"a": {"b"}, "b": set()}
+    assert cycles(edges) == []
+    edges["b"].add("a")
+    assert cycles(edges) == [["a", "b"]]
+
+
+def test_engine_root_keeps_only_the_packages_face():
+    modules = sorted(p.name for p in ENGINE.glob("*.py"))
+    extra = [m for m in modules if m not in ("__init__.py", "__main__.py")]
+    assert len(extra) <= 4, extra
+
+
+LAYERS = {  # a package may import only the packages listed for it (and itself)
+    "engine.llm": {"engine.events"},
+    "engine.data": set(),
+    "engine.prompts": {"engine.llm"},
+    "engine.core": {"engine.events", "engine.llm", "engine.prompts", "engine.data"},
+    "engine.runlog": {"engine.events", "engine.llm", "engine.core", "engine.prompts",
+                      "engine.data"},
+}
+
+
+def test_layers_import_only_downward():
+    for module, imported in import_graph().items():
+        for layer, allowed in LAYERS.items():
+            if module == layer or module.startswith(layer + "."):
+                for target in imported:
+                    top = ".".join(target.split(".")[:2])
+                    assert top in allowed | {layer, "engine"} or target == "engine", \
+                        f"{module} imports {target}"
+
+
+def test_no_private_name_is_imported_from_another_module():
+    for path in sorted([*ENGINE.rglob("*.py"), *(ROOT / "dashboard").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and \
+                    node.module.startswith(("engine", "dashboard")):
+                private = [a.name for a in node.names if a.name.startswith("_")
+                           and not a.name.startswith("__")]
+                assert not private, f"{path.relative_to(ROOT)} imports {private}"

@@ -60,7 +60,7 @@ def test_every_role_gets_schema_valid_json_from_the_embedded_model():
 
     async def go():
         backend = LocalBackend(n_ctx=1024)
-        client = LLMClient(forward_backend=backend, forward_model=MODEL_NAME,
+        client = LLMClient(forward_backend=backend, forward_model=MODEL_NAME, structure=S.prepare,
                            retry=RetryPolicy(max_retries=0, timeout=300))
         out = []
         try:

@@ -9,6 +9,7 @@ import json
 import duckdb
 import pytest
 
+from engine.llm.schema import token_budget
 from engine.methods.gtbp import (
     GTBP,
     GTBP_COMBINE,
@@ -47,7 +48,7 @@ def test_each_role_has_a_schema_with_reasoning_first_then_its_answer_fields(role
             assert 1 <= field.get("minLength", 1) <= field["maxLength"], key
         else:
             assert field["type"] == "array" and field["items"]["maxLength"] > 0
-    assert S.token_budget(schema) > 0
+    assert token_budget(schema) > 0
 
 
 def test_roles_that_stay_text_have_no_schema():

@@ -135,13 +135,11 @@ def _jobs_body(db: str) -> None:
         st.rerun(scope="app")
 
 
-def form_settings(method: str, data_dir: str, m0: int, m_plus: int, m_minus: int
-                  ) -> dict[str, object]:
-    """Run settings the form adds: the data directory, and gtbp's schedule for gtbp runs."""
+def form_settings(data_dir: str, options: dict[str, int]) -> dict[str, object]:
+    """Run settings the form adds: the data directory, and the method's own options."""
     settings: dict[str, object] = {"data_dir": data_dir.strip()} if data_dir.strip() else {}
-    if method == "gtbp":
-        settings["method_options"] = {"m0": int(m0), "m_plus": int(m_plus),
-                                      "m_minus": int(m_minus)}
+    if options:
+        settings["method_options"] = {k: int(v) for k, v in options.items()}
     return settings
 
 
@@ -180,14 +178,11 @@ def new_run_form(db: str) -> None:
             data_dir = st.text_input(
                 "Data directory", value=os.environ.get("SEMBACK_DATA_DIR", ""),
                 placeholder="where gsm8k/, liar/ and bbh/ live (for the paper's graphs)")
-            m0 = m_plus = m_minus = 2
-            if method == "gtbp":
-                g1, g2, g3 = st.columns(3)
-                m0 = g1.number_input("gtbp: initial edit budget m0", min_value=1, value=2)
-                m_plus = g2.number_input("gtbp: a new claim every m+ steps", min_value=1,
-                                         value=2)
-                m_minus = g3.number_input("gtbp: budget shrinks every m- steps",
-                                          min_value=1, value=2)
+            options = {}
+            declared = METHODS[method].form_options  # the options the method itself offers
+            for column, (name, label, default) in zip(
+                    st.columns(len(declared)) if declared else [], declared):
+                options[name] = column.number_input(label, min_value=1, value=default)
             submitted = st.form_submit_button("Start run", type="primary")
     if not submitted:
         return
@@ -209,7 +204,7 @@ def new_run_form(db: str) -> None:
                         model=model or None, optimizer_model=optimizer_model or None,
                         steps=int(steps), train=train, val=val, test=test, seed=int(seed),
                         dataset=str(dataset_path) if dataset_path else None,
-                        settings=form_settings(method, data_dir, m0, m_plus, m_minus))
+                        settings=form_settings(data_dir, options))
     try:
         job = jobs.start(spec)
     except Exception as exc:  # noqa: BLE001 - a bad graph file: one line for the user

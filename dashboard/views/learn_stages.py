@@ -12,10 +12,13 @@ from dashboard.state import Selection
 from dashboard.views.panes import update_pane
 from dashboard.views.text import fmt, md, show_messages, show_text
 from dashboard.views.whatif import flip_label
+from engine.methods import METHODS
 
 STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Without siblings",
           "Update", "The gate", "Check the blame", "Explore"]
-SIBLING_BLIND = ("semantic-nosibling", "textgrad")
+# methods whose gradients never see the other inputs of the same node, as they declare it
+SIBLING_BLIND = tuple(sorted(name for name, m in METHODS.items()
+                             if m.uses_gradients and not m.sibling_aware))
 
 
 def code(text: object) -> str:

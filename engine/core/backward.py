@@ -46,8 +46,25 @@ class UpdateProposal:
 
 
 class Method:
+    """A credit-assignment method. Besides computing gradients, a method states the facts
+    other parts ask about: how many backward calls one example costs (progress, estimates),
+    whether its gradients see sibling inputs (the Learn page's comparisons), and the options
+    a form should offer."""
+
     name = "base"
     uses_gradients = True
+    # the gradient an input receives is conditioned on the other inputs of the same node
+    sibling_aware = True
+    # (option, label, default) for forms that start a run with this method
+    form_options: tuple[tuple[str, str, int], ...] = ()
+
+    @classmethod
+    def backward_calls(cls, graph) -> int:
+        """Backward calls one back-propagated example makes, repairs aside: by default one
+        joint call per node (LLM, or Python tool with a description) that has inputs."""
+        if not cls.uses_gradients:
+            return 0
+        return sum(1 for n in asking_nodes(graph))
 
     async def node_gradients(self, ctx: RunContext, prompts: Prompts, trace: ExampleTrace,
                              node_id: str, feedback: str) -> dict[str, NodeGradient]:
@@ -120,6 +137,13 @@ class Method:
         if not new_prompt:
             new_prompt = current
         return UpdateProposal(new_prompt, reasoning, record.call_id, problem)
+
+
+def asking_nodes(graph) -> list:
+    """The nodes whose backward step is a model call: LLM nodes with inputs, and Python
+    tools with inputs and a description (a registered rule or a bare tool makes none)."""
+    return [n for n in graph.nodes if graph.predecessors(n.id) and (
+        n.kind == "llm" or (n.fn is not None and bool(n.description)))]
 
 
 def function_messages(function: str, message: str, values: dict[str, str],

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from engine.core.functions import FUNCTIONS
-from engine.data.answers import check_no_answer_inputs
+from engine.data.answers import first_answer_input
 
 GRAPH_KEYS = {
     "name": "graph name, shown in the run log and the dashboard",
@@ -450,4 +450,8 @@ def validate_structure(graph: Graph) -> None:
         if n.id not in reaches:
             raise GraphError(path, f"cannot reach the output node '{outputs[0].id}'",
                              node=n.id, line=n.line)
-    check_no_answer_inputs(graph)
+    leak = first_answer_input(graph)
+    if leak:
+        node, name, what = leak
+        raise GraphError(graph.path or "<graph>", f"input '{name}' is {what}: no node may "
+                         "read the answer it is graded against", node=node.id, line=node.line)

@@ -9,10 +9,7 @@ too, so a graph naming them is refused just the same.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engine.core.graph import Graph
+from typing import Any
 
 ANSWER_FIELDS: dict[str, tuple[str, ...]] = {
     "gsm8k": ("answer", "solution"),
@@ -21,25 +18,24 @@ ANSWER_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def answer_fields(graph: Graph) -> set[str]:
-    """The graph's target field, and the answer-bearing fields of its named dataset."""
-    fields = {graph.target_field}
-    dataset = (graph.dataset or "").strip()
+def answer_fields(target_field: str, dataset: str | None) -> set[str]:
+    """The target field, and the answer-bearing fields of a named dataset."""
+    fields = {target_field}
+    dataset = (dataset or "").strip()
     if dataset and not dataset.endswith(".jsonl"):
         fields.update(ANSWER_FIELDS.get(dataset.partition("/")[0], ()))
     return fields
 
 
-def check_no_answer_inputs(graph: Graph) -> None:
-    """Raise GraphError naming the first node that reads a field holding the answer."""
-    from engine.core.graph import GraphError
-
-    forbidden = answer_fields(graph) - set(graph.node_ids)
+def first_answer_input(graph: Any) -> tuple[Any, str, str] | None:
+    """(node, field, what the field is) for the first node of a graph spec that reads a
+    field holding the answer; None when no node does. The graph module turns it into its
+    GraphError."""
+    forbidden = answer_fields(graph.target_field, graph.dataset) - set(graph.node_ids)
     for node in graph.nodes:
         leaked = [name for name in node.inputs if name in forbidden]
         if leaked:
             what = ("the target field" if leaked[0] == graph.target_field
                     else "a field that holds the answer or label")
-            raise GraphError(graph.path or "<graph>", f"input '{leaked[0]}' is {what}: no "
-                             "node may read the answer it is graded against",
-                             node=node.id, line=node.line)
+            return node, leaked[0], what
+    return None

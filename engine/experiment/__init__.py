@@ -52,12 +52,12 @@ from engine.experiment.plan import (
 )
 from engine.experiment.results import (
     COLUMNS,
-    _md_table,
+    markdown_table,
     result_rows,
     results_markdown,
-    run_metrics,
     write_results,
 )
+from engine.runlog.experiments import run_metrics
 from engine.runs.settings import RunConfig, add_run_flags, given_settings, positive_int
 
 __all__ = [
@@ -132,7 +132,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     rows = result_rows(cells, metrics)
     out_dir = Path(args.out) if args.out else Path("results") / plan.name
     md_path, csv_path = write_results(out_dir, plan, rows, metrics, args.db)
-    out.print("\n".join(_md_table([r for r in rows if r["level"] != "task"], True)),
+    out.print("\n".join(markdown_table([r for r in rows if r["level"] != "task"], True)),
               markup=False, highlight=False)
     out.print(f"results: {md_path} and {csv_path}; open any run with the dashboard "
               f"(run log {args.db})", markup=False, highlight=False)

@@ -6,7 +6,6 @@ cell gets its RunConfig and splits, is found again in the run log if it already 
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -142,24 +141,17 @@ def resolved_models(config: RunConfig) -> tuple[str, str]:
 def finished_runs(db: str, cells: list[Cell]) -> None:
     """Set `run_id` of each cell that has a finished run in the log with the same prefix,
     configuration, models and graph text (the latest one if several)."""
-    from engine.runlog.schema import check_readable, connect
+    from engine.runlog.experiments import finished_experiment_runs
 
-    if not Path(db).exists():
-        return
-    check_readable(db)
-    with connect(db, read_only=True) as con:
-        rows = con.execute("SELECT run_id, config, model, optimizer_model, graph_yaml FROM runs "
-                           "WHERE starts_with(run_id, 'exp.') AND status = 'finished' "
-                           "ORDER BY started_at DESC").fetchall()
+    rows = finished_experiment_runs(db)
     for cell in cells:
         want = cell.config.to_json()
         graph_text = load_graph(cell.config.graph).yaml_text
-        for run_id, config, model, optimizer_model, graph_yaml in rows:
-            stored = json.loads(config)
-            if run_id.startswith(cell.prefix) and graph_yaml == graph_text and \
-                    (model, optimizer_model) == resolved_models(cell.config) and \
-                    all(stored.get(k) == want[k] for k in SAME_CONFIG):
-                cell.run_id = run_id
+        for row in rows:
+            if row["run_id"].startswith(cell.prefix) and row["graph_yaml"] == graph_text and \
+                    (row["model"], row["optimizer_model"]) == resolved_models(cell.config) and \
+                    all(row["config"].get(k) == want[k] for k in SAME_CONFIG):
+                cell.run_id = row["run_id"]
                 break
 
 

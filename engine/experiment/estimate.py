@@ -44,21 +44,8 @@ class Estimate:
 
 
 def backward_calls_per_example(graph: Graph, method: str) -> int:
-    """Backward calls for one example: one per (node, input) pair for textgrad and its
-    subclasses, none without gradients, else one per LLM node with node inputs (semantic;
-    gtbp's input calls), plus for gtbp one combine call per node with several successors
-    (an approximation for other methods)."""
-    from engine.methods.gtbp import GTBP
-    from engine.methods.textgrad import TextGrad
-
-    cls = METHODS[method]
-    if not cls.uses_gradients:
-        return 0
-    fan_in = [len(graph.predecessors(n.id)) for n in graph.nodes if n.kind == "llm"]
-    calls = sum(fan_in) if issubclass(cls, TextGrad) else sum(1 for f in fan_in if f)
-    if issubclass(cls, GTBP):
-        calls += sum(1 for n in graph.nodes if len(graph.successors(n.id)) > 1)
-    return calls
+    """Backward calls for one back-propagated example, as the method counts them."""
+    return METHODS[method].backward_calls(graph)
 
 
 def estimate_run(graph: Graph, config: RunConfig, n_train: int, n_val: int, n_test: int,

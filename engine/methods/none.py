@@ -11,6 +11,7 @@ from engine.events import LossRecord
 class NoGradients(Method):
     name = "none"
     uses_gradients = False
+    sibling_aware = False
 
     async def backward(self, ctx: RunContext, prompts: Prompts, trace: ExampleTrace,
                        loss: LossRecord) -> dict[str, str]:

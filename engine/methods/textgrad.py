@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.core.backward import Method, NodeGradient, ask_backward
+from engine.core.backward import Method, NodeGradient, ask_backward, asking_nodes
 from engine.core.forward import ExampleTrace, Prompts, RunContext
 from engine.prompts import templates as P
 
@@ -20,6 +20,12 @@ class TextGrad(Method):
     name = "textgrad"
     role = "backward_single"
     include_fields = False
+    sibling_aware = False
+
+    @classmethod
+    def backward_calls(cls, graph) -> int:
+        """One call per (node, input) pair."""
+        return sum(len(graph.predecessors(n.id)) for n in asking_nodes(graph))
 
     def shown_inputs(self, ctx: RunContext, values: dict[str, str], pred: str
                      ) -> dict[str, str]:

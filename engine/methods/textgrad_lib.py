@@ -16,6 +16,7 @@ from engine.methods.textgrad import TextGrad
 class TextGradLib(TextGrad):
     name = "textgrad-lib"
     role = "backward_textgrad_lib"
+    sibling_aware = True  # each call shows every input, siblings included
 
     def shown_inputs(self, ctx: RunContext, values: dict[str, str], pred: str
                      ) -> dict[str, str]:

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from engine.core.forward import ExampleTrace, Prompts, RunContext, _call_node, call_function
+from engine.core.forward import ExampleTrace, Prompts, RunContext, call_function, call_node
 from engine.core.graph import Graph, parse_graph
 from engine.core.loss import example_loss
 from engine.data.examples import Example
@@ -252,7 +252,7 @@ class Prober:
             output, error = await call_function(node, values)
             return replace(_failed(self.ctx, trace.example, node.id, split, error),
                            output_text=output)
-        return await _call_node(self.ctx, prompts, trace.example, node, values, split)
+        return await call_node(self.ctx, prompts, trace.example, node, values, split)
 
     async def intervene(self, kind: str, example_id: str, node_id: str, *,
                         text: str | None = None, feedback: str | None = None,

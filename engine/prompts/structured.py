@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.llm.schema import reasoning_key
 from engine.prompts import templates as P
 
 REASONING_CHARS = 240   # the reasoning field of every role
@@ -38,14 +39,6 @@ def is_backward(role: str) -> bool:
     """Every `backward_*` role (a method's own, such as `backward_textgrad_lib`, too) asks
     for one gradient per input."""
     return role.startswith("backward_")
-
-
-def reasoning_key(names: list[str]) -> str:
-    """The reasoning field's name: `reasoning`, unless an input is called that."""
-    key = "reasoning"
-    while key in names:
-        key += "_"
-    return key
 
 
 def _text(max_chars: int, min_chars: int = 0) -> dict[str, Any]:
@@ -89,21 +82,6 @@ def schema_for(role: str, names: list[str] | None = None) -> dict[str, Any] | No
         return _object({**why, "claims": {"type": "array", "items": _text(CLAIM_CHARS, 1),
                                           "minItems": 1, "maxItems": MAX_CLAIMS}})
     return None
-
-
-def token_budget(schema: dict[str, Any]) -> int:
-    """Generated tokens that always fit a reply to `schema`: its longest strings at about
-    three characters a token (grammar-constrained text is ordinary words), plus the JSON
-    punctuation and field names."""
-    chars, fields = 0, 0
-    for field in schema.get("properties", {}).values():
-        fields += 1
-        if field.get("type") == "array":
-            chars += field["items"]["maxLength"] * field.get("maxItems", MAX_CLAIMS)
-            fields += field.get("maxItems", MAX_CLAIMS)
-        else:
-            chars += field.get("maxLength", 0)
-    return chars // 3 + 8 * fields + 16
 
 
 def example_reply(role: str, names: list[str]) -> str:

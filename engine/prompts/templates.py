@@ -308,7 +308,8 @@ def parse_prompt(reply: str) -> tuple[str, str, str | None]:
 # --- prompt sets -----------------------------------------------------------------------
 # `--prompts default` is this file's templates; `--prompts paper` (engine/prompts/paper.py)
 # follows the structure of the paper's reference code in this project's own words. Both
-# are parsed by the same parsers above. docs/methods.md lists every difference.
+# are parsed by the same parsers above. docs/methods.md lists every difference;
+# engine/prompts/sets.py looks them up by name.
 
 
 @dataclass(frozen=True)
@@ -322,20 +323,6 @@ class PromptSet:
 
 DEFAULT = PromptSet("default", forward_messages, backward_messages, repair_message,
                     update_messages)
-PROMPT_SET_NAMES = ("default", "paper")
-
-
-def prompt_set(name: str) -> PromptSet:
-    """The prompt set called `name`; ValueError for an unknown one."""
-    if name == "default":
-        return DEFAULT
-    if name == "paper":
-        from engine.prompts.paper import PAPER
-
-        return PAPER
-    raise ValueError(f"unknown prompt set '{name}' (choose from {', '.join(PROMPT_SET_NAMES)})")
-
-
 # --- probes (engine/probes/probe.py) -----------------------------------------------------------
 
 # The gradient probe's call: the backward call's context, then the optimizer model follows

@@ -29,7 +29,8 @@ from engine.llm.base import Backend
 from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
 from engine.llm.limits import AdaptiveLimit
 from engine.methods import METHODS, Method, make_method
-from engine.prompts.templates import prompt_set
+from engine.prompts import structured as S
+from engine.prompts.sets import prompt_set
 from engine.runlog.schema import RunLogError
 from engine.runlog.state import load_cache, load_resume_state, run_exists
 from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
@@ -136,7 +137,8 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
         optimizer_model=optimizer_model, cache=cache, concurrency=config.concurrency,
         backend_limits=dict(config.backend_limits), shared_limit=SHARED_LIMIT.get(),
         retry=RetryPolicy(max_retries=config.max_retries, timeout=config.timeout),
-        temperature=config.temperature, seed=config.seed, structured=config.structured)
+        temperature=config.temperature, seed=config.seed, structured=config.structured,
+        structure=S.prepare)
 
 
 def default_max_tokens(config: RunConfig) -> tuple[int, int]:
@@ -178,7 +180,7 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
         raise RunLogError(f"{config.db}: a run '{config.run_id}' already exists; choose "
                           "another --run-id, or continue it with: python -m engine resume")
     config.run_id = config.run_id or new_run_id(graph.name, config.method)
-    return await _drive(config, graph, splits, None, forward_backend, optimizer_backend,
+    return await drive_run(config, graph, splits, None, forward_backend, optimizer_backend,
                         listeners, new=True)
 
 
@@ -195,17 +197,17 @@ async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None
     config.db, config.run_id = db, run_id
     open_for_writing(db)  # before any model call
     graph = parse_graph(point.graph_yaml, config.graph, functions)
-    splits = Splits(*(_examples_of(point.examples, s) for s in ("train", "val", "test")))
-    return await _drive(config, graph, splits, point.state, forward_backend, optimizer_backend,
+    splits = Splits(*(examples_of(point.examples, s) for s in ("train", "val", "test")))
+    return await drive_run(config, graph, splits, point.state, forward_backend, optimizer_backend,
                         listeners, new=False, test_done=point.test_done)
 
 
-def _examples_of(rows: list[dict], split: str) -> list[Example]:
+def examples_of(rows: list[dict], split: str) -> list[Example]:
     return [Example(r["example_id"], json.loads(r["fields"]), r["target"])
             for r in sorted(rows, key=lambda r: r["position"]) if r["split"] == split]
 
 
-async def _drive(config: RunConfig, graph: Graph, splits: Splits,
+async def drive_run(config: RunConfig, graph: Graph, splits: Splits,
                  state: OptimizerState | None, forward_backend, optimizer_backend, listeners,
                  *, new: bool, test_done: bool = False, run_extra: dict | None = None,
                  prologue: Callable[[RunContext], Any] | None = None) -> RunResult:
@@ -218,7 +220,7 @@ async def _drive(config: RunConfig, graph: Graph, splits: Splits,
     client.on_call, client.on_event, client.run_id = bus.emit, bus.emit, config.run_id
     bus.add(ProgressTracker(  # Progress events: phase and calls, for the CLI and dashboard
         graph, {name: len(part) for name, part in splits.by_name().items()},
-        failures=config.failures_per_step, method=config.method, run_id=config.run_id,
+        failures=config.failures_per_step, method=type(method), run_id=config.run_id,
         updates=1 if config.update_mode == "one" else len(graph.trainable_nodes),
         node_gates=config.node_gates, emit=bus.emit))
     if new:

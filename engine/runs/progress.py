@@ -9,9 +9,9 @@ step after its StepFinished are the `test` split.
 
 Calls expected are an estimate from the graph and the split sizes: exact for forward,
 gate and test (one call per LLM node per example; cached replies count as calls), an
-upper bound for backward (k sampled examples, one call per node with an LLM input, one
-per LLM input for textgrad; repairs can add a few), update and the gate under per-node
-gates (every proposal counted as a change); 0 where unknown (gtbp's backward).
+upper bound for backward (k sampled examples times the method's `backward_calls`; repairs
+can add a few), update and the gate under per-node gates (every proposal counted as a
+change).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from engine.core.backward import Method
 from engine.core.optimizer import node_gates_apply
 from engine.events import CallRecord, Progress, StepFinished
 
@@ -29,19 +30,13 @@ class ProgressTracker:
     """Listener: feed it every event; it emits a `Progress` after each call record."""
 
     def __init__(self, graph: Any, sizes: dict[str, int], *, failures: int, updates: int,
-                 method: str, run_id: str, emit: Callable[[Any], None],
+                 method: type[Method], run_id: str, emit: Callable[[Any], None],
                  node_gates: str = "auto"):
         llm = [n.id for n in graph.nodes if n.kind != "function"]
         self.per_example = len(llm)
         self.sizes, self.run_id, self.emit = sizes, run_id, emit
         self.updates, self.node_gates = updates, node_gates
-        if method in ("textgrad", "textgrad-lib", "semantic-nosibling"):  # one per input
-            per = sum(len(graph.predecessors(n)) for n in llm)
-        elif method in ("semantic", "semantic-evaluative"):
-            per = sum(1 for n in llm if graph.predecessors(n))
-        else:
-            per = 0
-        self.backward = failures * per
+        self.backward = failures * method.backward_calls(graph)
         self.step, self.phase, self.done, self.total = -1, "", 0, 0
         self.finished: set[int] = set()
         self.seen_update = 0  # update calls seen in this step

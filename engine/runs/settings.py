@@ -72,6 +72,12 @@ def _methods() -> list[str]:
     return sorted(METHODS)
 
 
+def _prompt_sets() -> list[str]:
+    from engine.prompts.sets import PROMPT_SETS
+
+    return list(PROMPT_SETS)
+
+
 def setting(default: Any = MISSING, *, help: str, flag: str | None = None,
             type: Callable[[str], Any] | None = None,
             choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
@@ -145,7 +151,7 @@ class RunConfig:
     method_options: dict[str, Any] = setting(
         flag="--option", repeat=parse_options, metavar="KEY=VALUE", factory=dict,
         help="method option, e.g. m0=2 for gtbp (repeatable)")
-    prompts: str = setting("default", choices=("default", "paper"),
+    prompts: str = setting("default", choices=_prompt_sets,
                            help="prompt set: ours, or the paper reference code's structure "
                                 "(docs/methods.md)")
     structured: str = setting("auto", choices=("auto", "on", "off"),

@@ -61,6 +61,16 @@ def _flag(name: str, value: object) -> bool:
 
 class GTBP(Method):
     name = "gtbp"
+    form_options = (("m0", "gtbp: initial edit budget m0", 2),
+                    ("m_plus", "gtbp: a new claim every m+ steps", 2),
+                    ("m_minus", "gtbp: budget shrinks every m- steps", 2))
+
+    @classmethod
+    def backward_calls(cls, graph) -> int:
+        """One input call per node with inputs, and one combine call per node with several
+        successors."""
+        return super().backward_calls(graph) + sum(
+            1 for n in graph.nodes if len(graph.successors(n.id)) > 1)
 
     def __init__(self, m0: int = 2, m_plus: int = 2, m_minus: int = 2,
                  max_claims: int | None = None, allow_delete: bool | str = False):

@@ -1,0 +1,49 @@
+"""The queries of the experiment harness: finished runs to reuse, and per-run metrics for
+the results table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.runlog.schema import check_readable, connect
+
+
+def finished_experiment_runs(db: str | Path) -> list[dict]:
+    """Finished runs whose id starts with `exp.`, newest first: run_id, config (parsed),
+    model, optimizer_model, graph_yaml. None when the log does not exist yet."""
+    if not Path(db).exists():
+        return []
+    check_readable(db)
+    with connect(db, read_only=True) as con:
+        rows = con.execute("SELECT run_id, config, model, optimizer_model, graph_yaml FROM runs "
+                           "WHERE starts_with(run_id, 'exp.') AND status = 'finished' "
+                           "ORDER BY started_at DESC").fetchall()
+    return [{"run_id": r[0], "config": json.loads(r[1]), "model": r[2],
+             "optimizer_model": r[3], "graph_yaml": r[4]} for r in rows]
+
+
+def run_metrics(db: str | Path, run_ids: list[str]) -> dict[str, dict]:
+    """Per run: test score, last validation score, steps, accepted edits, calls, tokens,
+    cost, models."""
+    if not run_ids:
+        return {}
+    with connect(db, read_only=True) as con:
+        cursor = con.execute("""
+            SELECT r.run_id, r.model, r.optimizer_model, r.backend, t.test, s.steps, s.val,
+                   coalesce(u.accepted, 0) AS accepted, coalesce(c.calls, 0) AS calls,
+                   coalesce(c.tokens, 0) AS tokens, c.cost
+            FROM runs r
+            LEFT JOIN (SELECT run_id, max(value) AS test FROM metrics
+                       WHERE key = 'test_score' GROUP BY run_id) t USING (run_id)
+            LEFT JOIN (SELECT run_id, max(step) AS steps, arg_max(val_score, step) AS val
+                       FROM steps GROUP BY run_id) s USING (run_id)
+            LEFT JOIN (SELECT run_id, count(*) FILTER (WHERE accepted) AS accepted
+                       FROM updates GROUP BY run_id) u USING (run_id)
+            LEFT JOIN (SELECT run_id, count(*) AS calls,
+                              sum(prompt_tokens + completion_tokens) AS tokens,
+                              sum(cost_usd) AS cost
+                       FROM llm_calls GROUP BY run_id) c USING (run_id)
+            WHERE list_contains(?, r.run_id)""", [run_ids])
+        names = [d[0] for d in cursor.description]
+        return {row[0]: dict(zip(names, row)) for row in cursor.fetchall()}
