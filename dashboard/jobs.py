@@ -80,6 +80,11 @@ class Job:
     def record(self) -> Path:
         return Path(self.log).with_suffix(".json")
 
+    @property
+    def progress_file(self) -> Path:
+        """Where the engine writes this run's progress events (runs and forks)."""
+        return Path(self.log).with_suffix(".progress.jsonl")
+
 
 def jobs_dir(db: str | Path) -> Path:
     """Where the jobs of one run log keep their logs (outside the working tree)."""
@@ -112,6 +117,8 @@ def launch(cmd: list[str], run_id: str, db: str, steps: int, name: str, kind: st
            ) -> Job:
     """Start `cmd` in a new process group, its output in `<name>.log` in the jobs folder."""
     log_path = jobs_dir(db) / f"{name}.log"
+    if kind in ("run", "fork"):  # the run's progress as typed events, for the live view
+        cmd = [*cmd, "--progress-file", str(log_path.with_suffix(".progress.jsonl"))]
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "w", encoding="utf-8") as log:

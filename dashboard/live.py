@@ -1,26 +1,19 @@
-"""Live follow (issue 11, item 5): which step a page shows while a run is running, and
-where the run is (step, phase, calls done against calls expected). Pure functions, so
-they are tested without Streamlit."""
+"""Live follow: which step a page shows while a run is running, and where the run is (step,
+phase, calls done against calls expected), read from the typed progress events the engine
+process writes. No Streamlit here, so it is tested without it."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+from pathlib import Path
 
-PHASES = ("forward", "loss", "backward", "update", "gate", "test")
-# The engine's plain progress lines in a job's log (`engine.events.Progress` printed by
-# the CLI when its output is a file), e.g. "step 1 backward: 12/40 calls (96 in all)".
-_PROGRESS = re.compile(
-    r"^step (?P<step>\d+) (?P<phase>" + "|".join(PHASES) + r")\b[^\d\n]*"
-    r"(?P<done>\d+)\s*(?:/|of)\s*(?P<expected>\d+) calls(?:\D+(?P<total>\d+) in all)?",
-    re.M)
-_STEP_DONE = re.compile(r"^step (?P<step>\d+) done\b.*?(?:(?P<total>\d+) calls so far)?$",
-                        re.M)
+from engine.runs.progress import read_progress
 
 
 @dataclass(frozen=True)
-class Progress:
-    """Where a running run is. phase None: not known from the log (yet)."""
+class LiveProgress:
+    """Where a running run is, as a page shows it. phase None: between steps, or not known
+    yet."""
 
     step: int | None
     phase: str | None
@@ -41,23 +34,16 @@ class Progress:
         return " · ".join(parts)
 
 
-def parse_progress(log: str) -> Progress:
-    """The newest progress the engine printed into a job's log."""
-    text = "\n".join(row.rsplit("\r", 1)[-1] for row in log.splitlines())
-    last = None
-    for match in _PROGRESS.finditer(text):
-        last = match
-    done = None
-    for match in _STEP_DONE.finditer(text):
-        done = match
-    if last is not None and (done is None or last.start() > done.start()):
-        total = last.group("total")
-        return Progress(int(last.group("step")), last.group("phase"), int(last.group("done")),
-                        int(last.group("expected")), int(total) if total else None)
-    if done is not None:
-        total = done.group("total")
-        return Progress(int(done.group("step")) + 1, None, 0, 0, int(total) if total else None)
-    return Progress(None, None, 0, 0, None)
+def live_progress(progress_file: str | Path | None) -> LiveProgress:
+    """Where the run is, from the typed progress events its process writes
+    (`engine.runs.progress.ProgressFile`)."""
+    latest, finished, calls = read_progress(progress_file) if progress_file else (None,) * 3
+    if latest is not None:
+        return LiveProgress(latest.step, latest.phase, latest.calls_done, latest.calls_expected,
+                            latest.calls_total)
+    if finished is not None:
+        return LiveProgress(finished + 1, None, 0, 0, calls)
+    return LiveProgress(None, None, 0, 0, None)
 
 
 def follow_step(step_ids: list[int], current: int | None, following: bool) -> int | None:

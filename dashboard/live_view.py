@@ -11,7 +11,7 @@ import json
 import streamlit as st
 
 from dashboard import data, jobs, links
-from dashboard.live import follow_step, parse_progress
+from dashboard.live import follow_step, live_progress
 
 FOLLOW_KEY = "_follow"  # run id -> following (bool), this session
 TOGGLE_KEY = "follow_newest"
@@ -71,7 +71,7 @@ def progress_line(db: str, run: str) -> str:
     """Steps written, and from the job's log the phase and calls of the step underway."""
     written = len(data.steps(db, run))
     job = jobs.find(db, run)
-    progress = parse_progress(jobs.log_tail(job, lines=40) if job else "")
+    progress = live_progress(job.progress_file if job else None)
     return progress.line(written, planned_steps(db, run))
 
 

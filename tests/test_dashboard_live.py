@@ -1,9 +1,9 @@
 """Live follow (issue 11, item 5): the step a page shows while a run is running, and the
-progress line read from the engine's log. Pure functions."""
+progress read from the typed events the engine writes. No Streamlit."""
 
 from __future__ import annotations
 
-from dashboard.live import Progress, follow_step, parse_progress
+from dashboard.live import LiveProgress, follow_step, live_progress
 
 
 def test_following_shows_the_newest_step_and_a_pinned_step_stays():
@@ -14,24 +14,37 @@ def test_following_shows_the_newest_step_and_a_pinned_step_stays():
     assert follow_step([], None, True) is None
 
 
-def test_progress_line_has_the_phase_and_calls_against_expected():
-    log = ("$ python -m engine run demo.yaml\n"
-           "step 0 forward: 10/24 calls (10 in all)\n"
-           "step 0 forward: 24/24 calls (24 in all)\n"
-           "step 0 done: train 0.250, val 0.250; 24 calls so far\n"
-           "step 1 forward: 24/24 calls (48 in all)\n"
-           "step 1 backward: 3/8 calls (59 in all)\n")
-    progress = parse_progress(log)
-    assert progress == Progress(1, "backward", 3, 8, 59)
-    assert progress.line(1, 2) == "1 of 3 steps written · now step 1: backward, 3 of 8 calls"
+def write_events(path, *records):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
 
 
-def test_progress_after_a_step_line_only_and_with_nothing_yet():
-    progress = parse_progress("step 0 done: train 0.250, val 0.250; 24 calls so far\n")
-    assert progress.step == 1 and progress.phase is None and progress.calls_total == 24
-    assert progress.line(1, 1) == "1 of 2 steps written · 24 calls so far"
-    nothing = parse_progress("$ python -m engine run demo.yaml\n")
-    assert nothing.line(0, None) == "0 of ? steps written"
-    # rich redraws a line with carriage returns: the last state counts
-    bar = parse_progress("step 2 gate: 1/8 calls\rstep 2 gate: 6/8 calls\n")
-    assert (bar.phase, bar.calls_done, bar.calls_expected) == ("gate", 6, 8)
+def progress(step, phase, done, expected, total):
+    return {"event": "progress", "run_id": "r", "step": step, "phase": phase,
+            "calls_done": done, "calls_expected": expected, "calls_total": total}
+
+
+def test_progress_line_has_the_phase_and_calls_against_expected(tmp_path):
+    events = tmp_path / "job.progress.jsonl"
+    write_events(events, progress(0, "forward", 10, 24, 10), progress(0, "forward", 24, 24, 24),
+                 {"event": "step_finished", "run_id": "r", "step": 0, "calls_total": 24},
+                 progress(1, "forward", 24, 24, 48), progress(1, "backward", 3, 8, 59))
+    now = live_progress(events)
+    assert now == LiveProgress(1, "backward", 3, 8, 59)
+    assert now.line(1, 2) == "1 of 3 steps written · now step 1: backward, 3 of 8 calls"
+
+
+def test_progress_after_a_finished_step_only_and_with_nothing_yet(tmp_path):
+    events = tmp_path / "job.progress.jsonl"
+    write_events(events, progress(0, "gate", 8, 8, 24),
+                 {"event": "step_finished", "run_id": "r", "step": 0, "calls_total": 24})
+    now = live_progress(events)
+    assert now.step == 1 and now.phase is None and now.calls_total == 24
+    assert now.line(1, 1) == "1 of 2 steps written · 24 calls so far"
+    assert live_progress(tmp_path / "missing.jsonl").line(0, None) == "0 of ? steps written"
+    assert live_progress(None).step is None
+    # a line half-written while the page reads it: what is complete counts
+    with open(events, "a", encoding="utf-8") as fh:
+        fh.write('{"event": "progress", "run_id": "r", "st')
+    assert live_progress(events).calls_total == 24

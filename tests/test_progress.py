@@ -41,21 +41,25 @@ def test_each_step_reports_its_phases_in_order_with_calls_done_and_expected(tmp_
     assert last[(1, "update")].calls_done == last[(1, "update")].calls_expected == 3
 
 
-def test_the_cli_writes_progress_lines_that_the_live_view_reads(tmp_path):
-    from dashboard.live import parse_progress
+def test_the_cli_writes_progress_events_that_the_live_view_reads(tmp_path):
+    from dashboard.live import live_progress
+    from engine.runs.progress import read_progress
 
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
-    log = tmp_path / "job.log"
-    with open(log, "w", encoding="utf-8") as out:
-        subprocess.run([sys.executable, "-m", "engine", "run", str(graph), "--backend",
-                        "scripted", "--steps", "1", "--train", "4", "--val", "4",
-                        "--db", str(tmp_path / "runs.duckdb")], cwd=ROOT, stdout=out,
-                       stderr=subprocess.STDOUT, check=True, timeout=300)
-    text = log.read_text(encoding="utf-8")
-    assert "step 1 backward: 1/2 calls" in text
-    cut = text[: text.index("step 1 update:")]  # as the live view sees it mid-run
-    now = parse_progress(cut)
-    assert (now.step, now.phase, now.calls_expected) == (1, "backward", 2)
+    events = tmp_path / "job.progress.jsonl"
+    subprocess.run([sys.executable, "-m", "engine", "run", str(graph), "--backend",
+                    "scripted", "--steps", "1", "--train", "4", "--val", "4",
+                    "--db", str(tmp_path / "runs.duckdb"), "--progress-file", str(events)],
+                   cwd=ROOT, capture_output=True, check=True, timeout=300)
+    lines = events.read_text(encoding="utf-8").splitlines()
+    cut = tmp_path / "cut.jsonl"  # as the live view sees the file mid-run
+    upto = next(i for i, line in enumerate(lines) if '"phase": "update"' in line)
+    cut.write_text("\n".join(lines[:upto]) + "\n", encoding="utf-8")
+    latest, finished, _ = read_progress(cut)
+    assert (latest.step, latest.phase, latest.calls_done, latest.calls_expected) == \
+        (1, "backward", 2, 2)
+    assert finished == 0
+    assert live_progress(events).step == 2 and live_progress(events).phase is None  # all done
 
 
 def test_progress_line_format():

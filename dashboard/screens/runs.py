@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, jobs
-from dashboard.live import parse_progress
+from dashboard.live import live_progress
 from dashboard.state import PENDING_RUN_KEY, selection
 from dashboard.views.run_panel import run_panel
 from dashboard.views.text import fmt, md
@@ -118,7 +118,7 @@ def _jobs_body(db: str) -> None:
             head, button = st.columns([5, 1])
             head.markdown(f"**{md(job.run_id)}** · {md(status)} · {int(job.seconds)} s")
             head.progress(min(steps_done / total, 1.0),
-                          text=parse_progress(jobs.log_tail(job, 40)).line(steps_done, job.steps)
+                          text=live_progress(job.progress_file).line(steps_done, job.steps)
                           if alive else f"{steps_done} of {total} steps written")
             if alive and button.button("Stop", key=f"stop_{job.run_id}"):
                 jobs.stop(job)

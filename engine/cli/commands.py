@@ -31,6 +31,10 @@ FUNCTIONS_HELP = ("a Python file to import: the graph's kind: function nodes bin
                   "functions by name")
 
 
+PROGRESS_FILE_HELP = ("also append the run's progress events to this file, one JSON object a "
+                      "line (how the dashboard follows a run it started)")
+
+
 class UsageError(Exception):
     """Bad input from the user: one line, status 2."""
 
@@ -86,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = RunConfig(graph=args.graph, **settings)
     graph = _graph_with_functions(args)
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
-                          config.steps)
+                          config.steps, progress_file=args.progress_file)
 
 
 def _graph_with_functions(args: argparse.Namespace) -> Any:
@@ -116,7 +120,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
         functions = load_functions(args.functions)
     return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners,
-                                                   functions=functions), steps, done)
+                                                   functions=functions), steps, done,
+                          progress_file=args.progress_file)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -140,9 +145,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
 # --- progress and summary --------------------------------------------------------------
 
 
-def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0) -> int:
+def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
+                   progress_file: str | None = None) -> int:
     """Run with a progress bar that appears on the first event, so that input refused
-    before the run starts prints only its one error line."""
+    before the run starts prints only its one error line. With `progress_file`, the
+    progress events also go there as JSON lines (what the dashboard follows)."""
     calls = {"n": 0}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[calls]} calls"),
@@ -169,8 +176,13 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0) -> 
                               f"{', edit accepted' if event.accepted else ''}; "
                               f"{calls['n']} calls so far", markup=False, highlight=False)
 
+    listeners: tuple = (listener,)
+    if progress_file:
+        from engine.runs.progress import ProgressFile
+
+        listeners += (ProgressFile(progress_file),)
     try:
-        result = asyncio.run(start((listener,)))
+        result = asyncio.run(start(listeners))
     finally:
         if progress.live.is_started:  # stopping a bar never shown prints a blank line
             progress.stop()
@@ -242,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set-prompt", action="append", default=[], metavar="NODE=@FILE",
                    help="with --fork: a hand-edited prompt for a node (repeatable)")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
+    p.add_argument("--progress-file", metavar="FILE.jsonl", help=PROGRESS_FILE_HELP)
     add_run_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -249,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.add_argument("--db", default="runs.duckdb")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
+    p.add_argument("--progress-file", metavar="FILE.jsonl", help=PROGRESS_FILE_HELP)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("runs", help="list the runs in a run log")

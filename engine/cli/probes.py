@@ -218,4 +218,4 @@ def cmd_fork(args: argparse.Namespace, with_progress: Any) -> int:
         prompts[node] = _text(value)
     plan = plan_fork(db, args.fork, args.from_step, prompts, overrides)
     return with_progress(lambda listeners: run_fork(plan, listeners=listeners),
-                         plan.config.steps, args.from_step + 1)
+                         plan.config.steps, args.from_step + 1, progress_file=args.progress_file)

@@ -16,7 +16,10 @@ change).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import asdict, fields
+from pathlib import Path
 from typing import Any
 
 from engine.core.backward import Method
@@ -84,8 +87,57 @@ class ProgressTracker:
                 "backward": self.backward, "update": self.updates}.get(phase, 0)
 
 
+class ProgressFile:
+    """Listener: appends every `Progress` and each step's end to `path` as one JSON line, for
+    a process that follows the run from outside (the dashboard's job view) to read back as
+    typed events with `read_progress`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._out: Any = None
+        self._calls = 0
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, Progress):
+            self._calls = event.calls_total
+            record = {"event": "progress", **asdict(event)}
+        elif isinstance(event, StepFinished):
+            record = {"event": "step_finished", "run_id": event.run_id, "step": event.step,
+                      "calls_total": self._calls}
+        else:
+            return
+        if self._out is None:
+            self._out = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._out.write(json.dumps(record) + "\n")
+
+
+def read_progress(path: str | Path) -> tuple[Progress | None, int | None, int | None]:
+    """(the newest Progress written after the newest finished step or None, the newest
+    finished step or None, calls so far or None) from a `ProgressFile`. A missing file and a
+    half-written last line are read as what is there."""
+    latest: Progress | None = None
+    finished: int | None = None
+    calls: int | None = None
+    names = [f.name for f in fields(Progress)]
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None, None, None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the line being written
+        if record.get("event") == "progress":
+            latest = Progress(**{k: record[k] for k in names})
+            calls = latest.calls_total
+        elif record.get("event") == "step_finished":
+            finished, latest, calls = int(record["step"]), None, record.get("calls_total")
+    return latest, finished, calls
+
+
 def progress_line(event: Progress) -> str:
-    """The plain line the CLI writes into a log file (the dashboard's live view reads it):
+    """The plain line the CLI writes into a log file for a person to read:
     'step 1 backward: 12/40 calls (96 in all)'; an expected count of 0 means unknown."""
     return (f"step {event.step} {event.phase}: {event.calls_done}/{event.calls_expected} "
             f"calls ({event.calls_total} in all)")
