@@ -67,7 +67,7 @@ def planned_steps(db: str, run: str) -> int | None:
     return int(steps) if isinstance(steps, int | float) else None
 
 
-def progress_line(db: str, run: str) -> str:
+def live_line(db: str, run: str) -> str:
     """Steps written, and from the job's log the phase and calls of the step underway."""
     written = len(data.steps(db, run))
     job = jobs.find(db, run)
@@ -81,4 +81,4 @@ def live_panel(db: str, run: str, seen: tuple) -> None:
     whole app reruns when the run log changes (one transaction per step)."""
     if data.stamp(db) != seen:
         st.rerun(scope="app")
-    st.caption(f":material/sync: live · {progress_line(db, run)}")
+    st.caption(f":material/sync: live · {live_line(db, run)}")

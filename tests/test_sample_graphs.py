@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.core.graph import Graph, load_graph
+from engine.core.graph import GraphSpec, load_graph
 from engine.data.datasets import DatasetError, load_examples, with_target
 from engine.data.examples import split_examples
 from engine.data.graders import grade
@@ -28,11 +28,11 @@ def offline(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
 
 
-def _graph(name: str) -> Graph:
+def _graph(name: str) -> GraphSpec:
     return load_graph(SAMPLES / f"{name}.yaml")
 
 
-def _rows(graph: Graph) -> list[dict]:
+def _rows(graph: GraphSpec) -> list[dict]:
     path = SAMPLES / graph.dataset
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 

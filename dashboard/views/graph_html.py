@@ -25,7 +25,7 @@ class GraphModel:
 
     @classmethod
     def from_graph(cls, graph) -> GraphModel:
-        """From an `engine.core.graph.Graph`."""
+        """From an `engine.core.graph.GraphSpec`."""
         used = [f for f in graph.input_fields if any(f in n.inputs for n in graph.nodes)]
         return cls(order=tuple(graph.topological_order()),
                    inputs=tuple((n.id, tuple(n.inputs)) for n in graph.nodes),

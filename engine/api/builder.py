@@ -43,9 +43,9 @@ if TYPE_CHECKING:
     from engine.events import Activation
 
 __all__ = ["Graph", "GraphError", "OptimizeResult", "optimize", "aoptimize", "load_functions",
-           "read_logged_graph", "Data", "Metric", "Backend", "Example"]
+           "read_logged_graph", "Data", "Metric", "Backend", "ExampleRow"]
 
-Example = Mapping[str, Any]
+ExampleRow = Mapping[str, Any]
 T = TypeVar("T")
 
 
@@ -75,7 +75,7 @@ class Graph:
             _check_metric(self._where, metric)
         self._nodes: list[dict[str, Any]] = []
         self._functions: dict[str, Callable[..., Any]] = {}
-        self._spec: G.Graph | None = None
+        self._spec: G.GraphSpec | None = None
         self._probe({"id": "probe-node", "prompt": "p", "inputs": ["probe-field"]}, {})
 
     # --- building --------------------------------------------------------------------
@@ -141,8 +141,8 @@ class Graph:
         return [str(n["id"]) for n in self._nodes]
 
     @property
-    def spec(self) -> G.Graph:
-        """The validated engine graph (`engine.core.graph.Graph`); raises GraphError."""
+    def spec(self) -> G.GraphSpec:
+        """The validated engine graph (`engine.core.graph.GraphSpec`); raises GraphError."""
         if self._spec is None:
             spec = _parse(self._yaml(placeholder_metric=True), self._where, self._functions)
             metric_fn = self.metric if callable(self.metric) else None
@@ -192,7 +192,7 @@ class Graph:
 
     # --- running ---------------------------------------------------------------------
 
-    def forward(self, example: Example, backend: str | Backend | None = None, *,
+    def forward(self, example: ExampleRow, backend: str | Backend | None = None, *,
                 prompts: Mapping[str, str] | None = None, model: str | None = None,
                 **backend_options: Any) -> dict[str, Activation]:
         """Run the graph once on one example (a dict of fields) and return every node's
@@ -203,7 +203,7 @@ class Graph:
         return _run_sync(self.aforward(example, backend, prompts=prompts, model=model,
                                        **backend_options), "aforward")
 
-    async def aforward(self, example: Example, backend: str | Backend | None = None, *,
+    async def aforward(self, example: ExampleRow, backend: str | Backend | None = None, *,
                        prompts: Mapping[str, str] | None = None, model: str | None = None,
                        **backend_options: Any) -> dict[str, Activation]:
         """`forward` for code that already runs an event loop (a notebook)."""
@@ -323,7 +323,7 @@ async def aoptimize(graph: Graph, train: Data | None = None, val: Data | None = 
     """`optimize` for code that already runs an event loop (a notebook): same arguments."""
     from engine.api.support import run_optimization
 
-    spec = graph.spec if isinstance(graph, Graph) else graph  # or an engine.core.graph.Graph
+    spec = graph.spec if isinstance(graph, Graph) else graph  # or an engine.core.graph.GraphSpec
     return await run_optimization(spec, train, val, test, **options)
 
 
@@ -340,7 +340,7 @@ def _run_sync(coro: Coroutine[Any, Any, T], async_name: str) -> T:
                        f"`await {async_name}(...)` instead")
 
 
-def _parse(text: str, where: str, functions: Mapping[str, Callable[..., Any]]) -> G.Graph:
+def _parse(text: str, where: str, functions: Mapping[str, Callable[..., Any]]) -> G.GraphSpec:
     """Validate through the YAML loader; a built graph has no file lines to show."""
     try:
         return G.parse_graph(text, where, functions)

@@ -23,7 +23,7 @@ from engine.runs.settings import DEFAULTS
 if TYPE_CHECKING:
     import pandas
 
-    from engine.core.graph import Graph as GraphSpec
+    from engine.core.graph import GraphSpec
     from engine.data.examples import Example
 
 Data = Union[Sequence[Mapping[str, Any]], "pandas.DataFrame", str]

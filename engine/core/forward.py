@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.core.functions import FUNCTIONS
-from engine.core.graph import Graph, Node
+from engine.core.graph import GraphSpec, Node
 from engine.data.examples import Example
 from engine.events import Activation
 from engine.llm.client import LLMClient
@@ -30,7 +30,7 @@ class Prompts:
     version: dict[str, int]
 
     @classmethod
-    def initial(cls, graph: Graph) -> Prompts:
+    def initial(cls, graph: GraphSpec) -> Prompts:
         # a function node's text is its description: its task in a joint backward call
         return cls({n.id: n.prompt or n.description for n in graph.nodes},
                    {n.id: 0 for n in graph.nodes})
@@ -81,7 +81,7 @@ class SharedCalls:
 class RunContext:
     """What every phase of a step needs; passed down instead of globals."""
 
-    graph: Graph
+    graph: GraphSpec
     client: LLMClient
     emit: Callable[[Any], None]
     run_id: str

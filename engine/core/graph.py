@@ -76,7 +76,7 @@ class Node:
 
 @dataclass(frozen=True)
 class _Topology:
-    """A graph's edges and Kahn order, built once per Graph in O((V + E) log V)."""
+    """A graph's edges and Kahn order, built once per GraphSpec in O((V + E) log V)."""
 
     order: tuple[str, ...]
     predecessors: dict[str, tuple[str, ...]]
@@ -110,7 +110,7 @@ class _Topology:
 
 
 @dataclass(frozen=True)
-class Graph:
+class GraphSpec:
     name: str
     nodes: tuple[Node, ...]
     input_fields: tuple[str, ...]
@@ -167,7 +167,7 @@ class Graph:
     def trainable_nodes(self) -> list[str]:
         return [n for n in self.topological_order() if self.node(n).trainable]
 
-    def with_dataset(self, dataset: str) -> Graph:
+    def with_dataset(self, dataset: str) -> GraphSpec:
         return replace(self, dataset=dataset)
 
 
@@ -175,7 +175,7 @@ class Graph:
 
 
 def load_graph(path: str | Path, functions: Mapping[str, Callable[..., Any]] | None = None
-               ) -> Graph:
+               ) -> GraphSpec:
     """Read and validate a graph file; raises GraphError with one clear line."""
     path = Path(path)
     try:
@@ -188,7 +188,7 @@ def load_graph(path: str | Path, functions: Mapping[str, Callable[..., Any]] | N
 
 
 def parse_graph(text: str, path: str | Path = "<graph>",
-                functions: Mapping[str, Callable[..., Any]] | None = None) -> Graph:
+                functions: Mapping[str, Callable[..., Any]] | None = None) -> GraphSpec:
     """Parse and validate graph text; `functions` binds extra function names to Python
     callables (engine.api.builder); a graph file alone never imports code."""
     try:
@@ -236,7 +236,7 @@ def parse_graph(text: str, path: str | Path = "<graph>",
     if not isinstance(nodes_node, yaml.SequenceNode) or not nodes_node.value:
         raise GraphError(path, "'nodes' must be a non-empty list", line=nodes_line)
     nodes = [_parse_node(item, path, functions or {}) for item in nodes_node.value]
-    graph = Graph(
+    graph = GraphSpec(
         name=name,
         nodes=tuple(nodes),
         input_fields=tuple(input_fields),
@@ -407,7 +407,7 @@ def _description(text: Any, path, node_id: str, fields: dict) -> str:
     return text or ""
 
 
-def validate_structure(graph: Graph) -> None:
+def validate_structure(graph: GraphSpec) -> None:
     """Ids, references, a single output, acyclicity and reachability of the output."""
     path = graph.path or "<graph>"
     seen: dict[str, Node] = {}

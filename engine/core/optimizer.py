@@ -212,7 +212,7 @@ def node_gate_cost(shared: SharedCalls, val_alone: dict[str, float | None], star
              "node_gate_seconds": time.perf_counter() - started})
 
 
-async def optimize(ctx: RunContext, method: Method, splits: Splits, config: OptimizerConfig,
+async def run_steps(ctx: RunContext, method: Method, splits: Splits, config: OptimizerConfig,
                    state: OptimizerState | None = None) -> OptimizerState:
     """Run (or continue) the optimization until `config.steps` steps are complete."""
     if state is None:

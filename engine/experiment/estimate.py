@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from rich.table import Table
 
-from engine.core.graph import Graph, load_graph
+from engine.core.graph import GraphSpec, load_graph
 from engine.experiment.cells import Cell, resolved_models
 from engine.experiment.plan import PlanError
 from engine.methods import METHODS
@@ -43,12 +43,12 @@ class Estimate:
         self.cost = None if self.cost is None or other.cost is None else self.cost + other.cost
 
 
-def backward_calls_per_example(graph: Graph, method: str) -> int:
+def backward_calls_per_example(graph: GraphSpec, method: str) -> int:
     """Backward calls for one back-propagated example, as the method counts them."""
     return METHODS[method].backward_calls(graph)
 
 
-def estimate_run(graph: Graph, config: RunConfig, n_train: int, n_val: int, n_test: int,
+def estimate_run(graph: GraphSpec, config: RunConfig, n_train: int, n_val: int, n_test: int,
                  models: tuple[str, str], prices: dict) -> Estimate:
     """Upper bound on one run's calls: every evaluated example runs every LLM node (step 0
     on train and validation; each step on train, then its candidate on validation; the

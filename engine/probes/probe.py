@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from engine.core.forward import ExampleTrace, Prompts, RunContext, call_function, call_node
-from engine.core.graph import Graph, parse_graph
+from engine.core.graph import GraphSpec, parse_graph
 from engine.core.loss import example_loss
 from engine.data.examples import Example
 from engine.events import Activation, CallRecord
@@ -104,7 +104,7 @@ class LoggedRun:
     run_id: str
     step: int
     config: dict[str, Any]
-    graph: Graph
+    graph: GraphSpec
     examples: dict[str, Example]
     split_of: dict[str, str]
     prompts: Prompts  # in effect when the step started (its training forward pass)
@@ -155,7 +155,7 @@ def load_run(db: str, run_id: str, step: int) -> LoggedRun:
                      Prompts(text, version), running)
 
 
-def descendants(graph: Graph, node_id: str) -> set[str]:
+def descendants(graph: GraphSpec, node_id: str) -> set[str]:
     found, stack = set(), list(graph.successors(node_id))
     while stack:
         node = stack.pop()
@@ -352,7 +352,7 @@ def logged_trace(run: LoggedRun, example: Example) -> Baseline | None:
     return None
 
 
-def _inputs(graph: Graph, example: Example, acts: dict[str, Activation]
+def _inputs(graph: GraphSpec, example: Example, acts: dict[str, Activation]
             ) -> dict[str, dict[str, str]]:
     return {node.id: {name: acts[name].output_text if name in acts
                       else example.fields.get(name, "") for name in node.inputs}

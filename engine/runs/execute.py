@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.forward import RunContext
-from engine.core.graph import Graph, load_graph, parse_graph
-from engine.core.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
+from engine.core.graph import GraphSpec, load_graph, parse_graph
+from engine.core.optimizer import OptimizerConfig, OptimizerState, evaluate, run_steps
 from engine.data.datasets import check_input_fields, load_examples, with_target
 from engine.data.examples import Example, Splits, split_examples
 from engine.events import CallRecord, Collector, EventBus, StepFinished
@@ -97,14 +97,14 @@ def new_run_id(graph_name: str, method: str) -> str:
     return f"{graph_name}-{method}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def sizes(config: RunConfig, graph: Graph) -> tuple[int, int, int]:
+def sizes(config: RunConfig, graph: GraphSpec) -> tuple[int, int, int]:
     def pick(key: str) -> int:
         value = getattr(config, key)
         return int(value if value is not None else graph.splits.get(key, DEFAULT_SPLITS[key]))
     return pick("train"), pick("val"), pick("test")
 
 
-def load_splits(config: RunConfig, graph: Graph) -> Splits:
+def load_splits(config: RunConfig, graph: GraphSpec) -> Splits:
     dataset = config.dataset or graph.dataset
     if not dataset:
         raise ValueError(f"{graph.path}: no dataset: set 'dataset' in the graph or pass --dataset")
@@ -156,7 +156,7 @@ def _example_rows(run_id: str, splits: Splits) -> list[dict]:
 async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
                   optimizer_backend: Backend | None = None,
                   listeners: tuple[Callable[[Any], None], ...] = (),
-                  splits: Splits | None = None, graph: Graph | None = None) -> RunResult:
+                  splits: Splits | None = None, graph: GraphSpec | None = None) -> RunResult:
     """Validate, load, and run an optimization, logging every event to `config.db`.
 
     `splits` replaces the seeded cut of the graph's dataset, for benchmarks with a test
@@ -207,7 +207,7 @@ def examples_of(rows: list[dict], split: str) -> list[Example]:
             for r in sorted(rows, key=lambda r: r["position"]) if r["split"] == split]
 
 
-async def drive_run(config: RunConfig, graph: Graph, splits: Splits,
+async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
                  state: OptimizerState | None, forward_backend, optimizer_backend, listeners,
                  *, new: bool, test_done: bool = False, run_extra: dict | None = None,
                  prologue: Callable[[RunContext], Any] | None = None) -> RunResult:
@@ -251,7 +251,7 @@ async def drive_run(config: RunConfig, graph: Graph, splits: Splits,
     try:
         if prologue is not None:  # a fork logs the state it starts from
             await prologue(ctx)
-        state = await optimize(ctx, method, splits, opt, state)
+        state = await run_steps(ctx, method, splits, opt, state)
         if splits.test and not test_done:
             test_ctx = replace(ctx, step=state.step)
             test_score, _, _ = await evaluate(test_ctx, state.prompts, splits.test, "test")

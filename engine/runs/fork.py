@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.core.forward import RunContext
-from engine.core.graph import Graph, parse_graph
+from engine.core.graph import GraphSpec, parse_graph
 from engine.core.optimizer import OptimizerState, evaluate
 from engine.data.examples import Splits
 from engine.events import PromptVersion, StepFinished
@@ -34,7 +34,7 @@ SPLIT_OPTIONS = ("train", "val", "test", "seed", "dataset", "data_dir")
 @dataclass
 class ForkPlan:
     config: Any  # engine.runs.execute.RunConfig
-    graph: Graph
+    graph: GraphSpec
     splits: Splits
     state: OptimizerState
     parent_id: str
