@@ -358,12 +358,50 @@ def build_parser() -> argparse.ArgumentParser:
 
     from engine import experiment
     from engine.cli import probes as probe_cli
-    from engine.runlog import export
 
-    export.register_cli(sub)
+    _register_export(sub)
     experiment.register_cli(sub)
     probe_cli.register_cli(sub)
     return parser
+
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from engine.runlog import export
+
+    write = {"json": export.export_json, "parquet": export.export_parquet,
+             "otel": export.export_otel}[args.format]
+    path = write(args.db, args.run_id, args.out)
+    print(f"exported run '{args.run_id}' as {args.format} to {path}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from engine.runlog import export
+
+    run_id = export.import_json(args.file, args.db, args.as_id)
+    print(f"imported run '{run_id}' into {args.db}")
+    return 0
+
+
+def _register_export(subparsers: Any) -> None:
+    from engine.runlog import export
+
+    p = subparsers.add_parser("export", help="write a whole run as JSON, Parquet or "
+                                             "OpenTelemetry spans")
+    p.add_argument("run_id")
+    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--format", choices=export.FORMATS, default="json")
+    p.add_argument("--out", help="file (json, otel) or folder (parquet); default: "
+                                 "<run_id>.json, <run_id>_parquet/, <run_id>.otel.jsonl")
+    p.set_defaults(func=cmd_export)
+
+    p = subparsers.add_parser("import", help="read a JSON export into a run log")
+    p.add_argument("file")
+    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--as", dest="as_id", metavar="NEW_ID",
+                   help="store the run under another id (when its id already exists)")
+    p.set_defaults(func=cmd_import)
 
 
 def main(argv: list[str] | None = None) -> int:

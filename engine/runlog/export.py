@@ -1,9 +1,6 @@
 """Export a whole run (JSON, Parquet, OpenTelemetry spans) and import a JSON export back.
 
-CLI (registered by `register_cli`, picked up by engine.cli):
-
-    python -m engine export RUN_ID --db PATH --format json|parquet|otel [--out PATH]
-    python -m engine import FILE --db PATH [--as NEW_ID]
+The CLI (`export`, `import`) is in engine/cli/commands.py.
 
 A JSON export holds every run-log row of the run (see docs/runlog.md) plus the reply-cache
 entries its calls used, so an imported run can be inspected and resumed. Problems raise
@@ -12,7 +9,6 @@ RunLogError, which the CLI prints as one line with status 2; nothing is written 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -390,37 +386,3 @@ def renamed(tables: dict[str, list[dict]], new_id: str) -> dict[str, list[dict]]
             config["run_id"] = new_id
             row["config"] = json.dumps(config, sort_keys=True)
     return out
-
-
-# --- command line ----------------------------------------------------------------------
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    write = {"json": export_json, "parquet": export_parquet, "otel": export_otel}[args.format]
-    path = write(args.db, args.run_id, args.out)
-    print(f"exported run '{args.run_id}' as {args.format} to {path}")
-    return 0
-
-
-def cmd_import(args: argparse.Namespace) -> int:
-    run_id = import_json(args.file, args.db, args.as_id)
-    print(f"imported run '{run_id}' into {args.db}")
-    return 0
-
-
-def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser("export", help="write a whole run as JSON, Parquet or "
-                                             "OpenTelemetry spans")
-    p.add_argument("run_id")
-    p.add_argument("--db", default="runs.duckdb")
-    p.add_argument("--format", choices=FORMATS, default="json")
-    p.add_argument("--out", help="file (json, otel) or folder (parquet); default: "
-                                 "<run_id>.json, <run_id>_parquet/, <run_id>.otel.jsonl")
-    p.set_defaults(func=cmd_export)
-
-    p = subparsers.add_parser("import", help="read a JSON export into a run log")
-    p.add_argument("file")
-    p.add_argument("--db", default="runs.duckdb")
-    p.add_argument("--as", dest="as_id", metavar="NEW_ID",
-                   help="store the run under another id (when its id already exists)")
-    p.set_defaults(func=cmd_import)
