@@ -367,10 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from engine.runlog import export
+    from engine.runlog import export, otel
 
     write = {"json": export.export_json, "parquet": export.export_parquet,
-             "otel": export.export_otel}[args.format]
+             "otel": otel.export_otel}[args.format]
     path = write(args.db, args.run_id, args.out)
     print(f"exported run '{args.run_id}' as {args.format} to {path}")
     return 0
