@@ -167,6 +167,10 @@ def test_non_call_spans_are_chains_without_gen_ai_attributes(gsm8k, tmp_path, ca
     a = attrs(root)
     assert root["name"] == "run g" and a["semback.model"] == "scripted"
     assert json.loads(a["input.value"])["run_id"] == "g"
+    test_score = next(m["value"] for m in read_run(gsm8k, "g")["metrics"]
+                      if m["key"] == "test_score")
+    assert json.loads(a["output.value"]) == {"status": "finished", "test_score": test_score,
+                                             "error": None}
 
 
 def test_cache_hits_carry_zero_provider_usage_and_what_they_would_have_cost(
@@ -279,6 +283,38 @@ def test_span_ids_stay_the_same_so_a_later_export_only_adds_spans(gsm8k, tmp_pat
         assert ids[span["spanId"]] == span.get("parentSpanId"), span["name"]
 
 
+def test_probes_hang_under_their_own_spans(tmp_path, capsys, monkeypatch):
+    from engine.llm.scripted import ScriptedBackend
+    from tests.blame_fault_script import blame_fault_responder
+    from tests.test_probe import GRAPH
+
+    db = tmp_path / "bf.duckdb"
+    asyncio.run(execute(RunConfig(graph=str(GRAPH), db=str(db), steps=1, test=0, run_id="g",
+                                  failures_per_step=3),
+                        forward_backend=ScriptedBackend(responder=blame_fault_responder())))
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=blame_fault_responder()))
+    example = next(g["example_id"] for g in read_run(db, "g")["gradients"] if g["step"] == 1)
+    assert cli(capsys, "probe", "g", "--db", db, "--step", 1, "--node", "numbers",
+               "--example", example, "--gradient", "--json")[0] == 0
+    tables = read_run(db, "g")
+    (probe,) = tables["probes"]
+    probe_calls = {c["call_id"] for c in tables["llm_calls"] if c["purpose"] == "probe"}
+    assert probe_calls and probe_calls == set(json.loads(probe["call_ids"]))
+
+    spans, _ = export_file(capsys, db, tmp_path)
+    by_id = {s["spanId"]: s for s in spans}
+    (group,) = [s for s in spans if s["name"] == "probes"]
+    assert by_id[group["parentSpanId"]]["name"] == "run g"
+    (one,) = [s for s in spans if s.get("parentSpanId") == group["spanId"]]
+    assert one["name"] == f"probe gradient numbers on {example} (step 1)"
+    assert attrs(one)["semback.probe_id"] == probe["probe_id"]
+    assert json.loads(attrs(one)["output.value"])["after_score"] == probe["after_score"]
+    under = [s for s in spans if s.get("parentSpanId") == one["spanId"]]
+    assert {attrs(s)["semback.call_id"] for s in under} == probe_calls
+    assert all(s["kind"] == CLIENT and s["name"].startswith("probe ") for s in under)
+
+
 # --- sending -----------------------------------------------------------------------------
 
 
@@ -329,19 +365,28 @@ class Receiver:
 
     def spans(self) -> list[tuple[str, str, str | None]]:
         return [(s.span_id.hex(), s.name, s.parent_span_id.hex() or None)
-                for _, _, r in self.requests for rs in r.resource_spans
-                for ss in rs.scope_spans for s in ss.spans]
+                for _, _, r in self.requests for s in receiver_spans(r)]
+
+
+def receiver_spans(request: ExportTraceServiceRequest) -> list:
+    return [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
 
 
 def test_export_endpoint_sends_the_same_spans_and_tree_to_an_otlp_receiver(
-        gsm8k, tmp_path, capsys):
+        gsm8k, tmp_path, capsys, monkeypatch):
     spans, _ = export_file(capsys, gsm8k, tmp_path)
+    lines = read_lines(tmp_path / "run.otel.jsonl")
+    per_line = [len(spans_and_resources([line])[0]) for line in lines]
+    monkeypatch.setattr("engine.runlog.otel.SPANS_PER_REQUEST", 40)  # a step takes several
     with Receiver() as receiver:
         code, out, err = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
                              "--endpoint", receiver.url, "--header", "x-project=demo",
                              "--header", "authorization=Bearer abc=def")
     assert code == 0, err
     assert f"{receiver.url}/v1/traces" in out and f"{len(spans)} spans" in out
+    requests = sum(-(-n // 40) for n in per_line)
+    assert len(receiver.requests) == requests > len(lines) and f"in {requests} requests" in out
+    assert max(len(receiver_spans(r)) for _, _, r in receiver.requests) == 40
     assert {path for path, _, _ in receiver.requests} == {"/v1/traces"}
     for _, headers, request in receiver.requests:
         assert headers["content-type"] == "application/x-protobuf"

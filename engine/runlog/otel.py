@@ -51,6 +51,9 @@ from engine.runlog.export import file_stem, read_run, write_atomically
 from engine.runlog.schema import RunLogError
 
 SCOPE = "engine.runlog.otel"
+# Spans per OTLP/HTTP request: a step of a full run holds thousands of calls, each with its
+# messages, and receivers cap a request's size (Phoenix, the Collector: a few MB to tens).
+SPANS_PER_REQUEST = 200
 TRACES_PATH = "/v1/traces"
 # GenAI's names for the reasons OpenAI-style servers give.
 FINISH_REASONS = {"tool_calls": "tool_call", "function_call": "tool_call"}
@@ -72,10 +75,12 @@ def export_otel(db: str | Path, run_id: str, out: str | Path | None = None,
 def send_otel(db: str | Path, run_id: str, endpoint: str,
               headers: dict[str, str] | None = None, project: str | None = None,
               timeout: float = 30.0) -> tuple[str, int, int]:
-    """POST the run's spans to an OTLP/HTTP receiver, one request per batch (the run span,
-    each step). Returns (url, spans, requests); RunLogError when the receiver refuses."""
+    """POST the run's spans to an OTLP/HTTP receiver, batch by batch (the run span, each
+    step), at most SPANS_PER_REQUEST spans a request. Returns (url, spans, requests);
+    RunLogError when the receiver refuses or cannot be reached."""
     url = traces_url(endpoint)
-    batches = trace_batches(read_run(db, run_id), project)
+    batches = [chunk for batch in trace_batches(read_run(db, run_id), project)
+               for chunk in _chunks(batch, SPANS_PER_REQUEST)]
     for number, batch in enumerate(batches, start=1):
         body = ExportTraceServiceRequest(resource_spans=[batch]).SerializeToString()
         request = urllib.request.Request(url, data=body, method="POST", headers={
@@ -94,6 +99,13 @@ def send_otel(db: str | Path, run_id: str, endpoint: str,
             raise RunLogError(f"{where}: cannot reach the receiver ({reason})") from None
         _check_partial_success(where, answer, kind)
     return url, sum(len(b.scope_spans[0].spans) for b in batches), len(batches)
+
+
+def _chunks(batch: ResourceSpans, size: int) -> list[ResourceSpans]:
+    spans = list(batch.scope_spans[0].spans)
+    return [ResourceSpans(resource=batch.resource, scope_spans=[ScopeSpans(
+        scope=batch.scope_spans[0].scope, spans=spans[i:i + size])])
+        for i in range(0, len(spans), size)]
 
 
 def traces_url(endpoint: str) -> str:
@@ -175,6 +187,8 @@ def trace_batches(tables: dict[str, list[dict[str, Any]]], project: str | None =
     tree.fit_times(head + steps + [s for spans in by_step.values() for s in spans])
 
     ends = [s.end_time_unix_nano for s in steps]
+    test_score = next((m["value"] for m in tables["metrics"]
+                       if m["key"] == "test_score" and m["step"] is None), None)
     start = _ns(run["started_at"])
     end = _ns(run["ended_at"]) if run["ended_at"] else max(ends, default=start)
     status = {"finished": Status.STATUS_CODE_OK, "failed": Status.STATUS_CODE_ERROR
@@ -184,6 +198,7 @@ def trace_batches(tables: dict[str, list[dict[str, Any]]], project: str | None =
                      "openinference.span.kind": "CHAIN",
                      "input.value": run["config"], "input.mime_type": "application/json",
                      "output.value": json.dumps({"status": run["status"],
+                                                 "test_score": test_score,
                                                  "error": run["error"]}),
                      "output.mime_type": "application/json",
                      "semback.run_id": run["run_id"], "semback.graph": run["graph_name"],
