@@ -34,6 +34,9 @@ class CallRecord:
     temperature: float = 0.0
     max_tokens: int = 0
     constrained: bool | None = None  # decoding enforced a JSON schema (None: cache from disk)
+    # why the reply ended, as the provider said (stop, length, ...); "stop" for scripted and
+    # cache-replayed replies; None for a call that got no reply
+    finish_reason: str | None = None
 
 
 @dataclass

@@ -15,13 +15,13 @@ import streamlit as st
 
 from dashboard import data
 from dashboard.views.text import fmt, md
-from engine.runlog import export
+from engine.runlog import export, otel
 from engine.runlog.writer import set_notes
 
 FORMATS = {  # label -> (exporter, file suffix, MIME type)
     "JSON": (export.export_json, ".json", "application/json"),
     "Parquet (zip)": (export.export_parquet, "_parquet.zip", "application/zip"),
-    "OpenTelemetry (JSON lines)": (export.export_otel, ".otel.jsonl", "application/x-ndjson"),
+    "OpenTelemetry (JSON lines)": (otel.export_otel, ".otel.jsonl", "application/x-ndjson"),
 }
 
 

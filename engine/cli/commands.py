@@ -271,12 +271,83 @@ def build_parser() -> argparse.ArgumentParser:
 
     from engine import experiment
     from engine.cli import probes as probe_cli
-    from engine.runlog import export
 
-    export.register_cli(sub)
+    _register_export(sub)
     experiment.register_cli(sub)
     probe_cli.register_cli(sub)
     return parser
+
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from engine.runlog import export, otel
+
+    if args.format != "otel" and (args.endpoint or args.header or args.project):
+        raise UsageError("--endpoint, --header and --project go with --format otel")
+    if args.endpoint:
+        headers = _headers(args.header)
+        url, spans, requests = otel.send_otel(args.db, args.run_id, args.endpoint, headers,
+                                              args.project)
+        print(f"sent run '{args.run_id}' to {url}: {spans} spans in {requests} requests")
+        if args.out:  # the file as well, when asked for
+            path = otel.export_otel(args.db, args.run_id, args.out, args.project)
+            print(f"exported run '{args.run_id}' as otel to {path}")
+        return 0
+    if args.format == "otel":
+        path = otel.export_otel(args.db, args.run_id, args.out, args.project)
+    else:
+        write = {"json": export.export_json, "parquet": export.export_parquet}[args.format]
+        path = write(args.db, args.run_id, args.out)
+    print(f"exported run '{args.run_id}' as {args.format} to {path}")
+    return 0
+
+
+def _headers(items: list[str]) -> dict[str, str]:
+    """--header k=v, repeatable: extra HTTP headers for the OTLP receiver."""
+    headers = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--header {item.split('=')[0]!r}: expected NAME=VALUE")
+        headers[key.strip()] = value.strip()
+    return headers
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from engine.runlog import export
+
+    run_id = export.import_json(args.file, args.db, args.as_id)
+    print(f"imported run '{run_id}' into {args.db}")
+    return 0
+
+
+def _register_export(subparsers: Any) -> None:
+    from engine.runlog import export
+
+    p = subparsers.add_parser("export", help="write a whole run as JSON, Parquet or "
+                                             "OpenTelemetry spans")
+    p.add_argument("run_id")
+    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--format", choices=export.FORMATS, default="json")
+    p.add_argument("--out", help="file (json, otel) or folder (parquet); default: "
+                                 "<run_id>.json, <run_id>_parquet/, <run_id>.otel.jsonl; "
+                                 "with --endpoint, a file only when given")
+    p.add_argument("--endpoint", metavar="URL",
+                   help="with --format otel: send the spans as OTLP/HTTP protobuf to this "
+                        "receiver (Phoenix: http://localhost:6006/v1/traces; a URL not "
+                        "ending in /v1/traces gets it appended)")
+    p.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                   help="with --endpoint: an HTTP header for the receiver (repeatable)")
+    p.add_argument("--project", help="with --format otel: the Phoenix project "
+                                     "(openinference.project.name; default: the graph's name)")
+    p.set_defaults(func=cmd_export)
+
+    p = subparsers.add_parser("import", help="read a JSON export into a run log")
+    p.add_argument("file")
+    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--as", dest="as_id", metavar="NEW_ID",
+                   help="store the run under another id (when its id already exists)")
+    p.set_defaults(func=cmd_import)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,6 +75,7 @@ class LLMReply:
     completion_tokens: int = 0
     model: str = ""
     constrained: bool | None = None  # whether decoding enforced request.schema (None: unknown)
+    finish_reason: str | None = None  # the provider's reason the reply ended (stop, length)
 
 
 class LLMError(Exception):

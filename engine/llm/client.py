@@ -173,6 +173,8 @@ class LLMClient:
             record.prompt_tokens = reply.prompt_tokens
             record.completion_tokens = reply.completion_tokens
             record.constrained = reply.constrained
+            # a replayed reply ended where its stored text ends: nothing was cut this time
+            record.finish_reason = "stop" if record.cache_hit else reply.finish_reason
             if not record.cache_hit:
                 self.cache.put(record.cache_key, request, reply)
                 record.cost_usd = cost_usd(self._prices, request.model, reply.prompt_tokens,

@@ -196,11 +196,13 @@ class LocalBackend:
                 result = llama.create_chat_completion(**kwargs)
             except (ValueError, RuntimeError) as exc:
                 raise LLMError(f"local model failed: {' '.join(str(exc).split())}") from None
-        text = (result["choices"][0]["message"].get("content") or "") if result["choices"] else ""
+        choice = result["choices"][0] if result["choices"] else {}
+        text = (choice["message"].get("content") or "") if choice else ""
         usage = result.get("usage") or {}
         return LLMReply(text=text, prompt_tokens=int(usage.get("prompt_tokens", 0)),
                         completion_tokens=int(usage.get("completion_tokens", 0)),
-                        model=MODEL_NAME, constrained=request.schema is not None)
+                        model=MODEL_NAME, constrained=request.schema is not None,
+                        finish_reason=choice.get("finish_reason") if choice else None)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._unload)  # waits for a running generation to end

@@ -112,7 +112,9 @@ class OpenAIBackend:
 
     def _reply(self, request: LLMRequest, response: Any) -> LLMReply:
         choices = getattr(response, "choices", None) or []
-        text = ""
+        text, finish_reason = "", None
+        if choices:
+            finish_reason = getattr(choices[0], "finish_reason", None)
         if choices and choices[0].message is not None:
             text = choices[0].message.content or ""
         usage = getattr(response, "usage", None)
@@ -124,7 +126,8 @@ class OpenAIBackend:
             completion_tokens = estimate_tokens(text)
         return LLMReply(text=text, prompt_tokens=prompt_tokens,
                         completion_tokens=completion_tokens,
-                        model=getattr(response, "model", None) or request.model)
+                        model=getattr(response, "model", None) or request.model,
+                        finish_reason=finish_reason)
 
     def _map_error(self, exc: Exception) -> LLMError:
         openai = self._sdk

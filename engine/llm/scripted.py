@@ -76,7 +76,7 @@ class ScriptedBackend:
         prompt_tokens = sum(estimate_tokens(c) for _, c in request.messages)
         return LLMReply(text=text, prompt_tokens=prompt_tokens,
                         completion_tokens=estimate_tokens(text), model=request.model,
-                        constrained=constrained)
+                        constrained=constrained, finish_reason="stop")
 
     async def aclose(self) -> None:
         return None

@@ -99,8 +99,10 @@ class FakeOpenAIServer:
     def __init__(self, latency: float = 0.0, responder: Responder | None = None,
                  faults: Iterable[Fault] | None = None, reject_response_format: bool = False,
                  rate_limit_share: float = 0.0, capacity: int | None = None,
-                 retry_after: float | None = None, seed: int = 0):
+                 retry_after: float | None = None, seed: int = 0,
+                 finish_reason: str = "stop"):
         self.latency = latency
+        self.finish_reason = finish_reason  # what every completion says ended it
         # push-back (429, with Retry-After: retry_after): a seeded random share of requests,
         # and/or every request beyond `capacity` arriving within one latency
         self.rate_limit_share, self.capacity, self.retry_after = (rate_limit_share, capacity,
@@ -194,7 +196,7 @@ class FakeOpenAIServer:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", "fake"),
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": self.finish_reason,
                          "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},

