@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard.views import graph_html as gh
+from dashboard.views import graph_model as gh
 from engine.runlog import debug, reader
 
 Stamp = tuple[int, ...]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from dashboard import jobs
-from dashboard.views import graph_html as gh
+from dashboard.views import graph_model as gh
 from dashboard.views.colors import EDIT_COLORS, blues, color_nodes, red_green, reds
 from dashboard.views.graph_component import FOLDER, clicked
 from dashboard.views.graph_spec import (

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, 
 import pytest
 
 from dashboard import jobs
-from dashboard.views import graph_html as gh
+from dashboard.views import graph_model as gh
 from dashboard.views.colors import color_nodes, red_green
 from dashboard.views.diff import diff_html, word_diff
 from dashboard.views.figures import score_curves

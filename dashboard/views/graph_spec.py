@@ -9,8 +9,8 @@ Every text here is drawn by vis-network on a canvas, or put into a tooltip with
 
 from __future__ import annotations
 
-from dashboard.views.graph_html import FIELD_PREFIX, LOSS_ID, Decoration, GraphModel
-from dashboard.views.graph_html import layered_positions as _layer_order
+from dashboard.views.graph_model import FIELD_PREFIX, LOSS_ID, Decoration, GraphModel
+from dashboard.views.graph_model import layered_positions as _layer_order
 
 GREY = "#d9d9d9"
 FIELD_FILL = "#f3f3f3"
@@ -74,7 +74,7 @@ def _labels(model: GraphModel, deco: Decoration) -> dict[str, str]:
 def placed_boxes(model: GraphModel, deco: Decoration
                  ) -> dict[str, tuple[float, float, float, float]]:
     """Centre x, centre y, width and height of every box: layers left to right (the
-    order within a layer from `graph_html.layered_positions`), each column as wide as
+    order within a layer from `graph_model.layered_positions`), each column as wide as
     its widest box plus a gap, boxes stacked with a gap: no two boxes overlap."""
     labels = _labels(model, deco)
     order = _layer_order(model)  # x: layer * constant, y: rank within the layer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dashboard import data, probe_data
 from dashboard.state import Selection
-from dashboard.views import graph_html as gh
+from dashboard.views import graph_model as gh
 from dashboard.views.colors import color_nodes
 from dashboard.views.graph_component import graph_drawing
 from dashboard.views.graph_spec import graph_spec

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dashboard.views.graph_html import LOSS_ID
+from dashboard.views.graph_model import LOSS_ID
 
 
 @dataclass(frozen=True)
