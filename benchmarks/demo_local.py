@@ -4,7 +4,7 @@ Runs sample_graphs/demo.yaml with `--backend local --steps 1` (what the dashboar
 "Run the demo" button starts) on the default seed, twice, each into a temporary run log:
 
 - before: `--structured off --allow-copies` and no KV-state cache: the text formats and
-  parsers, no copy detection, as before issue 15;
+  parsers, no copy detection, as before structured replies;
 - after: `--structured on` (grammar-constrained JSON replies), copy detection on, the
   KV-state cache on (the defaults, with `auto` made strict).
 

@@ -1,2 +1,4 @@
-"""The Streamlit dashboard: reads the run log, never writes it (runs are started as
-separate `python -m engine run` processes). Start it with `streamlit run dashboard/app.py`."""
+"""The Streamlit dashboard over a run log. Pages read it through `engine.runlog`; the page
+writes one thing itself, a run's notes and tags (`engine.runlog.writer.set_notes`), and
+starts everything else (runs, probes, blame, forks) as separate `python -m engine`
+processes that write their own results. Start it with `streamlit run dashboard/app.py`."""

@@ -228,7 +228,7 @@ def forget(job: Job) -> None:
             path.unlink(missing_ok=True)
 
 
-# --- probes, blame and forks (issue 10): the engine writes the run log, never the page ---
+# --- probes, blame and forks: the engine writes the run log, never the page ---
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Cached reads of the counterfactual probes (issue 10) and of live progress, for the
+"""Cached reads of the counterfactual probes and of live progress, for the
 pages: the same stamp-keyed caching as `dashboard.data` (pages write no SQL)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Copy detection (issue 15): a proposed prompt that pastes the sampled training examples is
+"""Copy detection: a proposed prompt that pastes the sampled training examples is
 recorded rejected with the reason "copies training examples", unless --allow-copies."""
 
 from __future__ import annotations

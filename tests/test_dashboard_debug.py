@@ -1,4 +1,4 @@
-"""The dashboard's debugging pages under AppTest (issue 11, part A): Examples (rows,
+"""The dashboard's debugging pages under AppTest: Examples (rows,
 filters, search, blame, trace), Prompt history, Compare per example, links that hold
 (full state in the address, warnings on bad links), and the Runs page's test score,
 notes, tags and export. The run log is the engine-built one of conftest_dashboard.py,

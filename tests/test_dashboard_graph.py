@@ -1,5 +1,5 @@
-"""The one graph drawing (issue 11, item 4) and the probe / fork commands the dashboard
-starts (issue 10): pure functions, no Streamlit server."""
+"""The one graph drawing and the probe / fork commands the dashboard
+starts: pure functions, no Streamlit server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Learn tour (issue 11, item 9; issue 10's "Check the blame") under AppTest: its text
+"""The Learn tour under AppTest: its text
 quotes the run's own data, the stage count matches the tabs, the gate shows an accepted
 and a rejected proposal, the sibling-blind contrast comes from a paired run, a proposal
 that copies training examples carries a caveat, and the blame stage reads the probes."""

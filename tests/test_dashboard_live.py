@@ -1,4 +1,4 @@
-"""Live follow (issue 11, item 5): the step a page shows while a run is running, and the
+"""Live follow: the step a page shows while a run is running, and the
 progress read from the typed events the engine writes. No Streamlit."""
 
 from __future__ import annotations

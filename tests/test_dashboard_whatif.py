@@ -1,5 +1,5 @@
-"""The node inspector's What if panel and Fork button (issue 10), and the function-node
-card (issue 14), under AppTest on the engine-built run log (conftest_dashboard.py).
+"""The node inspector's What if panel and Fork button, and the function-node
+card, under AppTest on the engine-built run log (conftest_dashboard.py).
 Processes are never started: `jobs.launch` is replaced by a recorder, and probe results
 are rows written into a copy of the run log the way the engine writes them."""
 

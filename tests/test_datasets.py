@@ -118,7 +118,7 @@ def test_gsm8k_files_load(data_dir, split, rows):
     for e in examples:
         assert re.fullmatch(r"-?\d+(\.\d+)?", e.target), e
         assert e.fields["answer"] == e.target
-        assert "solution" not in e.fields  # issue 12: it ends in the answer; never readable
+        assert "solution" not in e.fields  # it ends in the answer; never readable
         assert e.fields["question"].strip()
 
 
@@ -154,7 +154,7 @@ def test_liar_files_keep_true_and_false_only(data_dir, split):
         assert e.fields["statement"].strip() and e.fields["speaker"].strip()
         assert not e.id.endswith(".json")
         assert set(e.fields) == {"statement", "subject", "speaker", "job_title", "state",
-                                 "party", "context", "is_lie"}  # no 6-way label (issue 12)
+                                 "party", "context", "is_lie"}  # no 6-way label
         for name in ("statement", "job_title", "state", "party", "context"):
             letters = "".join(ch for ch in e.fields[name] if ch.isalpha()).lower()
             assert letters not in ("", "none"), (e.id, name)  # the reference's rule
@@ -163,7 +163,7 @@ def test_liar_files_keep_true_and_false_only(data_dir, split):
 def test_liar_exact_counts_and_combined(data_dir):
     counts = [len(_load(f"liar/{s}")) for s in LIAR_FILES]
     # true/false statements whose statement, job title, state, party and context are all
-    # present (issue 12: the reference drops the others); 3681, 432, 461 before that
+    # present (the reference drops the others); 3681, 432, 461 before that
     assert counts == [2343, 276, 296]
     both = _load("liar")
     assert len(both) == sum(counts) and len({e.id for e in both}) == len(both)

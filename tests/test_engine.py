@@ -149,7 +149,7 @@ def test_malformed_replies_fall_back_and_are_recorded(tmp_path):
 
 
 def test_unsplittable_backward_reply_gives_no_input_another_inputs_text(tmp_path):
-    # issue 12: with several inputs, an unsplittable reply is never copied to every input;
+    # with several inputs, an unsplittable reply is never copied to every input;
     # one repair request names the missing inputs, then they stay empty with the error.
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
 

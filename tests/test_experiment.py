@@ -128,7 +128,7 @@ def test_results_markdown_puts_paper_figures_beside_ours(smoke):
     assert "## BBH per task" in text and "| bbh | navigate | textgrad |" in text
     for figure in ("93.2", "78.2", "82.5", "85.6", "71.2"):
         assert f"| {figure} |" in text
-    # issue 12: which TextGrad stands beside the paper's figure, and whose update step
+    # which TextGrad stands beside the paper's figure, and whose update step
     assert "| gsm8k | gsm8k/test | textgrad \u2020 | " in text
     assert "- The paper's 78.2% for TextGrad on gsm8k/test stands beside `textgrad`." in text
     assert "- `textgrad`: the paper's formal description of TextGrad" in text

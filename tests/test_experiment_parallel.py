@@ -1,5 +1,5 @@
 """`experiment PLAN --parallel N`: runs at once in one process under one shared concurrency
-limit, with the same results as one at a time (issue 13, item 8)."""
+limit, with the same results as one at a time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Method fidelity (issue 12): tests that fail when a method is wrong.
+"""Method fidelity: tests that fail when a method is wrong.
 
 Each test names the defect class it guards. They run the real engine under the scripted
 backend and assert on what was sent (prompts), what came back (gradients) and what was

@@ -176,7 +176,7 @@ def test_gsm8k_solutions_grade_against_their_own_answers():
             assert grade("numeric", target, str(int(target) + 1)) == 0.0
 
 
-# --- issue 12: marked options win, equations, and properties over answer wrappers ----------
+# --- marked options win, equations, and properties over answer wrappers ----------
 
 @pytest.mark.parametrize("reply,target,expected", [
     ("Answer: A hexagon, option (D)", "(D)", 1.0),

@@ -193,7 +193,7 @@ def test_target_and_inferred_input_fallbacks():
         '<input name="b">B</input>\nc: C text', ["q", "b", "c", "d"], {"q"},
         {"q": "Q", "b": "old"})
     assert values["q"] == "Q" and values["b"] == "B" and values["c"] == "C text"
-    # issue 12: with several predecessors, d never receives b's or c's block
+    # with several predecessors, d never receives b's or c's block
     assert values["d"] == ""
     assert "'name:' label" in problem and "field q" in problem and "for d: no target" in problem
     values, problem = parse_inferred_input("only prose", ["q", "b"], {"q"}, {"q": "Q"})

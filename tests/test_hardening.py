@@ -1,4 +1,4 @@
-"""Issue 13, items 1-5: every bad input refused with one `error:` line and status 2 (graphs,
+"""Hardening: every bad input refused with one `error:` line and status 2 (graphs,
 datasets, corrupt or foreign run logs, unwritable places, imports, options), and a run whose
 model calls all fail ends `failed`, resumable."""
 

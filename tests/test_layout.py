@@ -149,3 +149,15 @@ def test_no_private_name_is_imported_from_another_module():
                 private = [a.name for a in node.names if a.name.startswith("_")
                            and not a.name.startswith("__")]
                 assert not private, f"{path.relative_to(ROOT)} imports {private}"
+
+
+def test_comments_say_why_instead_of_citing_issue_numbers():
+    import re
+
+    cites = re.compile(r"\bissues? #?\d+\b", re.I)
+    for path in sorted(p for folder in ("engine", "dashboard", "tests", "benchmarks")
+                       for p in (ROOT / folder).rglob("*.py")):
+        if path.name == "test_layout.py":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            assert not cites.search(line), f"{path.relative_to(ROOT)}:{number}: {line.strip()}"

@@ -1,5 +1,5 @@
 """The adaptive (AIMD) concurrency limit: generous start, halving on congestion, additive
-growth, a ceiling the user sets, Retry-After holding new calls (issue 13, item 7)."""
+growth, a ceiling the user sets, Retry-After holding new calls."""
 
 from __future__ import annotations
 

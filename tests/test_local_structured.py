@@ -1,5 +1,5 @@
 """The embedded SmolLM2-135M under grammar-constrained decoding returns schema-valid JSON for
-every structured reply role, and the parsers read it without a fallback (issue 15).
+every structured reply role, and the parsers read it without a fallback.
 
 The schemas' string limits are shrunk for this test so that it stays short (one generation
 of at most about a hundred tokens per role); their shape is each role's real one."""

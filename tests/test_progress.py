@@ -1,4 +1,4 @@
-"""Progress by phase and call count (issue 15): the Progress events of a run, and the plain
+"""Progress by phase and call count: the Progress events of a run, and the plain
 lines the CLI writes into a job's log for the dashboard's live view."""
 
 from __future__ import annotations

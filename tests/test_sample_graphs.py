@@ -131,7 +131,7 @@ def test_liar_graph_has_five_analyses_and_six_prompts():
     assert len(graph.trainable_nodes) == 6
     analyses = graph.predecessors("final")
     assert len(analyses) == 5 and "statement" in graph.node("final").inputs
-    # issue 12: as in the reference, every analysis node sees the statement together with
+    # as in the reference, every analysis node sees the statement together with
     # the metadata; "source" is the context the statement was made in, not the speaker
     shown = ("statement", "job_title", "state", "party", "context")
     for node_id in analyses:

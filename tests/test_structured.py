@@ -1,4 +1,4 @@
-"""Structured replies (issue 15): the schema of each reply role, the instruction restated as
+"""Structured replies: the schema of each reply role, the instruction restated as
 JSON, JSON replies read without a fallback, the scripted backend's schema-valid replies,
 and llm_calls.constrained in the run log."""
 

@@ -1,6 +1,6 @@
 """Structured replies over the OpenAI-compatible path, against the fake server: the request's
 response_format, constrained replies in the run log, and the fallback to text formats when
-a server refuses response_format (issue 15)."""
+a server refuses response_format."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Learn tour's text and its data-driven stages: every sentence that names a node, a
 target or a score is computed from the run it shows, so the text cannot contradict the
-data beside it (issue 11, item 9; issue 10's "Check the blame")."""
+data beside it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The node inspector's "What if" panel and "Fork from here" button (issue 10).
+"""The node inspector's "What if" panel and "Fork from here" button.
 
 Both start engine processes through `dashboard.jobs` (`python -m engine probe ...`,
 `python -m engine run --fork ...`); the engine writes the run log, the page only reads

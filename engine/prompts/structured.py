@@ -102,7 +102,7 @@ def example_reply(role: str, names: list[str]) -> str:
     return "\n".join(f"- {json.dumps(k, ensure_ascii=False)}: {what}" for k, what in fields)
 
 
-# The text-format instructions of each role, as rendered in prompts.py and gtbp.py, and
+# The text-format instructions of each role, as rendered in engine/prompts/templates.py and engine/methods/gtbp/templates.py, and
 # what replaces them when the reply is JSON.
 _TEXT_ASKS = (
     "Answer with one block per input, in this form:",
@@ -180,7 +180,7 @@ def decode(reply: str) -> dict[str, Any] | None:
 
 def reply_text(reply: str, role: str, names: list[str] | None = None) -> str:
     """A JSON reply to `role` rewritten in the role's text format (what the parsers in
-    prompts.py and gtbp.py read without a fallback); any other reply unchanged. A field
+    engine/prompts/templates.py and engine/methods/gtbp/ read without a fallback); any other reply unchanged. A field
     that is missing or empty stays missing, so the parser's own rule for it applies."""
     data = decode(reply)
     if data is None:

@@ -65,7 +65,7 @@ TABLES: dict[str, str] = {
 
 # version -> list of statements that bring a database from version-1 to version.
 MIGRATIONS: dict[int, list[str]] = {
-    # 2: probes and forks (issue 10), notes and tags, per-node gates, constrained replies.
+    # 2: probes and forks, notes and tags, per-node gates, constrained replies.
     # New tables come from CREATE TABLE IF NOT EXISTS; new columns are appended.
     2: [
         "ALTER TABLE runs ADD COLUMN IF NOT EXISTS parent_run_id VARCHAR",
