@@ -12,6 +12,7 @@ import pytest
 
 from engine.llm.client import LLMClient, RetryPolicy
 from engine.methods.gtbp import parse_claims_reply, parse_inferred_input, parse_target
+from engine.methods.gtbp import replies as gtbp_replies
 from engine.prompts import structured as S
 from engine.prompts import templates as P
 from tests.support.json_schema import assert_follows
@@ -25,9 +26,10 @@ pytestmark = pytest.mark.skipif(_local_model_missing() is not None,
 @pytest.fixture(autouse=True)
 def short_schemas(monkeypatch):
     for name, value in (("REASONING_CHARS", 60), ("REASONING_MIN", 10), ("GRADIENT_CHARS", 60),
-                        ("PROMPT_CHARS", 80), ("TARGET_CHARS", 60), ("CLAIM_CHARS", 40),
-                        ("MAX_CLAIMS", 2)):
+                        ("PROMPT_CHARS", 80)):
         monkeypatch.setattr(S, name, value)
+    for name, value in (("TARGET_CHARS", 60), ("CLAIM_CHARS", 40), ("MAX_CLAIMS", 2)):
+        monkeypatch.setattr(gtbp_replies, name, value)
 
 
 def messages_for(role):

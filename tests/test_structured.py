@@ -209,3 +209,15 @@ def test_canned_text_replies_still_reach_the_text_parsers(tmp_path):
         rows = con.execute("SELECT u.new_prompt, u.parse_error, c.constrained FROM updates u "
                            "JOIN llm_calls c USING (call_id)").fetchall()
     assert rows and all(r == ("Solve it step by step.", None, False) for r in rows)
+
+
+def test_every_method_declares_reply_roles_that_have_a_json_shape():
+    from engine.methods import METHODS
+
+    for name, method in METHODS.items():
+        roles = method.reply_roles()
+        assert roles, name
+        for role in roles:
+            assert S.shape_for(role) is not None, (name, role)
+            assert S.schema_for(role, ["a", "b"]) is not None, (name, role)
+    assert set(METHODS["gtbp"].reply_roles()) == {"gtbp_combine", "gtbp_input", "gtbp_update"}

@@ -59,6 +59,13 @@ class Method:
     form_options: tuple[tuple[str, str, int], ...] = ()
 
     @classmethod
+    def reply_roles(cls) -> tuple[str, ...]:
+        """The reply roles of this method's calls, each with a JSON shape in
+        engine/prompts/structured.py: its backward role, and the shared update."""
+        role = getattr(cls, "role", None)
+        return (role, "update") if cls.uses_gradients and role else ("update",)
+
+    @classmethod
     def backward_calls(cls, graph) -> int:
         """Backward calls one back-propagated example makes, repairs aside: by default one
         joint call per node (LLM, or Python tool with a description) that has inputs."""

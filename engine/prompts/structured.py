@@ -17,6 +17,8 @@ stays as short as its role needs and fits its token budget (`token_budget`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from engine.llm.schema import reasoning_key
@@ -26,19 +28,51 @@ REASONING_CHARS = 240   # the reasoning field of every role
 REASONING_MIN = 20      # ... at least this long: a tiny model otherwise skips it
 GRADIENT_CHARS = 320    # one input's gradient (backward roles)
 PROMPT_CHARS = 480      # a proposed prompt (update)
-TARGET_CHARS = 320      # a gtbp target or inferred input
-CLAIM_CHARS = 200       # one gtbp claim
-MAX_CLAIMS = 8
 
 BACKWARD_ROLES = ("backward_joint", "backward_evaluative", "backward_single",
                   "backward_nosibling")
-ROLES = (*BACKWARD_ROLES, "update", "gtbp_combine", "gtbp_input", "gtbp_update")
 
 
 def is_backward(role: str) -> bool:
     """Every `backward_*` role (a method's own, such as `backward_textgrad_lib`, too) asks
     for one gradient per input."""
     return role.startswith("backward_")
+
+
+@dataclass(frozen=True)
+class ReplyShape:
+    """How the reply to one role is asked for as JSON and read back as text. The fields
+    come after the reasoning field every schema starts with.
+
+    `fields(names)`: [(field, JSON schema, what the restated instruction says of it)];
+    an empty list means the role stays text. `to_text(value_of, data, names, reasoning)`:
+    the reply in the role's text format, or None to keep the raw reply. `text_form(names)`:
+    the block template the role's text instruction shows, replaced by the field list.
+    `asks`: the role's text-format sentences, replaced by the JSON instruction."""
+
+    fields: Callable[[list[str]], list[tuple[str, dict[str, Any], str]]]
+    to_text: Callable[[Callable[[str], str], dict[str, Any], list[str], str], str | None]
+    text_form: Callable[[list[str]], str | None] = lambda names: None
+    asks: tuple[str, ...] = ()
+
+
+# role -> shape. Every backward_* role shares the backward shape (is_backward); a method
+# with roles of its own registers their shapes beside its templates (engine/methods/gtbp).
+SHAPES: dict[str, ReplyShape] = {}
+
+
+def register_shape(role: str, shape: ReplyShape) -> None:
+    SHAPES[role] = shape
+
+
+def shape_for(role: str) -> ReplyShape | None:
+    role = base_role(role)
+    return SHAPES.get("backward" if is_backward(role) else role)
+
+
+def text_field(max_chars: int, min_chars: int = 0) -> dict[str, Any]:
+    """A string field bounded by maxLength (and minLength)."""
+    return _text(max_chars, min_chars)
 
 
 def _text(max_chars: int, min_chars: int = 0) -> dict[str, Any]:
@@ -59,73 +93,26 @@ def base_role(role: str) -> str:
 
 
 def schema_for(role: str, names: list[str] | None = None) -> dict[str, Any] | None:
-    """The JSON schema of the reply to a `role` request (None: the role stays text).
-
-    Backward roles: a reasoning field and one field per input name, in the given order.
-    `update`: reasoning and prompt. `gtbp_combine`: reasoning and target. `gtbp_input`:
-    reasoning and one field per input. `gtbp_update`: reasoning and a list of claims."""
-    role, names = base_role(role), list(names or [])
+    """The JSON schema of the reply to a `role` request (None: the role stays text): a
+    reasoning field first, then the role's own fields (`ReplyShape.fields`)."""
+    shape, names = shape_for(role), list(names or [])
+    fields = shape.fields(names) if shape else []
+    if not fields:
+        return None
     why = {reasoning_key(names): _text(REASONING_CHARS, REASONING_MIN)}
-    if is_backward(role):
-        if not names:
-            return None
-        return _object({**why, **{n: _text(GRADIENT_CHARS, 1) for n in names}})
-    if role == "update":
-        return _object({**why, "prompt": _text(PROMPT_CHARS, 1)})
-    if role == "gtbp_combine":
-        return _object({**why, "target": _text(TARGET_CHARS, 1)})
-    if role == "gtbp_input":
-        if not names:
-            return None
-        return _object({**why, **{n: _text(TARGET_CHARS, 1) for n in names}})
-    if role == "gtbp_update":
-        return _object({**why, "claims": {"type": "array", "items": _text(CLAIM_CHARS, 1),
-                                          "minItems": 1, "maxItems": MAX_CLAIMS}})
-    return None
+    return _object({**why, **{key: schema for key, schema, _ in fields}})
 
 
 def example_reply(role: str, names: list[str]) -> str:
     """The fields the restated instruction lists, one a line: described, not exemplified,
     because a small model copies an example's placeholder text into its reply."""
-    role = base_role(role)
+    shape = shape_for(role)
     fields = [(reasoning_key(names), "a few sentences of reasoning")]
-    if is_backward(role):
-        fields += [(n, f"your feedback on {n}") for n in names]
-    elif role == "update":
-        fields.append(("prompt", "the complete new prompt"))
-    elif role == "gtbp_combine":
-        fields.append(("target", "the one output this step should have produced"))
-    elif role == "gtbp_input":
-        fields += [(n, f"the input {n} as it should be") for n in names]
-    elif role == "gtbp_update":
-        fields.append(("claims", "the complete new list of claims, one string per claim"))
+    fields += [(key, what) for key, _, what in (shape.fields(names) if shape else [])]
     return "\n".join(f"- {json.dumps(k, ensure_ascii=False)}: {what}" for k, what in fields)
 
 
-# The text-format instructions of each role, as rendered in engine/prompts/templates.py and engine/methods/gtbp/templates.py, and
-# what replaces them when the reply is JSON.
-_TEXT_ASKS = (
-    "Answer with one block per input, in this form:",
-    "Answer in this form:",
-    "Write the missing block(s) now, one per input, about that input only, in this form:",
-    "Explain your reasoning in a few sentences, then give the complete new prompt between "
-    "<prompt> and </prompt>.",
-    "Answer with the output between <target> and </target>.",
-    "Explain your reasoning in a few sentences, then give the complete new list between "
-    "<claims> and </claims>, one claim per line starting with \"- \".",
-)
 JSON_ASK = "Answer with one JSON object and nothing else, with these fields in this order:"
-
-
-def _text_form(role: str, names: list[str]) -> str | None:
-    """The rendered block template a role's text instruction shows, if it has one."""
-    role = base_role(role)
-    if is_backward(role):
-        return P.gradient_blocks(names)
-    if role == "gtbp_input":
-        return "\n".join(P.INPUT_BLOCK.format(name=n, value=f"the input {n} as it should be")
-                         for n in names)
-    return None
 
 
 def restate(messages: list[tuple[str, str]], role: str, names: list[str]
@@ -137,14 +124,17 @@ def restate(messages: list[tuple[str, str]], role: str, names: list[str]
     if last is None:
         return out
     text = out[last][1]
-    form, example = _text_form(role, names), example_reply(role, names)
+    shape = shape_for(role)
+    form = shape.text_form(names) if shape else None
+    asks = [a for s in SHAPES.values() for a in s.asks]
+    example = example_reply(role, names)
     if form and form in text:
         text = text.replace(form, example)
-        for ask in _TEXT_ASKS:
+        for ask in asks:
             text = text.replace(ask, JSON_ASK)
     else:
         replaced = False
-        for ask in _TEXT_ASKS:
+        for ask in asks:
             if ask in text:
                 text, replaced = text.replace(ask, f"{JSON_ASK}\n{example}"), True
         if not replaced:
@@ -185,7 +175,9 @@ def reply_text(reply: str, role: str, names: list[str] | None = None) -> str:
     data = decode(reply)
     if data is None:
         return reply
-    names, role = list(names or []), base_role(role)
+    names, shape = list(names or []), shape_for(role)
+    if shape is None:
+        return reply
     why = data.get(reasoning_key(names))
     reasoning = why.strip() if isinstance(why, str) else ""
 
@@ -193,20 +185,24 @@ def reply_text(reply: str, role: str, names: list[str] | None = None) -> str:
         value = data.get(key)
         return value.strip() if isinstance(value, str) else ""
 
-    if is_backward(role):
-        return "\n".join(f'<gradient input="{n}">{field(n)}</gradient>' for n in names
-                         if field(n))
-    if role == "gtbp_input":
-        return "\n".join(f'<input name="{n}">\n{field(n)}\n</input>' for n in names
-                         if field(n))
-    if role == "update" and field("prompt"):
-        return f"{reasoning}\n<prompt>{field('prompt')}</prompt>"
-    if role == "gtbp_combine" and field("target"):
-        return f"{reasoning}\n<target>{field('target')}</target>"
-    if role == "gtbp_update":
-        claims = [c.strip() for c in data.get("claims") or [] if isinstance(c, str)
-                  and c.strip()]
-        if claims:
-            return reasoning + "\n<claims>\n" + "\n".join(f"- {c}" for c in claims) + \
-                "\n</claims>"
-    return reply
+    text = shape.to_text(field, data, names, reasoning)
+    return reply if text is None else text
+
+
+# --- the shapes of the roles every method shares ------------------------------------------
+
+register_shape("backward", ReplyShape(
+    fields=lambda names: [(n, _text(GRADIENT_CHARS, 1), f"your feedback on {n}")
+                          for n in names],
+    to_text=lambda field, data, names, why: "\n".join(
+        f'<gradient input="{n}">{field(n)}</gradient>' for n in names if field(n)),
+    text_form=P.gradient_blocks,
+    asks=("Answer with one block per input, in this form:", "Answer in this form:",
+          "Write the missing block(s) now, one per input, about that input only, in this "
+          "form:")))
+register_shape("update", ReplyShape(
+    fields=lambda names: [("prompt", _text(PROMPT_CHARS, 1), "the complete new prompt")],
+    to_text=lambda field, data, names, why: (
+        f"{why}\n<prompt>{field('prompt')}</prompt>" if field("prompt") else None),
+    asks=("Explain your reasoning in a few sentences, then give the complete new prompt "
+          "between <prompt> and </prompt>.",)))

@@ -24,10 +24,12 @@ Run log (`gradients` table): kind 'target' for each target a node received (from
 = the successor, or 'loss' for the output node), kind 'aggregate' for the one target the
 node acted on, kind 'inferred_input' for Î_v (from_node_id NULL, the rendered blocks).
 
-Layout: templates.py (prompts), claims.py (schedule, claim lists, the budget),
-targets.py (reply parsers), method.py (the `GTBP` method).
+Layout: templates.py (prompts), replies.py (the roles' JSON shapes), claims.py
+(schedule, claim lists, the budget), targets.py (reply parsers), method.py (the `GTBP`
+method).
 """
 
+from engine.methods.gtbp import replies  # noqa: F401 - registers the roles' JSON shapes
 from engine.methods.gtbp.claims import (
     edit_budget,
     enforce_budget,

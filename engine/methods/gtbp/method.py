@@ -17,6 +17,7 @@ from engine.core.backward import (
 )
 from engine.core.forward import ExampleTrace, Prompts, RunContext
 from engine.events import LossRecord
+from engine.methods.gtbp import replies
 from engine.methods.gtbp.claims import (
     edit_budget,
     enforce_budget,
@@ -64,6 +65,10 @@ class GTBP(Method):
     form_options = (("m0", "gtbp: initial edit budget m0", 2),
                     ("m_plus", "gtbp: a new claim every m+ steps", 2),
                     ("m_minus", "gtbp: budget shrinks every m- steps", 2))
+
+    @classmethod
+    def reply_roles(cls) -> tuple[str, ...]:
+        return replies.ROLES
 
     @classmethod
     def backward_calls(cls, graph) -> int:
