@@ -371,3 +371,38 @@ async def diff(db: str, run_a: str, run_b: str | None = None, *, step_a: int | N
         cache_rows = [row for cache in caches.values() for row in cache.drain()]
         save_diff(db, [asdict(c) for c in calls], rows, differ.patches, cache_rows)
     return report
+
+
+@dataclass
+class LoggedComparison:
+    """One example's two logged traces, node by node, and how each node changed."""
+
+    diff: ExampleDiff
+    outputs_a: dict[str, str]
+    outputs_b: dict[str, str]
+    order: list[str]
+    not_compared: list[str]
+
+
+def compare_logged(db: str, run_a: str, step_a: int | None, run_b: str, step_b: int | None,
+                   example_id: str) -> LoggedComparison | None:
+    """The classification of one example from the run log alone (no model call): None
+    when either side has no logged trace with its prompts (a diff computes it)."""
+    calls: list[CallRecord] = []
+    a = Side(db, load_side(db, run_a, step_a), {}, calls, {})
+    b = Side(db, load_side(db, run_b, step_b), {}, calls, {})
+    if example_id not in a.examples or example_id not in b.examples:
+        return None
+    a.read_log([example_id])
+    b.read_log([example_id])
+    if example_id not in a.logged or example_id not in b.logged:
+        return None
+    la, lb = a.logged[example_id], b.logged[example_id]
+    order = [n for n in b.graph.topological_order() if n in a.graph.node_ids]
+    ta, tb = ExampleTrace(a.examples[example_id], la.activations), \
+        ExampleTrace(b.examples[example_id], lb.activations)
+    result = ExampleDiff(example_id, b.split_of[example_id], la.score, lb.score,
+                         la.prediction, lb.prediction, classify(a, b, ta, tb, order))
+    return LoggedComparison(result, {n: act.output_text for n, act in la.activations.items()},
+                            {n: act.output_text for n, act in lb.activations.items()}, order,
+                            sorted(set(a.graph.node_ids) ^ set(b.graph.node_ids)))
