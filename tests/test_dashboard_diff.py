@@ -115,3 +115,41 @@ def test_why_do_they_differ_runs_the_diff_and_explains_by_the_edited_node(open_p
     table = frame(again, "explained by")
     assert set(table["example"]) == set(differing)
     assert set(table["explained by"]) == {"plan"}
+
+
+@pytest.fixture(scope="module")
+def gsm(tmp_path_factory):
+    """GSM8K, scripted, seed 0 with 24 examples: step 1's edit passes the gate."""
+    from tests.conftest import SHARED_DATASETS, run_engine
+
+    if not SHARED_DATASETS.is_dir():
+        pytest.skip(f"benchmark data sets not found at {SHARED_DATASETS}")
+    db = tmp_path_factory.mktemp("gsm") / "gsm.duckdb"
+    run_engine(Path(__file__).resolve().parents[1] / "sample_graphs" / "gsm8k.yaml", db,
+               steps=1, train=24, val=24, seed=0, run_id="gsm",
+               data_dir=str(SHARED_DATASETS))
+    return db
+
+
+def test_prompt_history_shows_what_an_accepted_edit_changed(gsm, monkeypatch, tmp_path):
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("SEMBACK_DB", str(gsm))
+    with like_a_live_server():
+        at = AppTest.from_file(str(APP), default_timeout=90)
+        at.query_params.update({"run": "gsm", "node": "final"})
+        at.run()
+        at.switch_page("screens/history.py").run()
+        at.button(key="changed_final_1").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    with duckdb.connect(str(gsm), read_only=True) as con:
+        truth = con.execute(
+            "SELECT a.example_id, b.score, a.score FROM losses a JOIN losses b "
+            "USING (run_id, split, example_id) WHERE run_id = 'gsm' AND split = 'val' AND "
+            "a.step = 1 AND b.step = 0 AND a.score <> b.score").fetchall()
+    table = frame(at, "explained by")
+    # the step's gate pass scored validation with the accepted prompts: the examples it
+    # flipped are those whose logged scores differ between step 0 and step 1
+    assert sorted(zip(table["example"], table["after step 0"], table["after step 1"])) == \
+        sorted(truth)
+    assert all(e != "not explained within the bound" for e in table["explained by"])
+    assert "What it changed:" in texts(at)
