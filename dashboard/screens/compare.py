@@ -10,10 +10,7 @@ import streamlit as st
 
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
-from dashboard.views import graph_html as gh
 from dashboard.views.figures import compare_curves
-from dashboard.views.graph_component import graph_drawing
-from dashboard.views.graph_spec import graph_spec
 from dashboard.views.text import fmt, md, show_diff, show_side_by_side
 
 OTHER_KEY = "other"
@@ -179,6 +176,29 @@ KIND_COLORS = {"source": "#f4a259", "downstream": "#d9d9d9", "unchanged": "#ffff
 EXPLAINS_COLOR = "#5bb85d"
 
 
+def change_graph(model, colors: dict[str, str], captions: dict[str, str],
+                 explained: list[str]) -> str:
+    """The graph as Graphviz DOT, each node filled by its change and the explaining nodes
+    outlined (a static drawing: nothing to click here)."""
+    def q(text: str) -> str:
+        return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    lines = ["digraph {", "rankdir=LR;", 'node [shape=box, style="rounded,filled", '
+             'fontname="sans-serif", fontsize=11];']
+    for field_name in model.fields:
+        lines.append(f'{q(field_name)} [shape=plaintext, style="", fontcolor="#666666"];')
+    for node in model.order:
+        label = q(node)[:-1] + "\\n" + q(captions.get(node, ""))[1:]  # DOT's line break
+        lines.append(f"{q(node)} [id={q('why-' + node)}, label={label}, "
+                     f"fillcolor={q(colors.get(node, '#ffffff'))}, "
+                     f"penwidth={3 if node in explained else 1}];")
+    for node, inputs in model.inputs:
+        for source in inputs:
+            lines.append(f"{q(source)} -> {q(node)};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
 def why_they_differ(sel, other: str, step: int, example: str, graph) -> None:
     """The two traces of one example side by side with source changes marked, a button
     that runs the diff (this example, or every differing one), and the explaining node
@@ -240,9 +260,7 @@ def why_they_differ(sel, other: str, step: int, example: str, graph) -> None:
                   else KIND_COLORS.get(c.kind, "#ffffff") for n, c in changes.items()}
         captions = {n: ("explains" if explained and n in explained else c.kind)
                     for n, c in changes.items()}
-        deco = gh.Decoration(colors=tuple(colors.items()), captions=tuple(captions.items()),
-                             highlight=explained[0] if explained else None, height=300)
-        graph_drawing(graph_spec(graph.model, deco), key="why_graph")
+        st.graphviz_chart(change_graph(graph.model, colors, captions, explained or []))
         st.caption("Green: the explaining node; orange: source changes; grey: downstream "
                    "changes; white: unchanged.")
         if compared.not_compared:
