@@ -26,10 +26,11 @@ EDIT = "Plan the sum CAREFULLY."
 def log(tmp_path_factory):
     db = forked(tmp_path_factory.mktemp("diff"), CHAIN, {"plan": EDIT})
     with duckdb.connect(str(db)) as con:
-        differing = [r[0] for r in con.execute(
-            "SELECT a.example_id FROM losses a JOIN losses b USING (split, example_id, step) "
-            "WHERE a.run_id = 'child' AND b.run_id = 'parent' AND a.split = 'val' "
-            "AND a.score <> b.score ORDER BY a.example_id").fetchall()]
+        scored = con.execute(
+            "SELECT a.example_id, a.split FROM losses a JOIN losses b "
+            "USING (split, example_id, step) WHERE a.run_id = 'child' AND b.run_id = "
+            "'parent' AND a.score <> b.score ORDER BY a.example_id").fetchall()
+        differing = [e for e, split in scored if split == "val"]
         same = con.execute(
             "SELECT a.example_id, a.prediction FROM losses a JOIN losses b "
             "USING (split, example_id, step) WHERE a.run_id = 'child' AND b.run_id = "
@@ -38,7 +39,7 @@ def log(tmp_path_factory):
         # planted: the parent's reply to one agreeing example keeps a stray closing tag
         con.execute("UPDATE losses SET prediction = prediction || '\n</output>' WHERE "
                     "run_id = 'parent' AND example_id = ?", [same[0][0]])
-    return db, differing, same[0][0]
+    return db, differing, same[0][0], {e for e, _ in scored}
 
 
 @pytest.fixture
@@ -69,10 +70,10 @@ def frame(at: AppTest, column: str):
 
 
 def test_disagreement_is_on_graded_answers_and_scores(open_page, log):
-    db, differing, raw_only = log
+    db, _, raw_only, differing = log
     at = open_page(run="child", other="parent", step=0)
     rows = frame(at, "A answer").set_index("example")
-    assert set(rows.index[rows["disagree"]]) == set(differing)
+    assert set(rows.index[rows["disagree"]]) == differing
     assert not rows.loc[raw_only, "disagree"] and rows.loc[raw_only, "raw text differs"]
     assert rows.loc[raw_only, "A answer"] == rows.loc[raw_only, "B answer"]
     assert all(rows.loc[e, "disagree"] for e in differing)
@@ -92,7 +93,7 @@ def test_prompt_diff_runs_parent_to_fork(open_page):
 
 
 def test_why_do_they_differ_runs_the_diff_and_explains_by_the_edited_node(open_page, log):
-    db, differing, _ = log
+    db, differing, _, _ = log
     example = differing[0]
     at = open_page(run="child", other="parent", step=0, pair=example)
     shown = texts(at)
