@@ -237,8 +237,47 @@ def _compare_rows(db: str, a: str, b: str, step_a: int, step_b: int, version: St
     return debug.compare_rows(db, a, b, step_a, step_b)
 
 
-def compare_rows(db: str, a: str, b: str, step_a: int, step_b: int) -> pd.DataFrame:
-    return _compare_rows(db, a, b, int(step_a), int(step_b), stamp(db))
+def compare_rows(db: str, a: str, b: str, step_a: int, step_b: int, metric: str = "auto"
+                 ) -> pd.DataFrame:
+    """The shared examples with each side's graded answer (`answer_a`, `answer_b`):
+    `disagree` when the graded answers or the scores differ, `raw_differs` when only the
+    raw text does (`Yes.` against `Yes.\n</output>` is no disagreement)."""
+    rows = _compare_rows(db, a, b, int(step_a), int(step_b), stamp(db)).copy()
+    rows["answer_a"] = [graded_answer(metric, p, t) for p, t in
+                        zip(rows["prediction_a"], rows["target"])]
+    rows["answer_b"] = [graded_answer(metric, p, t) for p, t in
+                        zip(rows["prediction_b"], rows["target"])]
+    scores_differ = [abs((x if pd.notna(x) else 0.0) - (y if pd.notna(y) else 0.0)) > 1e-9
+                     for x, y in zip(rows["score_a"], rows["score_b"])]
+    rows["disagree"] = [bool(d or x != y) for d, x, y in
+                        zip(scores_differ, rows["answer_a"], rows["answer_b"])]
+    rows["raw_differs"] = [(x or "") != (y or "") for x, y in
+                           zip(rows["prediction_a"], rows["prediction_b"])]
+    return rows
+
+
+def graded_answer(metric: str, prediction: object, target: object) -> str:
+    """The answer the grader reads in a prediction (the metric's canonical form); for a
+    judge or Python metric, the whitespace-normalized text."""
+    from engine.data.graders import extract_answer, normalize_text
+
+    text = prediction if isinstance(prediction, str) else ""
+    if metric in ("judge", "python", ""):
+        return normalize_text(text)
+    try:
+        return extract_answer(metric, text, target if isinstance(target, str) else "")
+    except (KeyError, ValueError):
+        return normalize_text(text)
+
+
+@st.cache_data(**_CACHE)
+def _backpropagated_steps(db: str, run_id: str, version: Stamp) -> list[int]:
+    return debug.backpropagated_steps(db, run_id)
+
+
+def backpropagated_steps(db: str, run_id: str) -> list[int]:
+    """Steps at which the run back-propagated (sent gradients or targets)."""
+    return _backpropagated_steps(db, run_id, stamp(db))
 
 
 @st.cache_data(**CACHE_OPTIONS)

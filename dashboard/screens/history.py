@@ -1,12 +1,14 @@
 """Prompt history: the versions of one node's prompt over the run, as a timeline: each
 step's proposal with its validation score, accepted or rejected (and why), the score of
 the edit alone where the per-node gate measured it, the examples that flipped after each
-accepted edit, and a before | after diff (inline as an option)."""
+accepted edit, "What it changed" (the diff of that step against the one before: which
+examples it flipped and which node's change explains each), and a before | after diff
+(inline as an option)."""
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, links
+from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.text import fmt, md, show_side_by_side, show_text
 
@@ -35,7 +37,8 @@ def timeline(edits: pd.DataFrame, flips: pd.DataFrame) -> pd.DataFrame:
         "reason": edits["reject_reason"]})
 
 
-def edit_card(sel, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool) -> None:
+def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool
+              ) -> None:
     kind = verdict(edit)
     color = {"accepted": "green", "rejected": "red"}.get(kind, "gray")
     title = (f"step {edit['step']} · {kind} · validation {fmt(edit['val_before'])} → "
@@ -53,6 +56,7 @@ def edit_card(sel, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool)
         show_text("reasoning", edit.get("reasoning"))
         mine = flips[flips["step"] == edit["step"]]
         if kind == "accepted":
+            what_it_changed(sel, node, int(edit["step"]))
             if mine.empty:
                 st.caption("No example changed pass/fail at the next step.")
             else:
@@ -68,6 +72,44 @@ def edit_card(sel, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool)
                              "in Examples, flipped only", icon=":material/table:",
                              query_params={**sel.link(step=int(edit["step"]) + 1,
                                                       example=first), "flipped": "1"})
+
+
+def what_it_changed(sel, node: str, step: int) -> None:
+    """The diff of this step against the one before (python -m engine diff RUN --step-a
+    S): which validation examples the accepted prompts changed, and which node's change
+    explains each. Verdicts are read back from the run log."""
+    if step < 1:
+        return
+    clicked = st.button("What it changed", key=f"changed_{node}_{step}",
+                        icon=":material/difference:",
+                        help=f"diff the prompts after step {step} against those after step "
+                             f"{step - 1} on validation: patch each changed node's output "
+                             "into the older run and see which change flips each example")
+    if clicked:
+        with st.spinner("patching the new outputs into the previous step…"):
+            try:
+                report = diff_data.run_diff(sel.db, sel.run, step, sel.run, step - 1, "val",
+                                            "differing")
+            except ValueError as exc:
+                st.error(f"error: {exc}")
+                return
+        st.caption(f"diff: {report.calls} calls ({report.model_calls} to the model), "
+                   f"{report.tokens:,} tokens, {report.seconds:.1f} s")
+    rows = diff_data.latest_diff(sel.db, sel.run, step, sel.run, step - 1)
+    if rows.empty:
+        return
+    changed = rows[[abs((a or 0) - (b or 0)) > 1e-9 for a, b in
+                    zip(rows["score_a"], rows["score_b"])]]
+    st.caption(f"What it changed: {len(changed)} of {len(rows)} validation examples score "
+               f"differently after step {step} than after step {step - 1}.")
+    if not changed.empty:
+        st.dataframe(pd.DataFrame({
+            "example": changed["example_id"], f"after step {step - 1}": changed["score_b"],
+            f"after step {step}": changed["score_a"],
+            "changed nodes": [", ".join(x or []) for x in changed["sources"]],
+            "explained by": [", ".join(x) if x else "not explained within the bound"
+                             for x in changed["explained_by"]]}), hide_index=True,
+            key=f"changed_table_{node}_{step}")
 
 
 sel = selection()
@@ -96,4 +138,4 @@ inline = c1.toggle("inline diff", key="inline", help="one column instead of befo
 links.page_option("only", False, [True, False], cast=links.flag)
 only = c2.toggle("show only what changed", key="only")
 for edit in reversed(edits.to_dict("records")):
-    edit_card(sel, edit, flips, inline=inline, only=only)
+    edit_card(sel, node, edit, flips, inline=inline, only=only)

@@ -270,11 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_runs)
 
     from engine import experiment
+    from engine.cli import diff as diff_cli
     from engine.cli import probes as probe_cli
 
     _register_export(sub)
     experiment.register_cli(sub)
     probe_cli.register_cli(sub)
+    diff_cli.register_cli(sub)
     return parser
 
 

@@ -100,12 +100,16 @@ async def forward_pass(ctx: RunContext, prompts: Prompts, examples: list[Example
                                        for ex in examples)))
 
 
-async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, split: str
-                          ) -> ExampleTrace:
+async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, split: str,
+                          fixed: dict[str, Activation] | None = None) -> ExampleTrace:
+    """One example through the graph. Nodes in `fixed` are not run: their given activation
+    stands (a patch, as in engine/probes/diff.py), and what depends on them runs on it."""
     trace = ExampleTrace(example)
     tasks: dict[str, asyncio.Task] = {}
 
     async def run(node: Node) -> Activation:
+        if fixed and node.id in fixed:
+            return fixed[node.id]
         values: dict[str, str] = {}
         for name in node.inputs:
             if name in tasks:

@@ -164,14 +164,15 @@ def compare_rows(db: str | Path, run_a: str, run_b: str, step_a: int, step_b: in
     (different pass/fail state or different prediction)."""
     return query(db, """
         WITH side AS (
-            SELECT l.run_id, l.split, l.example_id, l.prediction, l.score,
+            SELECT l.run_id, l.split, l.example_id, l.target, l.prediction, l.score,
                    (l.error IS NOT NULL OR coalesce(l.score, 0) < 1) AS failing,
                    EXISTS (SELECT 1 FROM gradients g WHERE g.run_id = l.run_id
                            AND g.step = l.step AND g.example_id = l.example_id
                            AND g.kind IN ('gradient', 'target')) AS backpropagated
             FROM losses l
             WHERE (l.run_id = $a AND l.step = $sa) OR (l.run_id = $b AND l.step = $sb))
-        SELECT a.split, a.example_id, a.prediction AS prediction_a, a.score AS score_a,
+        SELECT a.split, a.example_id, a.target, a.prediction AS prediction_a,
+               a.score AS score_a,
                b.prediction AS prediction_b, b.score AS score_b,
                a.backpropagated AS backprop_a, b.backpropagated AS backprop_b,
                (a.failing <> b.failing OR coalesce(a.prediction, '') <>
@@ -180,6 +181,14 @@ def compare_rows(db: str | Path, run_a: str, run_b: str, step_a: int, step_b: in
         WHERE a.run_id = $a AND b.run_id = $b
         ORDER BY (a.split <> 'train'), a.example_id""",
                  {"a": run_a, "b": run_b, "sa": int(step_a), "sb": int(step_b)})
+
+
+def backpropagated_steps(db: str | Path, run_id: str) -> list[int]:
+    """The steps at which the run sent gradients (gtbp: targets) back through the graph."""
+    frame = query(db, """
+        SELECT DISTINCT step FROM gradients WHERE run_id = ? AND kind IN ('gradient', 'target')
+        ORDER BY step""", [run_id])
+    return [int(s) for s in frame["step"]]
 
 
 def backward_calls(db: str | Path, run_id: str, step: int, example_id: str) -> pd.DataFrame:
