@@ -270,7 +270,7 @@ def graded_answer(metric: str, prediction: object, target: object) -> str:
         return normalize_text(text)
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _backpropagated_steps(db: str, run_id: str, version: Stamp) -> list[int]:
     return debug.backpropagated_steps(db, run_id)
 

@@ -10,12 +10,12 @@ import json
 import pandas as pd
 import streamlit as st
 
-from dashboard.data import _CACHE, Stamp, stamp
+from dashboard.data import CACHE_OPTIONS, Stamp, stamp
 from engine.probes.diff import DiffReport, LoggedComparison, compare_logged, diff
 from engine.runlog import diffs
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _latest(db: str, run_a: str, step_a: int, run_b: str, step_b: int, version: Stamp
             ) -> pd.DataFrame:
     rows = diffs.diff_rows(db, run_a, run_b)
@@ -33,7 +33,7 @@ def latest_diff(db: str, run_a: str, step_a: int, run_b: str, step_b: int) -> pd
     return _latest(db, run_a, int(step_a), run_b, int(step_b), stamp(db))
 
 
-@st.cache_data(**_CACHE)
+@st.cache_data(**CACHE_OPTIONS)
 def _comparison(db: str, run_a: str, step_a: int, run_b: str, step_b: int, example: str,
                 version: Stamp) -> LoggedComparison | None:
     return compare_logged(db, run_a, step_a, run_b, step_b, example)

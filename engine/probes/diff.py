@@ -28,13 +28,13 @@ from itertools import combinations
 from typing import Any
 
 from engine.core.forward import ExampleTrace, Prompts, RunContext, forward_example
-from engine.core.graph import Graph, parse_graph
+from engine.core.graph import GraphSpec, parse_graph
 from engine.core.loss import example_loss
 from engine.data.examples import Example
 from engine.events import CallRecord
 from engine.llm.base import Backend
 from engine.probes.probe import descendants
-from engine.prompts.templates import prompt_set
+from engine.prompts.sets import prompt_set
 from engine.runlog.diffs import (
     LoggedExample,
     RunSide,
@@ -154,7 +154,7 @@ class Side:
                  calls: list[CallRecord], caches: dict[str, Any]) -> None:
         self.db, self.side, self.backends, self.calls = db, side, backends, calls
         self.caches = caches  # one reply cache per mode, shared by both sides
-        self.graph: Graph = parse_graph(side.graph_yaml, side.config.get("graph", "<graph>"))
+        self.graph: GraphSpec = parse_graph(side.graph_yaml, side.config.get("graph", "<graph>"))
         initial = Prompts.initial(self.graph)
         text, version = dict(initial.text), dict(initial.version)
         for node_id, (v, t) in side.prompts.items():
