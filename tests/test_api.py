@@ -16,7 +16,7 @@ from engine import Graph, GraphError, MetricError, optimize
 from engine.core.graph import parse_graph
 from engine.llm.base import LLMRequest
 from engine.llm.scripted import ScriptedBackend
-from engine.runlog.schema import connect
+from tests.support.runlog import rows
 
 ROWS = [{"id": f"r{i}", "question": f"What is {i} plus {i + 3}?", "answer": str(2 * i + 3)}
         for i in range(1, 9)]
@@ -74,9 +74,6 @@ def run(tmp_path):
     return result, db, backend
 
 
-def rows(db, sql: str, *params) -> list[tuple]:
-    with connect(db, read_only=True) as con:
-        return con.execute(sql, list(params)).fetchall()
 
 
 def test_function_activations_sync_async_and_failure_are_logged(run):

@@ -13,7 +13,7 @@ import pytest
 from engine.cli import main
 from engine.llm.base import LLMRequest
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import write_graph
+from tests.support.graphs import write_graph
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_graphs" / "calculator.py"
 TOOL_GRAPH = """name: tool-graph

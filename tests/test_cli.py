@@ -7,7 +7,7 @@ import socket
 import duckdb
 
 from engine.cli import main
-from tests.conftest import TWO_HINTS, arithmetic_rows, write_graph
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph
 
 
 def closed_port() -> int:
@@ -87,7 +87,7 @@ def test_progress_to_a_log_file_is_one_line_a_step(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import REPO
+    from tests.support.graphs import REPO
 
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     proc = subprocess.run([sys.executable, "-m", "engine", "run", str(graph), "--backend",

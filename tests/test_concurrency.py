@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import DIAMOND, arithmetic_rows, run_engine, write_graph
+from tests.support.graphs import DIAMOND, arithmetic_rows, run_engine, write_graph
 
 
 def test_a_step_makes_exactly_its_calls(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from engine.core.copies import COPY_REASON, SPAN_WORDS, WHOLE_WORDS, copied_span, find_copies
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import write_graph
+from tests.support.graphs import write_graph
 
 QUESTION = ("A farmer packs twelve crates of apples every morning before the market opens "
             "and sells them by noon.")
@@ -100,7 +100,7 @@ def copying_backend():
 
 @pytest.mark.parametrize("allow", [False, True])
 def test_a_copying_proposal_is_recorded_rejected_and_never_applied(tmp_path, allow):
-    from tests.conftest import run_engine
+    from tests.support.graphs import run_engine
 
     graph = write_graph(tmp_path, REVIEWS, ROWS)
     db = tmp_path / "runs.duckdb"

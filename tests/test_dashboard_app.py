@@ -1,5 +1,5 @@
 """Every dashboard page under Streamlit's AppTest, on a run log built by the real engine
-(see conftest_dashboard.py), driven through query parameters (deep links) and the
+(see support/dashboard_log.py), driven through query parameters (deep links) and the
 sidebar pickers. Assertions are on content: numbers, gradient texts, diff words."""
 
 from __future__ import annotations
@@ -8,22 +8,20 @@ import base64
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
 
 import duckdb
 import pytest
-from conftest_dashboard import (
+from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1.element_tree import UnknownElement
+
+from tests.support.dashboard_log import (
     ADDED_WORDS,
     HINT_A_OUTPUT,
     XSS,
     build_run_log,
     like_a_live_server,
 )
-from streamlit.testing.v1 import AppTest
-from streamlit.testing.v1.element_tree import UnknownElement
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 TIMEOUT = 60

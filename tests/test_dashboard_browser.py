@@ -17,10 +17,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
-
 import pytest
-from conftest_dashboard import ADDED_WORDS, HINT_A_OUTPUT, build_run_log
+
+from tests.support.dashboard_log import ADDED_WORDS, HINT_A_OUTPUT, build_run_log
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,15 +6,12 @@ Screenshots go to test-artifacts/screenshots/."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import test_dashboard_browser as shared
-from conftest_dashboard import XSS
 from test_dashboard_browser import SHOTS, no_script_ran, settle
+
+from tests.support.dashboard_log import XSS
 
 server, browser, page = shared.server, shared.browser, shared.page  # the same fixtures
 pytestmark = shared.pytestmark

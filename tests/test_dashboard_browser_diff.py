@@ -1,6 +1,6 @@
 """Compare's "Why do they differ?" in a real browser (same browser and checks as
 test_dashboard_browser.py, on its own server and run log: a fork with one hand-edited
-middle prompt beside its parent, tests/diff_script.py). A deep link opens the Compare page
+middle prompt beside its parent, tests/support/diff_script.py). A deep link opens the Compare page
 on a differing example, the diff button explains it by the edited node, the address still
 carries the view, and a reload of that address shows the verdict again (read back from the
 log). Screenshot: test-artifacts/screenshots/compare_why.png."""
@@ -15,14 +15,12 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import duckdb
 import pytest
 import test_dashboard_browser as shared
 from test_dashboard_browser import ROOT, SHOTS, free_port, no_script_ran, settle
 
-from tests.diff_script import CHAIN, forked
+from tests.support.diff_script import CHAIN, forked
 
 EXPLAINS_COLOR = "#5bb85d"  # dashboard/screens/compare.py (a page script: not importable)
 

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
-from pathlib import Path
 from urllib.parse import parse_qs, urlparse
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 import test_dashboard_browser as shared
-from conftest_dashboard import HINT_A_OUTPUT, XSS
 from test_dashboard_browser import ROOT, SHOTS, no_script_ran, settle
+
+from tests.support.dashboard_log import HINT_A_OUTPUT, XSS
 
 server, browser, page = shared.server, shared.browser, shared.page  # the same fixtures
 pytestmark = shared.pytestmark

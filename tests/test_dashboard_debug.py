@@ -1,22 +1,20 @@
 """The dashboard's debugging pages under AppTest: Examples (rows,
 filters, search, blame, trace), Prompt history, Compare per example, links that hold
 (full state in the address, warnings on bad links), and the Runs page's test score,
-notes, tags and export. The run log is the engine-built one of conftest_dashboard.py,
+notes, tags and export. The run log is the engine-built one of support/dashboard_log.py,
 with a few rows planted so every column has something to show."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
 
 import duckdb
 import pytest
-from conftest_dashboard import ADDED_WORDS, build_run_log, like_a_live_server
 from streamlit.testing.v1 import AppTest
+
+from tests.support.dashboard_log import ADDED_WORDS, build_run_log, like_a_live_server
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 TIMEOUT = 60

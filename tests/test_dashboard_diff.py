@@ -1,22 +1,19 @@
 """Compare's "Why do they differ?" and the Compare fixes under AppTest: a fork with one
-hand-edited middle prompt beside its parent (tests/diff_script.py). Graded answers decide
+hand-edited middle prompt beside its parent (tests/support/diff_script.py). Graded answers decide
 disagreement (raw-text differences shown apart), the prompt diff runs parent -> fork, the
 paired step is one both runs back-propagated (or the page says there is none), and the
 diff button explains the selected example by the edited node, read back from the log."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import duckdb
 import pytest
-from conftest_dashboard import like_a_live_server
 from streamlit.testing.v1 import AppTest
 
-from tests.diff_script import CHAIN, forked
+from tests.support.dashboard_log import like_a_live_server
+from tests.support.diff_script import CHAIN, forked
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 EDIT = "Plan the sum CAREFULLY."
@@ -121,7 +118,7 @@ def test_why_do_they_differ_runs_the_diff_and_explains_by_the_edited_node(open_p
 @pytest.fixture(scope="module")
 def gsm(tmp_path_factory):
     """GSM8K, scripted, seed 0 with 24 examples: step 1's edit passes the gate."""
-    from tests.conftest import SHARED_DATASETS, run_engine
+    from tests.support.graphs import SHARED_DATASETS, run_engine
 
     if not SHARED_DATASETS.is_dir():
         pytest.skip(f"benchmark data sets not found at {SHARED_DATASETS}")

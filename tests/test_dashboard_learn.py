@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
-
 import duckdb
 import pytest
-from conftest_dashboard import REVIEWS, build_run_log, like_a_live_server, responder
 from streamlit.testing.v1 import AppTest
 
 from dashboard import jobs
+from tests.support.dashboard_log import REVIEWS, build_run_log, like_a_live_server, responder
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 

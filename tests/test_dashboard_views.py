@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
-
 import pytest
 
 from dashboard import jobs
@@ -161,7 +159,7 @@ def test_build_command_maps_the_form_onto_cli_flags():
 
 
 def test_a_job_runs_the_engine_to_completion(tmp_path, monkeypatch):
-    from conftest_dashboard import write_data
+    from tests.support.dashboard_log import write_data
 
     monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
     graph = write_data(tmp_path / "g")

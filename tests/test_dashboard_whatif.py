@@ -1,23 +1,20 @@
 """The node inspector's What if panel and Fork button, and the function-node
-card, under AppTest on the engine-built run log (conftest_dashboard.py).
+card, under AppTest on the engine-built run log (support/dashboard_log.py).
 Processes are never started: `jobs.launch` is replaced by a recorder, and probe results
 are rows written into a copy of the run log the way the engine writes them."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest_dashboard, any import mode
-
 import duckdb
 import pytest
-from conftest_dashboard import build_run_log, like_a_live_server
 from streamlit.testing.v1 import AppTest
 
 from dashboard import jobs
+from tests.support.dashboard_log import build_run_log, like_a_live_server
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 
@@ -168,11 +165,10 @@ nodes:
 def test_a_function_node_shows_its_description_input_and_return(tmp_path, started):
     import asyncio
 
-    from conftest_dashboard import write_data
-
     from engine.core.functions import FUNCTIONS
     from engine.llm.scripted import ScriptedBackend
     from engine.runs.execute import RunConfig, execute
+    from tests.support.dashboard_log import write_data
 
     write_data(tmp_path)
     (tmp_path / "fn.yaml").write_text(FUNCTION_GRAPH)

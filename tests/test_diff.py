@@ -10,8 +10,8 @@ import duckdb
 
 from engine.cli import main
 from engine.probes.diff import diff
-from tests.conftest import run_engine, write_graph
-from tests.diff_script import CHAIN, PAIR, backend, forked
+from tests.support.diff_script import CHAIN, PAIR, backend, forked
+from tests.support.graphs import run_engine, write_graph
 
 
 def rows(db, sql: str, params: list | None = None) -> list[tuple]:

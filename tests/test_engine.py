@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import re
 
-import duckdb
-
 from engine.llm.base import LLMRequest, TransientLLMError
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.graphs import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.runlog import rows
 
 TWO_SUCCESSORS = """
 name: fanout
@@ -26,9 +25,6 @@ nodes:
 """
 
 
-def rows(db, sql, *params):
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(sql, list(params)).fetchall()
 
 
 def solve(question: str) -> str:

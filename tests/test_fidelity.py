@@ -11,8 +11,9 @@ import re
 
 from engine.llm.scripted import ScriptedBackend
 from engine.prompts import templates as P
-from tests.conftest import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
-from tests.test_engine import notes, rows
+from tests.support.graphs import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.runlog import rows
+from tests.test_engine import notes
 
 # --- a gradient reaches only the input it was written for ----------------------------------
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import duckdb
 import pytest
 
 from engine.cli import main
@@ -13,6 +12,7 @@ from engine.llm.scripted import ScriptedBackend
 from engine.runs.execute import RunConfig, execute
 from engine.runs.fork import fork
 from tests.blame_fault_script import blame_fault_responder
+from tests.support.runlog import rows
 from tests.test_probe import GRAPH
 
 EDITED = "List the numbers of the text, separated by 'and'."
@@ -30,9 +30,6 @@ def parent(tmp_path) -> str:
     return db
 
 
-def rows(db: str, sql: str, params: list | None = None) -> list[tuple]:
-    with duckdb.connect(db, read_only=True) as con:
-        return con.execute(sql, params or []).fetchall()
 
 
 def test_a_fork_records_its_lineage_uses_the_edited_prompt_and_continues(parent):
@@ -48,12 +45,12 @@ def test_a_fork_records_its_lineage_uses_the_edited_prompt_and_continues(parent)
     assert any(r.meta.get("node") == "numbers" and EDITED in r.user_text
                for r in bk.requests)
     version = rows(parent, "SELECT version FROM prompt_versions WHERE run_id = 'child' AND "
-                           "node_id = 'numbers' AND prompt = ?", [EDITED])[0][0]
+                           "node_id = 'numbers' AND prompt = ?", EDITED)[0][0]
     used = rows(parent, "SELECT DISTINCT prompt_version FROM node_outputs WHERE run_id = "
                         "'child' AND step = 1 AND split = 'train' AND node_id = 'numbers'")
     assert used == [(version,)] and version > 0
     same = "SELECT split, example_id, position FROM examples WHERE run_id = ? ORDER BY 1, 3"
-    assert rows(parent, same, ["child"]) == rows(parent, same, ["bf"])
+    assert rows(parent, same, "child") == rows(parent, same, "bf")
 
 
 def test_a_fork_without_edits_starts_from_the_parents_accepted_prompts(parent):
@@ -84,7 +81,7 @@ def test_fork_from_the_command_line(parent, tmp_path, capsys, monkeypatch):
     assert rows(parent, "SELECT parent_run_id, fork_step, status FROM runs WHERE run_id = "
                         "'cli'") == [("bf", 0, "finished")]
     assert rows(parent, "SELECT count(*) FROM prompt_versions WHERE run_id = 'cli' AND "
-                        "prompt = ?", [EDITED]) == [(1,)]
+                        "prompt = ?", EDITED) == [(1,)]
 
 
 @pytest.mark.parametrize("args, message", [

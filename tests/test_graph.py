@@ -10,7 +10,7 @@ import pytest
 
 from engine.cli import main
 from engine.core.graph import GraphError, load_graph, parse_graph
-from tests.conftest import REPO, TWO_HINTS, write_graph
+from tests.support.graphs import REPO, TWO_HINTS, write_graph
 
 HEAD = """name: g
 input_fields: [question]

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from engine.llm.scripted import ScriptedBackend
@@ -28,6 +27,7 @@ from engine.methods.gtbp import (
 )
 from engine.runs import execute as engine_run
 from engine.runs.execute import RunConfig
+from tests.support.runlog import rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,13 +113,10 @@ def _run(tmp_path: Path, graph: str, responder=wrong_forward, steps: int = 2,
     return backend, config.db
 
 
-def _rows(db: str, sql: str) -> list[tuple]:
-    with duckdb.connect(db, read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def _gradients(db: str) -> list[tuple]:
-    return _rows(db, "SELECT step, example_id, node_id, from_node_id, kind, content, "
+    return rows(db, "SELECT step, example_id, node_id, from_node_id, kind, content, "
                      "parse_error FROM gradients ORDER BY ALL")
 
 
@@ -343,11 +340,12 @@ def test_claim_budget_is_enforced_each_step(tmp_path):
     # step 1's proposal failed the gate, so step 2 is shown it as rejected
     assert '<rejected index="1">\n- Give only the final answer.\n- Be very brief.' in \
         updates[1].user_text
-    rows = _rows(db, "SELECT step, new_prompt, parse_error FROM updates "
-                     "WHERE node_id = 'final' ORDER BY step")
-    assert rows[0][1] == "- Give only the final answer.\n- Be very brief.\n- Use the draft."
-    assert "over the edit budget of 2" in rows[0][2] and "no claim may be added" in rows[0][2]
-    for _, prompt, problem in rows[1:]:
+    proposals = rows(db, "SELECT step, new_prompt, parse_error FROM updates "
+                         "WHERE node_id = 'final' ORDER BY step")
+    assert proposals[0][1] == "- Give only the final answer.\n- Be very brief.\n- Use the draft."
+    assert "over the edit budget of 2" in proposals[0][2] and \
+        "no claim may be added" in proposals[0][2]
+    for _, prompt, problem in proposals[1:]:
         assert prompt == "- Give only the final answer.\n- Be brief.\n- Use the draft."
         assert "over the edit budget of 1" in problem
 
@@ -360,9 +358,9 @@ def test_default_scripted_replies_are_well_formed_and_deterministic(tmp_path):
     assert {r[4] for r in grads} == {"target", "aggregate", "inferred_input"}
     assert all(r[6] is None for r in grads)  # the scripted replies parse cleanly
     versions = "SELECT node_id, version, prompt, step, accepted FROM prompt_versions ORDER BY ALL"
-    assert _rows(db1, versions) == _rows(db2, versions)
-    updates = _rows(db1, "SELECT step, node_id, new_prompt, parse_error FROM updates ORDER BY ALL")
-    assert updates == _rows(db2, "SELECT step, node_id, new_prompt, parse_error FROM updates "
+    assert rows(db1, versions) == rows(db2, versions)
+    updates = rows(db1, "SELECT step, node_id, new_prompt, parse_error FROM updates ORDER BY ALL")
+    assert updates == rows(db2, "SELECT step, node_id, new_prompt, parse_error FROM updates "
                                  "ORDER BY ALL")
     assert updates and all(p is None and n.startswith("- ") for _, _, n, p in updates)
 
@@ -376,6 +374,6 @@ def test_cli_runs_gtbp_end_to_end(tmp_path):
          "--option", "m_minus=1"],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert _rows(str(db), "SELECT DISTINCT method FROM gradients") == [("gtbp",)]
-    config = json.loads(_rows(str(db), "SELECT config FROM runs")[0][0])
+    assert rows(str(db), "SELECT DISTINCT method FROM gradients") == [("gtbp",)]
+    config = json.loads(rows(str(db), "SELECT config FROM runs")[0][0])
     assert config["method_options"] == {"m0": 3, "m_minus": 1}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from tests.conftest import REPO, TWO_HINTS, arithmetic_rows, write_graph
+from tests.support.graphs import REPO, TWO_HINTS, arithmetic_rows, write_graph
 
 HEAD = """name: g
 dataset: data.jsonl

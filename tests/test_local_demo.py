@@ -15,7 +15,7 @@ import pytest
 
 from engine.llm.local import local_model_path
 from engine.runs.execute import RunConfig, execute
-from tests.conftest import REPO
+from tests.support.graphs import REPO
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None or local_model_path() is None,

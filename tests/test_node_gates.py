@@ -12,7 +12,7 @@ import duckdb
 from engine.cli import main
 from engine.events import StepFinished
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 
 
 def good_and_bad_edits(request) -> str | None:

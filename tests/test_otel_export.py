@@ -26,7 +26,7 @@ from engine.runlog.export import read_run
 from engine.runlog.otel import otel_lines
 from engine.runlog.schema import SCHEMA_VERSION
 from engine.runs.execute import RunConfig, execute
-from tests.conftest import SHARED_DATASETS
+from tests.support.graphs import SHARED_DATASETS
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = str(ROOT / "sample_graphs" / "gsm8k.yaml")

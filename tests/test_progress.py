@@ -10,7 +10,7 @@ from pathlib import Path
 
 from engine.events import CallRecord, Progress
 from engine.runs.progress import progress_line
-from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 

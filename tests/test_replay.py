@@ -6,7 +6,7 @@ import duckdb
 
 from engine.llm.base import LLMError
 from engine.llm.scripted import ScriptedBackend
-from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 
 
 class Offline:

@@ -12,7 +12,7 @@ from dashboard import jobs
 from engine.cli import build_parser, main
 from engine.runlog.schema import connect
 from engine.runs.settings import DEFAULTS, SETTINGS, as_flags, given_settings
-from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 
 
 def stored_config(db, run_id: str) -> dict:

@@ -20,7 +20,7 @@ from engine.methods.gtbp import (
 )
 from engine.prompts import structured as S
 from engine.prompts import templates as P
-from tests.conftest import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 from tests.support.json_schema import assert_follows
 
 NAMES = ["hint_a", "hint_b"]

@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 
-import duckdb
 import pytest
 
 from engine.events import StructuredFallback
 from engine.llm.openai_backend import OpenAIBackend
 from engine.prompts import structured as S
 from engine.runs.execute import RunConfig, execute
-from tests.conftest import TWO_HINTS, arithmetic_rows, write_graph
 from tests.support.fake_openai import FakeOpenAIServer
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph
 from tests.support.json_schema import assert_follows
+from tests.support.runlog import rows
 
 
 @pytest.fixture(autouse=True)
@@ -35,9 +35,6 @@ def run_against(server, tmp_path, **options):
     return asyncio.run(execute(config, forward_backend=backend)), db
 
 
-def rows(db, sql):
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def test_optimizer_requests_carry_the_roles_json_schema(tmp_path):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from engine.cli import main
 from engine.core.graph import GRAPH_KEYS, NODE_KEYS, parse_graph
-from tests.conftest import arithmetic_rows, run_engine
+from tests.support.graphs import arithmetic_rows, run_engine
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -10,7 +10,7 @@ import re
 from engine.llm.base import LLMRequest
 from engine.llm.scripted import ScriptedBackend
 from engine.runs.fork import fork
-from tests.conftest import arithmetic_rows, run_engine, write_graph
+from tests.support.graphs import arithmetic_rows, run_engine, write_graph
 
 CHAIN = """
 name: chain
