@@ -361,7 +361,9 @@ def _inputs(graph: Graph, example: Example, acts: dict[str, Activation]
 
 def open_prober(run: LoggedRun, forward_backend: Backend | None = None,
                 optimizer_backend: Backend | None = None) -> Prober:
-    """A prober with the run's backends, models and settings, and its reply cache."""
+    """A prober in exactly the run's configuration: its backends and models, prompt set,
+    structured mode, temperature and seed, token limits, and its reply cache."""
+    from engine.prompts.templates import prompt_set
     from engine.runs.execute import RunConfig, default_max_tokens, make_client
 
     config = RunConfig.from_json(run.config)
@@ -369,8 +371,10 @@ def open_prober(run: LoggedRun, forward_backend: Backend | None = None,
     client = make_client(config, cache, forward_backend, optimizer_backend)
     client.run_id = run.run_id
     max_tokens, optimizer_max_tokens = default_max_tokens(config)
+    # the run's own prompt set: descendants re-run as the run ran them, else an identity
+    # patch (a node's output replaced by itself) could change the answer
     ctx = RunContext(run.graph, client, lambda event: None, run.run_id, run.step, max_tokens,
-                     optimizer_max_tokens)
+                     optimizer_max_tokens, prompt_set(config.prompts))
     prober = Prober(run, ctx, cache)
     client.on_call = prober.on_call
     return prober

@@ -1,0 +1,42 @@
+"""Probes run in exactly the run's configuration: an identity patch (every node's output
+replaced by itself) changes no answer, on runs of every prompt set and structured mode."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from engine.llm.scripted import ScriptedBackend
+from engine.probes.blame import probe
+from engine.prompts.templates import PROMPT_SET_NAMES
+from engine.runs.execute import RunConfig, execute
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("graph, prompts, structured", [
+    ("blame_fault", "default", "auto"), *[("blame_fault", name, "auto")
+                                          for name in PROMPT_SET_NAMES if name != "default"],
+    ("diamond", "paper", "off")])
+def test_identity_patch_changes_no_answer(tmp_path, graph, prompts, structured):
+    db = str(tmp_path / "runs.duckdb")
+    config = RunConfig(graph=str(ROOT / "sample_graphs" / f"{graph}.yaml"), db=db, steps=1,
+                       train=4, val=4, test=0, run_id="r", prompts=prompts,
+                       structured=structured, temperature=0.0)
+    asyncio.run(execute(config, forward_backend=ScriptedBackend()))
+    with duckdb.connect(db, read_only=True) as con:
+        logged = con.execute(
+            "SELECT o.example_id, o.node_id, o.output_text, l.prediction FROM node_outputs o "
+            "JOIN losses l USING (run_id, step, split, example_id) WHERE o.step = 1 AND "
+            "o.split = 'train' AND o.error IS NULL ORDER BY 1, 2").fetchall()
+    assert logged
+    for example, node, output, prediction in logged:
+        [result] = asyncio.run(probe(db, "r", 1, node, "output", example=example,
+                                     text=output, forward_backend=ScriptedBackend()))
+        assert result.error is None
+        assert (result.before_output, result.after_output) == (prediction, prediction), \
+            (example, node)
+        assert result.after_score == result.before_score
