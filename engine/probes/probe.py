@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from engine.core.forward import ExampleTrace, Prompts, RunContext, _call_node, call_function
-from engine.core.graph import Graph, parse_graph
+from engine.core.graph import Graph
 from engine.core.loss import example_loss
 from engine.data.examples import Example
 from engine.events import Activation, CallRecord
@@ -36,6 +36,7 @@ from engine.prompts import templates as P
 from engine.runlog.schema import RunLogError, check_readable, connect
 from engine.runlog.state import load_cache
 from engine.runlog.writer import insert_rows
+from engine.runs.code import bind_logged_graph
 
 KINDS = ("output", "gradient", "edit")
 
@@ -163,7 +164,8 @@ def load_run(db: str, run_id: str, step: int) -> LoggedRun:
         running = [r[0] for r in con.execute(
             "SELECT run_id FROM runs WHERE status = 'running'").fetchall()]
     config = json.loads(run[0])
-    graph = parse_graph(run[1], config.get("graph", "<graph>"))
+    # a run built in Python: its tools and metric imported again from where it recorded them
+    graph = bind_logged_graph(run[1], config.get("graph", "<graph>"), config.get("code"))
     prompts = Prompts.initial(graph)
     text, version = dict(prompts.text), dict(prompts.version)
     for node_id, v, prompt in versions:

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from engine.core.forward import RunContext
-from engine.core.graph import Graph, load_graph, parse_graph
+from engine.core.graph import Graph, load_graph
 from engine.core.optimizer import OptimizerConfig, OptimizerState, evaluate, optimize
 from engine.data.datasets import check_input_fields, load_examples, with_target
 from engine.data.examples import Example, Splits, split_examples
@@ -76,6 +76,9 @@ class RunConfig:
     prompts: str = "default"  # the prompt set: default | paper (engine/prompts/paper.py)
     structured: str = "auto"  # JSON-schema replies: auto | on | off (engine/prompts/structured.py)
     allow_copies: bool = False  # apply proposals that copy training examples
+    # where the graph's Python functions and metric come from (engine/runs/code.py),
+    # recorded by execute(); later commands import them again from it
+    code: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The config as stored in the run log: never an API key; a base URL loses any
@@ -236,6 +239,10 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
         raise RunLogError(f"{config.db}: a run '{config.run_id}' already exists; choose "
                           "another --run-id, or continue it with: python -m engine resume")
     config.run_id = config.run_id or new_run_id(graph.name, config.method)
+    if not config.code:
+        from engine.runs.code import code_origins
+
+        config.code = code_origins(graph)
     return await _drive(config, graph, splits, None, forward_backend, optimizer_backend,
                         listeners, new=True)
 
@@ -252,7 +259,9 @@ async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None
     config = RunConfig.from_json(point.config)
     config.db, config.run_id = db, run_id
     open_for_writing(db)  # before any model call
-    graph = parse_graph(point.graph_yaml, config.graph, functions)
+    from engine.runs.code import bind_logged_graph
+
+    graph = bind_logged_graph(point.graph_yaml, config.graph, config.code, functions)
     splits = Splits(*(_examples_of(point.examples, s) for s in ("train", "val", "test")))
     return await _drive(config, graph, splits, point.state, forward_backend, optimizer_backend,
                         listeners, new=False, test_done=point.test_done)
