@@ -39,6 +39,7 @@ from engine.probes.probe import (
     ProbeError,
     Prober,
     ProbeResult,
+    descendants,
     load_run,
     open_prober,
 )
@@ -601,14 +602,19 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
     weighed = list(grads.values()) if has_gradients else list(edits.values())
     # Per example, the gradients point at the node furthest upstream that they ask to
     # change: every request downstream of it traces back to it (the output node's own
-    # gradient is the loss, which always asks). Across examples: the most pointed at.
-    order = {n: i for i, n in enumerate(nodes)}
-    pointed: dict[tuple[int, str], str] = {}
+    # gradient is the loss, which always asks). Two such nodes, neither upstream of the
+    # other: the example points at no single node. Across examples: the most pointed at.
+    asked: dict[tuple[int, str], set[str]] = {}
     for c in claims:
-        key = (c["step"], c["example"])
-        if c["asks_change"] and (key not in pointed
-                                 or order[c["node"]] < order[pointed[key]]):
-            pointed[key] = c["node"]
+        if c["asks_change"]:
+            asked.setdefault((c["step"], c["example"]), set()).add(c["node"])
+    graph = plans[0]["run"].graph if plans else None
+    pointed: dict[tuple[int, str], str] = {}
+    for key, asking in asked.items():
+        roots = [n for n in asking
+                 if not any(n in descendants(graph, m) for m in asking - {n})]
+        if len(roots) == 1:
+            pointed[key] = roots[0]
     counts = {n: list(pointed.values()).count(n) for n in nodes}
     top = max(counts.values(), default=0)
     leaders = [n for n, c in counts.items() if c == top and top > 0]
