@@ -223,8 +223,8 @@ def blame_lines(report: Any, out: Any) -> list[str]:
              "examples its update call saw (in-sample); regressions: passing validation "
              "examples the edit breaks; claimed: gradients that asked the node to change"]
     if report.methods:
-        mt = Table("method", Column("node", no_wrap=True), "probed", "flips",
-                   Column("90%", no_wrap=True), "errors", "leaks", "Δscore",
+        mt = Table(Column("method", no_wrap=True), Column("node", no_wrap=True), "probed",
+                   "flips", Column("90%", no_wrap=True), "errors", "leaks", "Δscore",
                    Column("", no_wrap=True),
                    title="gradient efficacy per method, on the same traces")
         for row in report.methods:
