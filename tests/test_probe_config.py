@@ -57,6 +57,9 @@ def test_only_descendants_rerun_and_upstream_comes_from_the_log(tmp_path):
                                  forward_backend=backend))
     assert [r.meta["node"] for r in backend.requests if r.purpose == "forward"] == ["compare"]
     assert [o.node_id for o in result.outputs] == ["sum", "compare"]
+    with duckdb.connect(db, read_only=True) as con:  # cache hits count: nothing else ran
+        assert con.execute("SELECT node_id FROM llm_calls WHERE purpose = 'probe'"
+                           ).fetchall() == [("compare",)]
     backend = ScriptedBackend()
     asyncio.run(probe(db, "d", 1, "compare", "output", example=example, text="Yes",
                       forward_backend=backend))
