@@ -242,3 +242,22 @@ def test_repeats_draw_each_probe_again_at_temperature(tmp_path):
     (tmp_path / "cold").mkdir()
     cold = run_blame(logged_run(tmp_path / "cold"), examples="sampled", repeats=3)
     assert cold.repeats == 1 and "ignored" in cold.repeats_note
+
+
+def test_edit_probes_of_the_proposal_on_its_own_examples_are_in_sample(tmp_path, capsys,
+                                                                       monkeypatch):
+    from engine.probes.blame import probe
+
+    db = logged_run(tmp_path)
+    bk = ScriptedBackend(responder=blame_fault_responder())
+    seen = asyncio.run(probe(db, "bf", 1, "numbers", "edit", text="proposed",
+                             forward_backend=bk))
+    assert len(seen) == 3 and all(r.in_sample and r.flipped for r in seen)
+    fresh = asyncio.run(probe(db, "bf", 1, "numbers", "edit", text="proposed",
+                              examples="val", forward_backend=bk))
+    assert fresh and not any(r.in_sample for r in fresh)
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=blame_fault_responder()))
+    assert main(["probe", "bf", "--db", db, "--step", "1", "--node", "numbers", "--edit",
+                 "proposed"]) == 0
+    assert capsys.readouterr().out.count("[in-sample") == 3

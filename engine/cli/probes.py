@@ -38,8 +38,9 @@ def register_cli(sub: Any) -> None:
                       help="rewrite the node's output as its gradient says")
     kind.add_argument("--edit", metavar="proposed|@FILE",
                       help="run the node with the step's proposed prompt, or a prompt file")
-    p.add_argument("--examples", default="failing", metavar="failing|val|ID,ID",
-                   help="examples for --edit (default: those back-propagated at the step)")
+    p.add_argument("--examples", default="failing", metavar="failing|sampled|val|ID,ID",
+                   help="examples for --edit (default, failing or sampled: those "
+                        "back-propagated at the step)")
     p.add_argument("--json", action="store_true", help="print the probe rows as JSON")
     p.set_defaults(func=cmd_probe)
 
@@ -108,7 +109,9 @@ def describe(r: Any) -> str:
     elif r.flipped:
         line += "; flipped to correct"
     if r.leaks_target:
-        line += " [the intervention contains the target]"
+        line += " [the intervention carries the answer]"
+    if r.in_sample:
+        line += " [in-sample: the update call that wrote this prompt saw this example]"
     return line
 
 

@@ -75,7 +75,10 @@ async def probe(db: str, run_id: str, step: int, node_id: str, kind: str, *,
         if not prompt.strip():
             raise ProbeError("the prompt to apply is empty")
         ids = select_examples(run, example if example else examples)
-        jobs = [dict(kind=kind, example_id=e, node_id=node_id, prompt=prompt) for e in ids]
+        # the step's own proposal was written from the back-propagated examples
+        seen = set(backpropagated(run)) if text == "proposed" else set()
+        jobs = [dict(kind=kind, example_id=e, node_id=node_id, prompt=prompt,
+                     in_sample=e in seen) for e in ids]
     else:
         if example is None:
             raise ProbeError(f"a {kind} probe needs --example")
