@@ -261,3 +261,23 @@ def test_edit_probes_of_the_proposal_on_its_own_examples_are_in_sample(tmp_path,
     assert main(["probe", "bf", "--db", db, "--step", "1", "--node", "numbers", "--edit",
                  "proposed"]) == 0
     assert capsys.readouterr().out.count("[in-sample") == 3
+
+
+def test_a_named_node_never_overlaps_another():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    counts = st.integers(0, 40).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n)))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(counts, min_size=1, max_size=5))
+    def check(pairs):
+        rows = [Evidence(f"n{i}", probed=n, flips=k) for i, (n, k) in enumerate(pairs)]
+        v = verdict(rows)
+        if v.node is not None:
+            named = next(r for r in rows if r.node_id == v.node)
+            assert all(named.interval[0] > r.interval[1] for r in rows if r is not named)
+        elif any(r.flips for r in rows) and len(rows) > 1 and v.more_examples is not None:
+            assert v.more_examples > 0
+
+    check()
