@@ -38,7 +38,7 @@ def run_then_blame(config: RunConfig, label: str, show_table: bool) -> None:
     print(f"{label}: the run took {run_seconds:.1f} s, {result.stats.calls} calls "
           f"({result.stats.network_calls} to the model); status {result.status}")
     for attempt in ("blame", "blame again"):
-        report = asyncio.run(blame(config.db, result.run_id, 1))
+        report = asyncio.run(blame(config.db, result.run_id, 1, "sampled"))
         probes = len(report.results)
         print(f"  {attempt}: {probes} probes on {len(report.examples)} failing examples x "
               f"{len(report.nodes)} LLM nodes: {report.calls} calls "

@@ -1,103 +1,283 @@
 """blame on the teaching graph with a planted fault (sample_graphs/blame_fault.yaml): the
-probes single out the faulty node, deterministically, and say so when the gradients
-pointed elsewhere."""
+probes single out the faulty node only when the evidence separates it, name the
+confounds (leaks, in-sample edits, copied proposals, errors) and never count them, and
+compare methods on the same traces."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import duckdb
+import pytest
 
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
-from engine.probes.blame import blame
+from engine.probes.blame import (
+    Evidence,
+    blame,
+    examples_to_separate,
+    gradient_claim,
+    verdict,
+    wilson,
+)
+from engine.probes.probe import ProbeResult
 from engine.runs.execute import RunConfig, execute
 from tests.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 
 
-def logged_run(tmp_path, misleading: bool = False) -> str:
+def logged_run(tmp_path, misleading: bool = False, **config) -> str:
     db = str(tmp_path / "runs.duckdb")
-    config = RunConfig(graph=str(GRAPH), db=db, steps=1, test=0, run_id="bf",
-                       failures_per_step=3)
-    asyncio.run(execute(config, forward_backend=ScriptedBackend(
+    settings = dict(graph=str(GRAPH), db=db, steps=1, test=0, run_id="bf",
+                    failures_per_step=3)
+    settings.update(config)
+    asyncio.run(execute(RunConfig(**settings), forward_backend=ScriptedBackend(
         responder=blame_fault_responder(misleading))))
     return db
 
 
-def run_blame(db: str, misleading: bool = False, examples: str = "failing"):
-    return asyncio.run(blame(db, "bf", 1, examples, forward_backend=ScriptedBackend(
-        responder=blame_fault_responder(misleading))))
+def run_blame(db: str, misleading: bool = False, examples: str = "failing", **kw):
+    return asyncio.run(blame(db, "bf", kw.pop("step", 1), examples,
+                             forward_backend=ScriptedBackend(
+                                 responder=blame_fault_responder(misleading)), **kw))
 
 
 def table(report) -> dict[str, tuple]:
-    return {r.node_id: (r.probed, r.flips, r.leaks, r.edit_flips, r.edit_probed)
+    edits = {e.node_id: e for e in report.edits}
+    return {r.node_id: (r.probed, r.flips, r.leaks, edits[r.node_id].flips,
+                        edits[r.node_id].in_sample, edits[r.node_id].probed)
             for r in report.nodes}
 
 
-def test_blame_singles_out_the_planted_fault(tmp_path):
+def test_blame_pools_every_failing_example_and_names_the_fault(tmp_path):
     db = logged_run(tmp_path)
-    report = run_blame(db)
-    assert len(report.examples) == 3
-    assert table(report) == {"who": (3, 0, 0, 0, 3), "numbers": (3, 3, 0, 3, 3),
-                             "total": (3, 0, 3, 0, 3)}  # total's flips copy the target
-    assert report.blamed == ["numbers"] and report.by_gradients == "numbers" and report.agree
+    report = run_blame(db, step=None)
+    assert report.steps == [1] and len(report.examples) == 8  # all 8 training examples fail
+    # the 3 back-propagated examples' edit flips are in-sample: shown, not counted
+    assert table(report) == {"who": (8, 0, 0, 0, 0, 8), "numbers": (8, 8, 0, 5, 3, 8),
+                             "total": (8, 0, 8, 0, 0, 8)}  # total's flips copy the target
+    rows = {r.node_id: r for r in report.nodes}
+    assert rows["numbers"].interval[0] > max(rows["who"].interval[1], rows["total"].interval[1])
+    assert report.verdict.node == "numbers" and report.claimed == "numbers"
     with duckdb.connect(db, read_only=True) as con:
         kinds = con.execute("SELECT kind, count(*) FROM probes GROUP BY kind ORDER BY kind"
                             ).fetchall()
-    assert kinds == [("edit", 9), ("gradient", 9)]
-    again = run_blame(db)  # deterministic, and free the second time
+    assert kinds == [("edit", 24), ("gradient", 24)]
+    again = run_blame(db, step=None)  # deterministic, and free the second time
     assert table(again) == table(report) and again.model_calls == 0
+
+
+def test_three_sampled_examples_barely_separate_and_the_gradients_claims(tmp_path):
+    db = logged_run(tmp_path)
+    report = run_blame(db, examples="sampled")
+    assert len(report.examples) == 3
+    assert table(report)["numbers"] == (3, 3, 0, 0, 3, 3)  # every edit flip is in-sample
+    low, high = report.nodes[1].interval
+    assert round(low, 3) == 0.526 and high == 1.0
+    assert report.verdict.node == "numbers"
+    # honest gradients: 'who' is told no change is needed, 'numbers' to change
+    claims = {(c["example"], c["node"]): c["asks_change"] for c in report.claims}
+    assert not any(v for (e, n), v in claims.items() if n == "who")
+    assert all(v for (e, n), v in claims.items() if n == "numbers")
 
 
 def test_probes_disagree_with_gradients_that_point_at_the_wrong_node(tmp_path):
     db = logged_run(tmp_path, misleading=True)
-    report = run_blame(db, misleading=True)
-    # 'who' received the longest gradient; following it fixes nothing
-    assert report.by_gradients == "who"
+    report = run_blame(db, misleading=True, examples="sampled")
+    # 'who' is asked to change too; following that fixes nothing. Both inputs of 'total'
+    # asked, neither upstream of the other: the gradients point at no single node
+    claims = {(c["example"], c["node"]): c["asks_change"] for c in report.claims}
+    assert all(v for (e, n), v in claims.items() if n in ("who", "numbers"))
+    assert report.claimed is None
     assert table(report)["who"][:2] == (3, 0)
-    assert report.blamed == ["numbers"] and not report.agree
+    assert report.verdict.node == "numbers"
 
 
-def test_blame_on_validation_examples_backpropagates_them_through_probes(tmp_path):
-    db = logged_run(tmp_path)
-    report = run_blame(db, examples="val")
-    assert len(report.examples) == 8  # every validation example fails with step 1's prompts
-    assert report.blamed == ["numbers"]
-    assert table(report)["numbers"][:2] == (8, 8)
+def test_no_verdict_while_intervals_overlap():
+    one = Evidence("a", probed=1, flips=1)
+    two = Evidence("b", probed=3, flips=2)
+    v = verdict([one, two])  # 1/1 does not beat 2/3
+    assert v.node is None and "insufficient evidence" in v.reason
+    assert v.more_examples is not None and v.more_examples > 0
+    assert verdict([Evidence("a", probed=3, flips=3), Evidence("b", probed=3)]).node == "a"
+    # an equal share never separates; errors are not counted as 'did not flip'
+    assert verdict([Evidence("a", probed=4, flips=2), Evidence("b", probed=4, flips=2)]
+                   ).more_examples is None
+    failed = Evidence("a", probed=10, flips=1, errors=9)
+    assert failed.counted == 1 and failed.share == 1.0
+    assert verdict([Evidence("a", probed=2, flips=0), Evidence("b", probed=2)]).node is None
+
+
+def test_wilson_interval_and_examples_needed():
+    assert wilson(0, 0) == (0.0, 1.0)
+    low, high = wilson(8, 8)
+    assert round(low, 4) == 0.7473 and high == 1.0
+    low, high = wilson(5, 10)
+    assert round(low, 3) == 0.269 and round(high, 3) == 0.731
+    n = examples_to_separate(0.8, 0.2)
+    assert wilson(round(0.8 * n), n)[0] > wilson(round(0.2 * n), n)[1]
+    assert not wilson(round(0.8 * (n - 1)), n - 1)[0] > wilson(round(0.2 * (n - 1)), n - 1)[1]
+
+
+def test_a_flip_needs_a_failing_score_before():
+    base = dict(run_id="r", step=1, example_id="e", node_id="n", kind="edit", intervention="",
+                before_output="", after_output="")
+    assert ProbeResult(**base, before_score=0.0, after_score=1.0).flipped
+    assert not ProbeResult(**base, before_score=1.0, after_score=1.0).flipped
+    assert not ProbeResult(**base, before_score=None, after_score=1.0).flipped
+    broke = ProbeResult(**base, before_score=1.0, after_score=0.0)
+    assert broke.regressed and not broke.flipped
+    assert ProbeResult(**base, before_score=0.2, after_score=0.9).score_change == \
+        pytest.approx(0.7)
+    assert not ProbeResult(**base, before_score=0.0, after_score=1.0, error="x").flipped
+
+
+@pytest.mark.parametrize("text, asks", [
+    ("", False),
+    ("No change is needed: the name does not affect the sum.", False),
+    ("This input is already correct as it is.", False),
+    ("No change is needed to the wording, but the numbers must be passed on.", True),
+    ("Give the numbers.", True),
+    ("There is no other information; pass the numbers instead of a name.", True),
+])
+def test_reading_what_a_gradient_claims(text, asks):
+    assert gradient_claim(text)[0] is asks
 
 
 def test_blame_command_prints_the_table_and_the_verdict(tmp_path, capsys, monkeypatch):
     db = logged_run(tmp_path, misleading=True)
     monkeypatch.setattr("engine.llm.factory.make_backend",
                         lambda *a, **k: ScriptedBackend(responder=blame_fault_responder(True)))
-    assert main(["blame", "bf", "--db", db, "--step", "1"]) == 0
+    assert main(["blame", "bf", "--db", db, "--step", "1", "--examples", "sampled"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     numbers = next(ln for ln in lines if ln.startswith("│ numbers"))
-    assert "3/3" in numbers and "<- probes" in numbers
-    assert "<- gradients" in next(ln for ln in lines if ln.startswith("│ who"))
+    assert "3/3" in numbers and "[0.53, 1.00]" in numbers and "<- probes" in numbers
+    assert "<- gradients" not in captured.out
     assert "probes blame: numbers" in captured.out
-    assert "gradients singled out: who" in captured.out and "a different node" in captured.out
+    assert "gradients point at: no single node" in captured.out
     assert "probes 18/18 done" in captured.err  # progress, one line at a time in a log
-    assert main(["blame", "bf", "--db", db, "--step", "0"]) == 2
-    assert "no example was back-propagated at step 0" in capsys.readouterr().err
+    assert main(["blame", "bf", "--db", db, "--step", "7"]) == 2
+    assert "no complete step 7" in capsys.readouterr().err
+    assert main(["blame", "bf", "--db", db, "--method", "nope"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
+    assert main(["blame", "bf", "--db", db, "--examples", "sampled", "--step", "1",
+                 "--repeats", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --repeats")
 
 
-def test_a_method_without_gradients_probes_the_same_sampled_examples(tmp_path):
-    """`--method none` logs no gradients: blame draws the optimizer's seeded sample again,
-    the same examples a gradient method back-propagated, and runs edit probes only."""
+def test_blame_json_and_methods_on_the_same_traces(tmp_path, capsys, monkeypatch):
+    db = logged_run(tmp_path)
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=blame_fault_responder()))
+    assert main(["blame", "bf", "--db", db, "--examples", "sampled", "--json",
+                 "--method", "semantic,textgrad,semantic-nosibling"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert set(nodes) == {"who", "numbers", "total"}
+    assert (nodes["numbers"]["probed"], nodes["numbers"]["flips"], nodes["numbers"]["errors"]
+            ) == (3, 3, 0)
+    assert nodes["numbers"]["interval"] == [0.5258, 1.0]
+    assert nodes["total"]["leaks"] == 3 and nodes["total"]["flips"] == 0
+    assert report["verdict"]["node"] == "numbers"
+    methods = {(m["method"], m["node"]): m for m in report["methods"]}
+    assert {m for m, _ in methods} == {"semantic", "textgrad", "semantic-nosibling"}
+    for name in ("semantic", "textgrad", "semantic-nosibling"):
+        row = methods[(name, "numbers")]
+        assert set(row) >= {"method", "node", "probed", "flips", "interval"}
+        assert (row["probed"], row["flips"]) == (3, 3)
+
+
+def test_a_method_without_gradients_is_judged_by_its_out_of_sample_edits(tmp_path):
+    """`--method none` logs no gradients: the verdict weighs the edit probes, and only
+    their flips on examples the update call did not see."""
+    db = logged_run(tmp_path, method="none")
+    report = run_blame(db)
+    assert report.evidence == "edit" and {r.kind for r in report.results} == {"edit"}
+    edits = {e.node_id: e for e in report.edits}
+    assert (edits["numbers"].flips, edits["numbers"].in_sample) == (5, 3)
+    assert report.verdict.node == "numbers"
+    sampled = run_blame(db, examples="sampled")
+    assert sampled.verdict.node is None  # every edit flip there is in-sample
+
+
+def test_copied_proposals_are_never_probed(tmp_path, capsys, monkeypatch):
+    """A proposal the optimizer rejected as a copy of training examples is flagged, not
+    probed: its flips would be the examples pasted in."""
+    def copying(request):
+        if request.purpose == "update" and request.meta.get("node") == "numbers":
+            pasted = request.user_text.split('<input name="text">', 1)[-1][:400]
+            return f"<prompt>Copy the two numbers in the text. Examples: {pasted}</prompt>"
+        return blame_fault_responder()(request)
+
     db = str(tmp_path / "runs.duckdb")
-    for method in ("semantic", "none"):
-        config = RunConfig(graph=str(GRAPH), db=db, steps=1, test=0, run_id=method,
-                           method=method, failures_per_step=3)
-        asyncio.run(execute(config, forward_backend=ScriptedBackend(
-            responder=blame_fault_responder())))
+    asyncio.run(execute(RunConfig(graph=str(GRAPH), db=db, steps=1, test=0, run_id="bf",
+                                  failures_per_step=3),
+                        forward_backend=ScriptedBackend(responder=copying)))
     with duckdb.connect(db, read_only=True) as con:
-        sampled = [r[0] for r in con.execute(
-            "SELECT DISTINCT g.example_id FROM gradients g JOIN examples e USING (run_id, "
-            "example_id) WHERE g.run_id = 'semantic' AND g.step = 1 ORDER BY 1").fetchall()]
-    report = asyncio.run(blame(db, "none", 1, forward_backend=ScriptedBackend(
-        responder=blame_fault_responder())))
-    assert sorted(report.examples) == sampled and len(sampled) == 3
-    assert {r.kind for r in report.results} == {"edit"}
+        assert con.execute("SELECT reject_reason FROM updates WHERE node_id = 'numbers'"
+                           ).fetchone()[0] == "copies training examples"
+    report = asyncio.run(blame(db, "bf", 1, forward_backend=ScriptedBackend(
+        responder=copying)))
+    edits = {e.node_id: e for e in report.edits}
+    assert (edits["numbers"].probed, edits["numbers"].copy_rejected) == (0, 1)
+    assert not [r for r in report.results if r.kind == "edit" and r.node_id == "numbers"]
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=copying))
+    assert main(["probe", "bf", "--db", db, "--step", "1", "--node", "numbers", "--edit",
+                 "proposed"]) == 2
+    assert "copies training examples" in capsys.readouterr().err
+
+
+def test_repeats_draw_each_probe_again_at_temperature(tmp_path):
+    db = logged_run(tmp_path, temperature=0.7)
+    backend = ScriptedBackend(responder=blame_fault_responder())
+    report = asyncio.run(blame(db, "bf", 1, "sampled", repeats=3, forward_backend=backend))
+    assert report.repeats == 3
+    assert {r.sample_index for r in report.results} == {0, 1, 2}
+    assert {q.sample_index for q in backend.requests} >= {1, 2}
+    numbers = next(r for r in report.nodes if r.node_id == "numbers")
+    assert (numbers.probed, numbers.repeat_groups, numbers.repeat_agree) == (3, 3, 3)
+    (tmp_path / "cold").mkdir()
+    cold = run_blame(logged_run(tmp_path / "cold"), examples="sampled", repeats=3)
+    assert cold.repeats == 1 and "ignored" in cold.repeats_note
+
+
+def test_edit_probes_of_the_proposal_on_its_own_examples_are_in_sample(tmp_path, capsys,
+                                                                       monkeypatch):
+    from engine.probes.blame import probe
+
+    db = logged_run(tmp_path)
+    bk = ScriptedBackend(responder=blame_fault_responder())
+    seen = asyncio.run(probe(db, "bf", 1, "numbers", "edit", text="proposed",
+                             forward_backend=bk))
+    assert len(seen) == 3 and all(r.in_sample and r.flipped for r in seen)
+    fresh = asyncio.run(probe(db, "bf", 1, "numbers", "edit", text="proposed",
+                              examples="val", forward_backend=bk))
+    assert fresh and not any(r.in_sample for r in fresh)
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=blame_fault_responder()))
+    assert main(["probe", "bf", "--db", db, "--step", "1", "--node", "numbers", "--edit",
+                 "proposed"]) == 0
+    assert capsys.readouterr().out.count("[in-sample") == 3
+
+
+def test_a_named_node_never_overlaps_another():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    counts = st.integers(0, 40).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n)))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(counts, min_size=1, max_size=5))
+    def check(pairs):
+        rows = [Evidence(f"n{i}", probed=n, flips=k) for i, (n, k) in enumerate(pairs)]
+        v = verdict(rows)
+        if v.node is not None:
+            named = next(r for r in rows if r.node_id == v.node)
+            assert all(named.interval[0] > r.interval[1] for r in rows if r is not named)
+        elif any(r.flips for r in rows) and len(rows) > 1 and v.more_examples is not None:
+            assert v.more_examples > 0
+
+    check()

@@ -5,9 +5,7 @@ graph whose Python functions this process does not have, and running an optimiza
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import yaml
 
-from engine.core.functions import FUNCTIONS
+from engine.core.functions import FUNCTIONS, load_functions
 from engine.core.graph import METRICS, parse_graph
 from engine.llm.base import Backend
 from engine.runs.settings import DEFAULTS
@@ -49,37 +47,6 @@ class OptimizeResult:
     test_score: float | None  # None without test data
     steps: int  # optimization steps completed
     db: str
-
-
-class FunctionsFileError(ValueError):
-    """A --functions file that does not import (the command line: one line, exit 2)."""
-
-
-def load_functions(path: str | Path) -> dict[str, Callable[..., Any]]:
-    """Import a Python file the user chose and return its public callables by name."""
-    path = Path(path)
-    if not path.is_file():
-        raise FunctionsFileError(f"{path}: functions file not found")
-    name = "semback_functions_" + "".join(c if c.isalnum() else "_" for c in path.stem)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise FunctionsFileError(f"{path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(path.resolve().parent))  # its sibling modules, as `python FILE`
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:  # noqa: BLE001 - whatever the file does on import, one line
-        sys.modules.pop(name, None)
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise FunctionsFileError(f"{path}: cannot import: {exc.__class__.__name__}: {first}"
-                                 ) from None
-    finally:
-        if str(path.resolve().parent) in sys.path:
-            sys.path.remove(str(path.resolve().parent))
-    return {k: v for k, v in vars(module).items() if callable(v) and not k.startswith("_")}
 
 
 def function_name(fn: Callable[..., Any], node_id: str,

@@ -4,10 +4,11 @@
     python -m engine probe RUN_ID --db DB --step S --node N --example E --gradient
     python -m engine probe RUN_ID --db DB --step S --node N --edit proposed|@FILE
                                   [--examples failing|val|ID,ID]
-    python -m engine blame RUN_ID --db DB --step S [--examples failing|val]
+    python -m engine blame RUN_ID --db DB [--step S] [--examples sampled|failing|val|all|ID,ID]
+                                  [--method M1,M2] [--repeats R] [--json]
 
 `probe --json` prints the probe rows (with their re-computed outputs) for machines such as
-the dashboard's background jobs.
+the dashboard's background jobs; `blame --json` prints one object (nodes, verdict, methods).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def register_cli(sub: Any) -> None:
                       help="rewrite the node's output as its gradient says")
     kind.add_argument("--edit", metavar="proposed|@FILE",
                       help="run the node with the step's proposed prompt, or a prompt file")
-    p.add_argument("--examples", default="failing", metavar="failing|val|ID,ID",
-                   help="examples for --edit (default: those back-propagated at the step)")
+    p.add_argument("--examples", default="failing", metavar="failing|sampled|val|ID,ID",
+                   help="examples for --edit (default, failing or sampled: those "
+                        "back-propagated at the step)")
     p.add_argument("--json", action="store_true", help="print the probe rows as JSON")
     p.set_defaults(func=cmd_probe)
 
@@ -46,8 +48,16 @@ def register_cli(sub: Any) -> None:
                                      "of a step and see which one fixes them")
     p.add_argument("run_id")
     p.add_argument("--db", default="runs.duckdb")
-    p.add_argument("--step", type=int, required=True)
-    p.add_argument("--examples", choices=("failing", "val"), default="failing")
+    p.add_argument("--step", type=int, help="one step (default: every backward step, pooled)")
+    p.add_argument("--examples", default="failing", metavar="sampled|failing|val|all|ID,ID",
+                   help="failing (default): every failing training example; sampled: those "
+                        "back-propagated; val, all, or a list of ids")
+    p.add_argument("--method", metavar="M1,M2",
+                   help="also re-run these methods' backward passes on the same traces and "
+                        "follow their gradients")
+    p.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="draw each probe R times (temperature > 0) and report agreement")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_blame)
 
 
@@ -99,7 +109,9 @@ def describe(r: Any) -> str:
     elif r.flipped:
         line += "; flipped to correct"
     if r.leaks_target:
-        line += " [the intervention contains the target]"
+        line += " [the intervention carries the answer]"
+    if r.in_sample:
+        line += " [in-sample: the update call that wrote this prompt saw this example]"
     return line
 
 
@@ -131,8 +143,11 @@ def cmd_blame(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engine.console import console, out
-    from engine.probes.blame import blame
+    from engine.probes.blame import blame, parse_methods
 
+    methods = parse_methods(args.method)
+    if args.repeats < 1:  # said before the progress bar draws anything
+        raise ProbeError(f"--repeats must be 1 or more, not {args.repeats}")
     _say_if_busy(args.db, args.run_id, console)
     bar = Progress(TextColumn("[bold]probes"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=console)
@@ -148,50 +163,101 @@ def cmd_blame(args: argparse.Namespace) -> int:
 
     try:
         report = asyncio.run(blame(args.db, args.run_id, args.step, args.examples,
-                                   progress=progress))
+                                   methods=methods, repeats=args.repeats, progress=progress))
     finally:
         bar.stop()
+    if args.json:
+        print(json.dumps(report.as_json(), ensure_ascii=False, indent=1))
+        return 0
     for line in blame_lines(report, out):
         out.print(line, markup=False, highlight=False)
     return 0
 
 
+def _rate(row: Any) -> tuple[str, str]:
+    """flips over counted probes, and the 90% interval of that share."""
+    low, high = row.interval
+    return f"{row.flips}/{row.counted}", f"[{low:.2f}, {high:.2f}]"
+
+
+def _change(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}"
+
+
 def blame_lines(report: Any, out: Any) -> list[str]:
-    """Print the per-node table; return the lines that follow it."""
+    """Print the per-node tables; return the lines that follow them."""
     widest = max((len(row.node_id) for row in report.nodes), default=4)
-    table = Table(Column("node", no_wrap=True, min_width=widest), "probed", "gradient flips",
-                  "leaks", "edit flips", "grad chars", Column("", no_wrap=True),
-                  title=f"blame: run {report.run_id}, step {report.step}, "
-                        f"{len(report.examples)} failing examples")
+    steps = f"step {report.steps[0]}" if len(report.steps) == 1 else \
+        f"steps {', '.join(map(str, report.steps))} pooled"
+    edits = {e.node_id: e for e in report.edits}
+    table = Table(Column("node", no_wrap=True, min_width=widest), "probed",
+                  Column("flips", no_wrap=True), Column("90%", no_wrap=True), "errors",
+                  "leaks", Column("Δscore", no_wrap=True), "claimed", Column("", no_wrap=True),
+                  title=f"blame: run {report.run_id}, {steps}, {len(report.examples)} "
+                        f"failing examples ({report.which}): following each gradient")
     for row in report.nodes:
         marks = []
         if row.node_id in report.blamed:
             marks.append("<- probes")
-        if row.node_id == report.by_gradients:
+        if row.node_id == report.claimed:
             marks.append("<- gradients")
-        table.add_row(row.node_id, str(row.probed), f"{row.flips}/{row.probed}",
-                      str(row.leaks),
-                      f"{row.edit_flips}/{row.edit_probed}" if row.has_edit else "no edit",
-                      f"{row.gradient_chars:.0f}", ", ".join(marks))
+        table.add_row(row.node_id, str(row.probed), *_rate(row), str(row.errors),
+                      str(row.leaks), _change(row.mean_score_change),
+                      f"{row.claimed}/{row.probed}", ", ".join(marks))
     out.print(table)
-    lines = ["gradient flips: failing examples made correct by following the node's gradient, "
-             "not counting leaks (rewrites that contain the target); edit flips: by the "
-             "node's proposed edit alone; grad chars: mean length of the gradient it "
-             "received (0 when it asked for no change)"]
-    if not report.blamed:
-        lines.append("probes blame: no node (no gradient probe flipped an example without "
-                     "leaking the target)")
-    elif len(report.blamed) > 1:
-        lines.append(f"probes blame: a tie between {', '.join(report.blamed)}")
+    table = Table(Column("node", no_wrap=True, min_width=widest), "probed",
+                  Column("flips", no_wrap=True), Column("90%", no_wrap=True), "in-sample",
+                  "errors", "leaks", "regressions", title="each node's proposed edit alone")
+    for row in report.nodes:
+        edit = edits[row.node_id]
+        if not edit.probed:
+            table.add_row(row.node_id, "-", "copy-rejected" if edit.copy_rejected else
+                          "no edit", "", "", "", "", "")
+            continue
+        table.add_row(row.node_id, str(edit.probed), *_rate(edit), str(edit.in_sample),
+                      str(edit.errors), str(edit.leaks),
+                      (f"{edit.regressions}/{edit.guarded}" if edit.guarded else "-")
+                      + (f" ({edit.copy_rejected} copy-rejected)" if edit.copy_rejected
+                         else ""))
+    out.print(table)
+    lines = ["gradient flips: failing examples made correct by following the node's gradient "
+             "(leaks, rewrites that carry the answer, are not counted), with a 90% Wilson "
+             "interval; edit flips: by the node's proposed edit alone, not counting the "
+             "examples its update call saw (in-sample); regressions: passing validation "
+             "examples the edit breaks; claimed: gradients that asked the node to change"]
+    if report.methods:
+        mt = Table(Column("method", no_wrap=True), Column("node", no_wrap=True), "probed",
+                   "flips", Column("90%", no_wrap=True), "errors", "leaks", "Δscore",
+                   Column("", no_wrap=True),
+                   title="gradient efficacy per method, on the same traces")
+        for row in report.methods:
+            named = report.method_verdicts[row.method].node == row.node_id
+            mt.add_row(row.method, row.node_id, str(row.probed), *_rate(row), str(row.errors),
+                       str(row.leaks), _change(row.mean_score_change),
+                       "<- blamed" if named else "")
+        out.print(mt)
+    evidence = "gradient probes" if report.evidence == "gradient" else \
+        "edit probes (the run has no gradients)"
+    if report.verdict.node:
+        lines.append(f"probes blame: {report.verdict.node} ({evidence}: "
+                     f"{report.verdict.reason})")
     else:
-        lines.append(f"probes blame: {report.blamed[0]}")
-    pointed = f"{report.by_gradients} (longest received gradient)" if report.by_gradients \
-        else "no node (no gradient asked for a change)"
-    verdict = ("the same node" if report.agree else "a different node" if report.blamed
-               else "nothing to compare")
-    lines.append(f"gradients singled out: {pointed}; probes and gradients: {verdict}")
-    lines.append(f"cost: {report.calls} calls ({report.model_calls} to the model), "
-                 f"{report.seconds:.1f} s")
+        lines.append(f"probes blame: no node ({evidence}: {report.verdict.reason})")
+    for name, v in report.method_verdicts.items():
+        lines.append(f"  {name}: {v.node or 'no node'}" + ("" if v.node else f" ({v.reason})"))
+    claimed = report.claimed or "no single node"
+    agree = ("the same node" if report.claimed and report.claimed == report.verdict.node else
+             "a different node" if report.claimed and report.verdict.node else
+             "nothing to compare")
+    lines.append(f"gradients point at: {claimed} (the node furthest upstream they ask to "
+                 f"change, most often); probes and gradients: {agree}")
+    if report.repeats_note:
+        lines.append(report.repeats_note)
+    lines.append(f"rewriter: the optimizer model ({report.rewriter}) follows each gradient; "
+                 f"a strong rewriter can solve the example itself (forward model: "
+                 f"{report.forward_model})")
+    lines.append(f"cost: {report.calls} calls ({report.model_calls} to the model, "
+                 f"{report.tokens} tokens), {report.seconds:.1f} s")
     return lines
 
 

@@ -1,27 +1,37 @@
-"""What to probe at a logged step, and `blame`: which node do the probes blame?
+"""What to probe at a logged step, and `blame`: which node do the probes blame, and how
+sure is that?
 
 `probe(...)` is the entry point of one probe command (it checks the request against the
-run log, runs the probes and writes them). `blame(...)` runs the gradient probe for every
-(failing example, LLM node) pair of a step, and each node's proposed edit alone on the
-same examples, then compares where the probes point with where the gradients pointed.
+run log, runs the probes and writes them). `blame(...)` pools every backward step of a run
+(or one): at each LLM node it follows the gradient the node received on every chosen
+failing example, and runs the node's proposed edit alone on them and on the passing
+validation examples; with `methods`, it re-runs each named method's backward pass on the
+same logged traces and follows those gradients too.
 
 Definitions (docs/probes.md):
-- a probe *flips* an example when the example scored below 1 and scores 1 after the
-  intervention; flips whose intervention contains the target verbatim are counted apart
-  (`leaks`), as they may be the answer copied through rather than credit;
-- the probes *blame* the node with the highest share of non-leaking gradient flips;
-- the gradients *single out* the node whose received (aggregated) gradient was longest on
-  average over the probed examples; a gradient that asks for no change counts as empty.
+- a probe *flips* an example when it scored below 1 before and 1 after; it *regresses*
+  one that scored 1 before and less after; failed probes are errors, never "no flip";
+- *leaks* (the intervention carries the answer, engine/probes/leaks.py), *in-sample* edit
+  flips (the update call saw that example) and copy-rejected proposals are confounds:
+  shown in their own columns, never counted as flips;
+- each node's flip rate has a 90% Wilson interval; the probes *blame* a node only when its
+  interval lies above every other node's, else the evidence is insufficient and the
+  report says about how many examples per node would separate the two leading nodes;
+- the gradients *claim* a node when the gradient it received asks it to change
+  (`gradient_claim`); claims are set beside the probes per node and per example.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from engine.core.copies import COPY_REASON
 from engine.llm.base import Backend
 from engine.probes.probe import (
     KINDS,
@@ -29,15 +39,23 @@ from engine.probes.probe import (
     ProbeError,
     Prober,
     ProbeResult,
+    descendants,
     load_run,
     open_prober,
 )
+from engine.runlog.probing import backward_steps, step_proposal
 from engine.runlog.schema import connect
 
-NO_CHANGE = re.compile(
-    r"\b(no changes? (is |are )?needed|needs? no change|need not change|does not need to "
-    r"change|should not change|is (already )?(fine|correct|right) as (it is|is)|keep (it|this "
-    r"input) (as it is|as is|unchanged))\b", re.I)
+EXAMPLE_CHOICES = ("sampled", "failing", "val", "all")
+Z90 = 1.6448536269514722  # two-sided 90%
+
+
+class CopiedProposal(ProbeError):
+    """The step's proposal was rejected as a copy of training examples."""
+
+
+class NothingToProbe(ProbeError):
+    """A step with no failing example among those chosen."""
 
 
 async def probe(db: str, run_id: str, step: int, node_id: str, kind: str, *,
@@ -57,7 +75,10 @@ async def probe(db: str, run_id: str, step: int, node_id: str, kind: str, *,
         if not prompt.strip():
             raise ProbeError("the prompt to apply is empty")
         ids = select_examples(run, example if example else examples)
-        jobs = [dict(kind=kind, example_id=e, node_id=node_id, prompt=prompt) for e in ids]
+        # the step's own proposal was written from the back-propagated examples
+        seen = set(backpropagated(run)) if text == "proposed" else set()
+        jobs = [dict(kind=kind, example_id=e, node_id=node_id, prompt=prompt,
+                     in_sample=e in seen) for e in ids]
     else:
         if example is None:
             raise ProbeError(f"a {kind} probe needs --example")
@@ -90,12 +111,18 @@ def received_gradients(run: LoggedRun) -> dict[tuple[str, str], str]:
 
 
 def proposed_prompt(run: LoggedRun, node_id: str) -> str:
-    with connect(run.db, read_only=True) as con:
-        row = con.execute("SELECT old_prompt, new_prompt FROM updates WHERE run_id = ? AND "
-                          "step = ? AND node_id = ?", [run.run_id, run.step, node_id]).fetchone()
-    if row is None or not (row[1] or "").strip() or row[1].strip() == (row[0] or "").strip():
+    """The node's proposal at the step. One the optimizer rejected as a copy of training
+    examples is refused: a flip it causes is the examples pasted in, not credit."""
+    row = step_proposal(run.db, run.run_id, run.step, node_id)
+    if row is None or not row[1].strip() or row[1].strip() == row[0].strip():
+        if row is not None and row[2] == COPY_REASON:
+            raise CopiedProposal(f"step {run.step}'s proposal for node '{node_id}' was "
+                                 f"rejected: it {COPY_REASON}")
         raise ProbeError(f"step {run.step} has no proposed edit for node '{node_id}'"
                          + ("" if row is None else " (its update left the prompt unchanged)"))
+    if row[2] == COPY_REASON:
+        raise CopiedProposal(f"step {run.step}'s proposal for node '{node_id}' was rejected: "
+                             f"it {COPY_REASON} (to probe it anyway, pass it as --edit @FILE)")
     return row[1]
 
 
@@ -126,7 +153,7 @@ def backpropagated(run: LoggedRun) -> list[str]:
 
 
 def select_examples(run: LoggedRun, which: str) -> list[str]:
-    if which == "failing":
+    if which in ("failing", "sampled"):
         ids = backpropagated(run)
         if not ids:
             raise ProbeError(f"no example was back-propagated at step {run.step}; pass "
@@ -143,141 +170,462 @@ def select_examples(run: LoggedRun, which: str) -> list[str]:
     return ids
 
 
-# --- blame ------------------------------------------------------------------------------
+# --- what the gradients claim -----------------------------------------------------------
+
+_KEEP = re.compile(
+    r"\b(no (further |other )?changes? (is |are )?(needed|required|necessary)|no change"
+    r"|needs? no changes?|need not (be )?change|(does not|doesn't|do not|don't) need to "
+    r"(be )?change|(should|can) (stay|remain) (as it is|as is|unchanged)|nothing to change"
+    r"|is (already )?(fine|correct|right|good)( as (it is|is))?|keep (it|this( input)?) "
+    r"(as it is|as is|unchanged))\b", re.I)
+_BUT = re.compile(r"\b(but|however|instead|although|though|except)\b", re.I)
+
+
+def gradient_claim(text: str) -> tuple[bool, str]:
+    """(asks its input to change, how that was read). Empty: no change. A no-change phrase
+    with no contrast after it ("but", "however", ...): no change. Otherwise a change."""
+    text = (text or "").strip()
+    if not text:
+        return False, "empty gradient"
+    keep = _KEEP.search(text)
+    if keep and not _BUT.search(text, keep.end()) and not _BUT.search(text[:keep.start()]):
+        return False, f"no-change phrase {keep.group(0)!r}"
+    if keep:
+        return True, f"no-change phrase {keep.group(0)!r} with a contrast"
+    return True, "asks for a change (no no-change phrase)"
+
+
+# --- the interval and the verdict -------------------------------------------------------
+
+
+def wilson(successes: int, n: int, z: float = Z90) -> tuple[float, float]:
+    """Wilson score interval of a share; [0, 1] when there is nothing to go on."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def examples_to_separate(p_high: float, p_low: float, limit: int = 100_000) -> int | None:
+    """The fewest examples per node at which shares p_high and p_low would have disjoint
+    90% intervals; None when they never would (equal shares)."""
+    if p_high <= p_low:
+        return None
+    n = 1
+    while n <= limit:
+        if wilson(round(p_high * n), n)[0] > wilson(round(p_low * n), n)[1]:
+            return n
+        n = n + 1 if n < 64 else int(n * 1.1)
+    return None
 
 
 @dataclass
-class NodeBlame:
+class Evidence:
+    """One kind of intervention at one node, pooled over steps and examples. A probe
+    group (step, example, node) counts once; with repeats its flip is the majority's."""
+
     node_id: str
-    probed: int = 0  # gradient probes run (examples where the node received a gradient)
-    flips: int = 0  # ... that flipped the example, intervention not containing the target
-    leaks: int = 0  # flips whose intervention contains the target verbatim
-    edit_probed: int = 0
-    edit_flips: int = 0
-    has_edit: bool = False
-    gradient_chars: float = 0.0  # mean length of the gradient it received (no change = 0)
+    kind: str = "gradient"
+    method: str = ""
+    probed: int = 0  # groups on failing examples
+    flips: int = 0  # ... fixed, intervention not leaking the answer, not in-sample
+    errors: int = 0  # ... whose probes all failed: not evidence either way
+    leaks: int = 0  # ... fixed, but the intervention carries the answer
+    in_sample: int = 0  # ... fixed, but the update call saw the example (edits)
+    guarded: int = 0  # groups on passing (validation) examples
+    regressions: int = 0  # ... broken by the intervention
+    score_change: float = 0.0  # summed over scored failing groups
+    scored: int = 0
+    repeat_groups: int = 0  # groups probed more than once
+    repeat_agree: int = 0  # ... whose repeats all agreed on the flip
+    copy_rejected: int = 0  # steps whose proposal was a copy: not probed
+    claimed: int = 0  # gradients that asked the node to change (gradient kind)
+    claim_agree: int = 0  # ... claim == flipped, per example
 
     @property
-    def share(self) -> float:
-        return self.flips / self.probed if self.probed else 0.0
+    def counted(self) -> int:
+        return self.probed - self.errors
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.flips, self.counted)
+
+    @property
+    def share(self) -> float | None:
+        return self.flips / self.counted if self.counted else None
+
+    @property
+    def mean_score_change(self) -> float | None:
+        return self.score_change / self.scored if self.scored else None
+
+    def as_json(self) -> dict[str, Any]:
+        low, high = self.interval
+        data = {"node": self.node_id, "kind": self.kind, "probed": self.probed,
+                "flips": self.flips, "errors": self.errors, "leaks": self.leaks,
+                "interval": [round(low, 4), round(high, 4)],
+                "mean_score_change": self.mean_score_change,
+                "regressions": self.regressions, "guarded": self.guarded}
+        if self.kind == "edit":
+            data.update(in_sample=self.in_sample, copy_rejected=self.copy_rejected)
+        elif not self.method:  # the run's own gradients: their claims were read
+            data.update(claimed=self.claimed, claim_agreement=self.claim_agree)
+        if self.repeat_groups:
+            data["repeat_agreement"] = [self.repeat_agree, self.repeat_groups]
+        if self.method:
+            data["method"] = self.method
+        return data
+
+
+@dataclass
+class Verdict:
+    node: str | None
+    reason: str
+    more_examples: int | None = None  # per node, to separate the two leading nodes
+
+    def as_json(self) -> dict[str, Any]:
+        return {"node": self.node, "reason": self.reason, "more_examples": self.more_examples}
+
+
+def verdict(rows: list[Evidence]) -> Verdict:
+    """Name a node only when its interval lies wholly above every other node's."""
+    if not rows:
+        return Verdict(None, "no node was probed")
+    if not any(r.flips for r in rows):
+        return Verdict(None, f"no {rows[0].kind} probe flipped an example (leaks, in-sample "
+                             "edits and errors are not counted)")
+    ranked = sorted(rows, key=lambda r: (r.share or 0.0, r.counted), reverse=True)
+    best, others = ranked[0], ranked[1:]
+    low = best.interval[0]
+    if all(low > r.interval[1] for r in others):
+        return Verdict(best.node_id, f"{best.node_id}'s 90% interval lies above every other "
+                                     "node's")
+    rival = max(others, key=lambda r: r.interval[1])
+    need = examples_to_separate(best.share or 0.0, rival.share or 0.0)
+    have = min(best.counted, rival.counted)
+    if need is None:
+        more = None
+        how = "at these flip rates no number of examples would tell them apart"
+    else:
+        more = max(need - have, 1)
+        how = (f"about {need} examples per node would separate them at these rates "
+               f"({more} more than the {have} now)")
+    return Verdict(None, f"insufficient evidence: {best.node_id} "
+                         f"({best.flips}/{best.counted}) and {rival.node_id} "
+                         f"({rival.flips}/{rival.counted}) have overlapping 90% intervals; "
+                         f"{how}", more)
+
+
+# --- blame ------------------------------------------------------------------------------
 
 
 @dataclass
 class BlameReport:
     run_id: str
-    step: int
-    examples: list[str]
-    nodes: list[NodeBlame]
-    blamed: list[str]  # nodes with the highest flip share (> 0); one when singled out
-    by_gradients: str | None  # the node the gradients singled out
+    steps: list[int]
+    which: str  # the --examples choice
+    examples: list[tuple[int, str]]  # (step, example) probed as failing
+    nodes: list[Evidence]  # gradient evidence per LLM node (the run's own method)
+    edits: list[Evidence]  # edit evidence per LLM node
+    evidence: str  # "gradient" or "edit": what the verdict weighs
+    verdict: Verdict
+    claimed: str | None  # the node the gradients most often asked to change
+    claims: list[dict[str, Any]] = field(default_factory=list)  # per (step, example, node)
+    methods: list[Evidence] = field(default_factory=list)  # per (method, node)
+    method_verdicts: dict[str, Verdict] = field(default_factory=dict)
+    repeats: int = 1
+    repeats_note: str = ""
+    rewriter: str = ""  # the model that follows gradients (the optimizer model)
+    forward_model: str = ""
     calls: int = 0
     model_calls: int = 0
+    tokens: int = 0
     seconds: float = 0.0
     results: list[ProbeResult] = field(default_factory=list)
 
     @property
-    def agree(self) -> bool:
-        return len(self.blamed) == 1 and self.blamed[0] == self.by_gradients
+    def step(self) -> int | None:
+        return self.steps[0] if len(self.steps) == 1 else None
+
+    @property
+    def blamed(self) -> list[str]:
+        return [self.verdict.node] if self.verdict.node else []
+
+    def as_json(self) -> dict[str, Any]:
+        nodes = []
+        edits = {e.node_id: e for e in self.edits}
+        for row in self.nodes:
+            data = row.as_json()
+            data["edit"] = edits[row.node_id].as_json()
+            nodes.append(data)
+        return {
+            "run_id": self.run_id, "steps": self.steps, "examples": self.which,
+            "probed_examples": len(self.examples), "evidence": self.evidence,
+            "nodes": nodes, "verdict": self.verdict.as_json(),
+            "gradients_claimed": self.claimed, "claims": self.claims,
+            **({"methods": [{**m.as_json(), "method": m.method,
+                             "verdict": self.method_verdicts[m.method].node}
+                            for m in self.methods]} if self.methods else {}),
+            "repeats": self.repeats, "repeats_note": self.repeats_note,
+            "confounds": {"rewriter_model": self.rewriter, "forward_model": self.forward_model,
+                          "rewriter_is_optimizer_model": True},
+            "cost": {"calls": self.calls, "model_calls": self.model_calls,
+                     "tokens": self.tokens, "seconds": round(self.seconds, 3)},
+        }
 
 
-async def blame(db: str, run_id: str, step: int, examples: str = "failing", *,
+def parse_methods(text: str | None) -> list[str]:
+    from engine.methods import METHODS
+
+    names = [m.strip() for m in (text or "").split(",") if m.strip()]
+    for name in names:
+        if name not in METHODS:
+            raise ProbeError(f"unknown method '{name}' (choose from {', '.join(METHODS)})")
+        if not METHODS[name].uses_gradients:
+            raise ProbeError(f"method '{name}' computes no gradients: nothing to follow")
+    return names
+
+
+async def blame(db: str, run_id: str, step: int | None = None, examples: str = "failing", *,
+                methods: list[str] | None = None, repeats: int = 1,
                 forward_backend: Backend | None = None,
                 optimizer_backend: Backend | None = None,
                 progress: Callable[[int, int], None] | None = None) -> BlameReport:
-    """Gradient probes for every (failing example, LLM node) pair at `step`, and each
-    node's proposed edit alone on the same examples; logged like any probe.
+    """Probe every LLM node on the chosen examples of `step` (None: every backward step,
+    pooled): follow its gradient on each failing example and run its proposed edit alone
+    on them and on the passing validation examples; with `methods`, also follow each
+    method's gradients, re-computed on the same logged traces. `repeats` > 1 draws each
+    probe again at temperature > 0. Logged like any probe; raises ProbeError on bad input.
     `progress(done, total)` is called as probes finish."""
-    if examples not in ("failing", "val"):
-        raise ProbeError(f"--examples must be 'failing' or 'val', not {examples!r}")
-    run = load_run(db, run_id, step)
+    which = examples
+    if which not in EXAMPLE_CHOICES and not [e for e in which.split(",") if e.strip()]:
+        raise ProbeError(f"--examples must be one of {', '.join(EXAMPLE_CHOICES)} or a list "
+                         f"of ids, not {which!r}")
+    if repeats < 1:
+        raise ProbeError(f"--repeats must be 1 or more, not {repeats}")
+    methods = list(methods or [])
+    steps = backward_steps(db, run_id) if step is None else [step]
+    if step is None and not steps:
+        load_run(db, run_id, 1)  # says why: no run, or no complete step
     started = time.perf_counter()
-    prober = open_prober(run, forward_backend, optimizer_backend)
-    client = prober.ctx.client
+    plans, results, probers, empty = [], [], [], []
+    calls = model_calls = tokens = 0
     try:
-        ids, gradients = await _failing_with_gradients(run, prober, examples)
-        nodes = [n.id for n in run.graph.nodes if n.kind == "llm"]
-        order = {n: i for i, n in enumerate(run.graph.topological_order())}
-        nodes.sort(key=order.get)
-        edits = {}
-        for n in nodes:
+        for s in steps:
+            run = load_run(db, run_id, s)
+            probers.append(open_prober(run, forward_backend, optimizer_backend))
             try:
-                edits[n] = proposed_prompt(run, n)
-            except ProbeError:
-                pass
-        jobs = [dict(kind="gradient", example_id=e, node_id=n, feedback=gradients[(e, n)])
-                for e in ids for n in nodes if gradients.get((e, n), "").strip()]
-        jobs += [dict(kind="edit", example_id=e, node_id=n, prompt=edits[n])
-                 for n in edits for e in ids]
+                plans.append(await _plan_step(run, probers[-1], which, methods))
+            except NothingToProbe as exc:  # pooled: a step with nothing to probe is skipped
+                if step is not None:
+                    raise
+                empty.append(str(exc))
+                await probers.pop().ctx.client.aclose()
+        if not plans:
+            raise ProbeError(empty[0] if len(empty) == 1 else
+                             f"no step of run '{run_id}' has examples to probe ({empty[-1]})")
+        temperature = float(plans[0]["run"].config.get("temperature", 0.0)) if plans else 0.0
+        draws = repeats if temperature > 0 else 1
+        total = sum(len(p["jobs"]) for p in plans) * draws
         done = 0
-
-        async def one(job: dict) -> ProbeResult:
-            nonlocal done
-            result = await prober.intervene(**job)
-            done += 1
-            if progress:
-                progress(done, len(jobs))
-            return result
-
         if progress:
-            progress(0, len(jobs))
-        results = await asyncio.gather(*(one(job) for job in jobs))
-        prober.save()
+            progress(0, total)
+        for plan, prober in zip(plans, probers):
+
+            async def one(job: dict, index: int, prober: Prober = prober) -> ProbeResult:
+                nonlocal done
+                result = await prober.intervene(**job, sample_index=index)
+                done += 1
+                if progress:
+                    progress(done, total)
+                return result
+
+            results.extend(await asyncio.gather(*(one(job, i) for job in plan["jobs"]
+                                                  for i in range(draws))))
+            tokens += sum((c.prompt_tokens or 0) + (c.completion_tokens or 0)
+                          for c in prober.calls if not c.cache_hit)
+            prober.save()
     finally:
-        await client.aclose()
-    report = summarize(run, ids, nodes, edits, gradients, list(results))
-    report.calls, report.model_calls = client.stats.calls, client.stats.network_calls
+        for prober in probers:
+            calls += prober.ctx.client.stats.calls
+            model_calls += prober.ctx.client.stats.network_calls
+            await prober.ctx.client.aclose()
+    report = summarize(run_id, steps, which, plans, results)
+    report.repeats = draws
+    report.repeats_note = "" if repeats == 1 else (
+        f"each probe drawn {repeats} times at temperature {temperature:g}" if draws > 1 else
+        f"--repeats {repeats} ignored: the run is at temperature 0, so every draw is the same")
+    if plans:
+        config = plans[0]["run"].config
+        report.forward_model = str(config.get("model") or config.get("backend"))
+        report.rewriter = str(config.get("optimizer_model") or report.forward_model)
+    report.calls, report.model_calls, report.tokens = calls, model_calls, tokens
     report.seconds = time.perf_counter() - started
     return report
 
 
-async def _failing_with_gradients(run: LoggedRun, prober: Prober, which: str
-                                  ) -> tuple[list[str], dict[tuple[str, str], str]]:
-    """failing: the back-propagated examples and their logged gradients. val: the
-    validation examples that fail with the step's prompts, back-propagated now with the
-    run's method through the probe client (those gradients are not logged)."""
-    if which == "failing":
-        ids = backpropagated(run)
-        if not ids:
-            raise ProbeError(f"no example was back-propagated at step {run.step}; try "
-                             "--examples val")
-        return ids, received_gradients(run)
+async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[str]
+                     ) -> dict[str, Any]:
+    """The step's failing and passing examples, the gradients to follow (logged, or
+    re-computed with the run's method through the probe client) and the probe jobs."""
     from engine.core.loss import example_loss
     from engine.methods import make_method
 
-    method = make_method(run.config.get("method", "semantic"),
-                         **run.config.get("method_options", {}))
-    ids = select_examples(run, "val")
-    bases = await asyncio.gather(*(prober.baseline(e) for e in ids))
-    failing = [(e, b) for e, b in zip(ids, bases) if (b.score or 0.0) < 1.0]
-    losses = await asyncio.gather(*(example_loss(prober.ctx, b.trace, b.split)
-                                    for _, b in failing))
-    feedback = await asyncio.gather(*(method.backward(prober.ctx, run.prompts, b.trace, loss)
-                                      for (_, b), loss in zip(failing, losses)))
-    gradients = {(e, n): text for (e, _), fb in zip(failing, feedback) for n, text in fb.items()}
-    return [e for e, _ in failing], gradients
+    sampled = set(backpropagated(run))
+    train = [e for e, split in run.split_of.items() if split == "train"]
+    val = [e for e, split in run.split_of.items() if split == "val"]
+    if which == "sampled":
+        if not sampled:
+            raise NothingToProbe(f"no example was back-propagated at step {run.step}; try "
+                                 "--examples failing or val")
+        ids = [e for e in train if e in sampled]
+    elif which == "failing":
+        ids = train
+    elif which == "val":
+        ids = val
+    elif which == "all":
+        ids = train + val
+    else:
+        ids = select_examples(run, which)
+    bases = dict(zip(ids, await asyncio.gather(*(prober.baseline(e) for e in ids))))
+    failing = [e for e in ids if bases[e].score is not None and bases[e].score < 1.0]
+    if not failing:
+        raise NothingToProbe(f"no chosen example fails at step {run.step}")
+    # passing validation examples: where an edit's regressions show
+    val_bases = await asyncio.gather(*(prober.baseline(e) for e in val))
+    passing_val = [e for e, b in zip(val, val_bases) if (b.score or 0.0) >= 1.0]
+
+    logged = received_gradients(run)
+    run_method = run.config.get("method", "semantic")
+
+    async def backprop(name: str, ids: list[str]) -> dict[tuple[str, str], str]:
+        options = run.config.get("method_options", {}) if name == run_method else {}
+        method = make_method(name, **options)
+        if not method.uses_gradients or not ids:
+            return {}
+        losses = await asyncio.gather(*(example_loss(prober.ctx, bases[e].trace,
+                                                     bases[e].split) for e in ids))
+        feedback = await asyncio.gather(*(method.backward(prober.ctx, run.prompts,
+                                                          bases[e].trace, loss)
+                                          for e, loss in zip(ids, losses)))
+        return {(e, n): text for e, fb in zip(ids, feedback) for n, text in fb.items()}
+
+    missing = [e for e in failing if e not in sampled or not any(k[0] == e for k in logged)]
+    gradients = {k: v for k, v in logged.items() if k[0] in failing and k[0] in sampled}
+    gradients.update(await backprop(run_method, missing))
+    by_method = {}
+    for name in methods:
+        by_method[name] = await backprop(name, failing)
+    nodes = [n for n in run.graph.topological_order() if run.graph.node(n).kind == "llm"]
+    edits, copied = {}, set()
+    for n in nodes:
+        try:
+            edits[n] = proposed_prompt(run, n)
+        except CopiedProposal:
+            copied.add(n)
+        except ProbeError:
+            pass
+    # method "" marks the run's own gradients; a name, the comparison's re-computed ones
+    jobs = [dict(kind="gradient", example_id=e, node_id=n, feedback=gradients[(e, n)])
+            for e in failing for n in nodes if (e, n) in gradients]
+    jobs += [dict(kind="edit", example_id=e, node_id=n, prompt=edits[n], in_sample=e in sampled)
+             for n in edits for e in [*failing, *passing_val]]
+    jobs += [dict(kind="gradient", example_id=e, node_id=n, feedback=grads[(e, n)], method=name)
+             for name, grads in by_method.items()
+             for e in failing for n in nodes if (e, n) in grads]
+    return {"run": run, "failing": failing, "nodes": nodes, "edits": edits, "copied": copied,
+            "gradients": gradients, "by_method": by_method, "jobs": jobs,
+            "run_method": run_method}
 
 
-def summarize(run: LoggedRun, ids: list[str], nodes: list[str], edits: dict[str, str],
-              gradients: dict[tuple[str, str], str], results: list[ProbeResult]
-              ) -> BlameReport:
-    rows = {n: NodeBlame(n, has_edit=n in edits) for n in nodes}
+def _group(results: list[ProbeResult]) -> dict[tuple, list[ProbeResult]]:
+    groups: dict[tuple, list[ProbeResult]] = {}
     for r in results:
-        row = rows[r.node_id]
-        if r.kind == "gradient":
-            row.probed += 1
-            row.flips += int(r.flipped and not r.leaks_target)
-            row.leaks += int(r.flipped and r.leaks_target)
+        groups.setdefault((r.kind, r.method if r.kind == "gradient" else "", r.node_id,
+                           r.step, r.example_id), []).append(r)
+    return groups
+
+
+def _tally(row: Evidence, draws: list[ProbeResult], claim: bool | None = None) -> None:
+    ok = [r for r in draws if r.error is None]
+    before = draws[0].before_score
+    if before is not None and before >= 1.0:
+        row.guarded += 1
+        row.regressions += int(sum(r.regressed for r in ok) * 2 > len(ok) > 0)
+        return
+    row.probed += 1
+    if not ok:
+        row.errors += 1
+        return
+    fixed = sum(r.flipped for r in ok) * 2 > len(ok)
+    leaked = fixed and any(r.leaks_target for r in ok if r.flipped)
+    inside = fixed and draws[0].in_sample
+    row.flips += int(fixed and not leaked and not inside)
+    row.leaks += int(leaked)
+    row.in_sample += int(inside and not leaked)
+    changes = [r.score_change for r in ok if r.score_change is not None]
+    if changes:
+        row.score_change += sum(changes) / len(changes)
+        row.scored += 1
+    if len(draws) > 1:
+        row.repeat_groups += 1
+        row.repeat_agree += int(len({r.flipped for r in draws}) == 1 and len(ok) == len(draws))
+    if claim is not None:
+        row.claimed += int(claim)
+        row.claim_agree += int(claim == (fixed and not leaked))
+
+
+def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
+              results: list[ProbeResult]) -> BlameReport:
+    nodes = plans[0]["nodes"] if plans else []
+    grads = {n: Evidence(n, "gradient") for n in nodes}
+    edits = {n: Evidence(n, "edit") for n in nodes}
+    names = list(plans[0]["by_method"]) if plans else []
+    per_method = {(m, n): Evidence(n, "gradient", m) for m in names for n in nodes}
+    texts = {(p["run"].step, e, n): t for p in plans for (e, n), t in p["gradients"].items()}
+    claims = []
+    for key, draws in _group(results).items():
+        kind, method, node, step, example = key
+        if kind == "edit":
+            _tally(edits[node], draws)
+        elif method:
+            _tally(per_method[(method, node)], draws)
         else:
-            row.edit_probed += 1
-            row.edit_flips += int(r.flipped)
-    for n, row in rows.items():
-        texts = [gradients.get((e, n), "") for e in ids]
-        row.gradient_chars = sum(0 if NO_CHANGE.search(t) else len(t.strip())
-                                 for t in texts) / len(texts) if texts else 0.0
-    best = max((row.share for row in rows.values()), default=0.0)
-    blamed = [n for n, row in rows.items() if best > 0 and row.share == best]
-    longest = max((row.gradient_chars for row in rows.values()), default=0.0)
-    by_gradients = next((n for n, row in rows.items()
-                         if longest > 0 and row.gradient_chars == longest), None)
-    return BlameReport(run.run_id, run.step, ids, list(rows.values()), blamed, by_gradients,
-                       results=results)
+            asks, reading = gradient_claim(texts.get((step, example, node), ""))
+            _tally(grads[node], draws, asks)
+            claims.append({"step": step, "example": example, "node": node, "asks_change": asks,
+                           "reading": reading, "flipped": any(r.flipped and not r.leaks_target
+                                                             for r in draws)})
+    for p in plans:
+        for n in p["copied"]:
+            edits[n].copy_rejected += 1
+    has_gradients = any(r.probed for r in grads.values())
+    weighed = list(grads.values()) if has_gradients else list(edits.values())
+    # Per example, the gradients point at the node furthest upstream that they ask to
+    # change: every request downstream of it traces back to it (the output node's own
+    # gradient is the loss, which always asks). Two such nodes, neither upstream of the
+    # other: the example points at no single node. Across examples: the most pointed at.
+    asked: dict[tuple[int, str], set[str]] = {}
+    for c in claims:
+        if c["asks_change"]:
+            asked.setdefault((c["step"], c["example"]), set()).add(c["node"])
+    graph = plans[0]["run"].graph if plans else None
+    pointed: dict[tuple[int, str], str] = {}
+    for key, asking in asked.items():
+        roots = [n for n in asking
+                 if not any(n in descendants(graph, m) for m in asking - {n})]
+        if len(roots) == 1:
+            pointed[key] = roots[0]
+    counts = {n: list(pointed.values()).count(n) for n in nodes}
+    top = max(counts.values(), default=0)
+    leaders = [n for n, c in counts.items() if c == top and top > 0]
+    examples = [(p["run"].step, e) for p in plans for e in p["failing"]]
+    report = BlameReport(run_id, steps, which, examples, list(grads.values()),
+                         list(edits.values()), "gradient" if has_gradients else "edit",
+                         verdict(weighed), leaders[0] if len(leaders) == 1 else None, claims,
+                         list(per_method.values()), results=results)
+    report.method_verdicts = {m: verdict([per_method[(m, n)] for n in nodes]) for m in names}
+    return report
+

@@ -20,22 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from engine.core.forward import ExampleTrace, Prompts, RunContext, call_function, call_node
-from engine.core.graph import GraphSpec, parse_graph
+from engine.core.graph import GraphSpec
 from engine.core.loss import example_loss
 from engine.data.examples import Example
 from engine.events import Activation, CallRecord
 from engine.llm.base import Backend
+from engine.probes.leaks import leaks_answer
 from engine.prompts import templates as P
 from engine.runlog.schema import RunLogError, check_readable, connect
 from engine.runlog.state import load_cache
 from engine.runlog.writer import insert_rows
+from engine.runs.code import bind_logged_graph
 
 KINDS = ("output", "gradient", "edit")
 
@@ -83,15 +84,33 @@ class ProbeResult:
     outputs: list[ProbeOutput] = field(default_factory=list)
     probe_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     created_at: float = field(default_factory=time.time)
+    # known to the report, not stored: the update call saw this example (an edit flip on
+    # it is in-sample), which re-sample this was, and whose gradient was followed
+    in_sample: bool = False
+    sample_index: int = 0
+    method: str = ""
 
     @property
     def flipped(self) -> bool:
         """The intervention turned a wrong answer right."""
-        return (self.error is None and (self.before_score or 0.0) < 1.0
-                and (self.after_score or 0.0) >= 1.0)
+        return (self.error is None and self.before_score is not None
+                and self.before_score < 1.0 and (self.after_score or 0.0) >= 1.0)
+
+    @property
+    def regressed(self) -> bool:
+        """The intervention broke an example that passed."""
+        return (self.error is None and self.before_score is not None
+                and self.before_score >= 1.0 and (self.after_score or 0.0) < self.before_score)
+
+    @property
+    def score_change(self) -> float | None:
+        if self.error is not None or self.before_score is None or self.after_score is None:
+            return None
+        return self.after_score - self.before_score
 
     def row(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k != "outputs"}
+        data = {k: v for k, v in asdict(self).items()
+                if k not in ("outputs", "in_sample", "sample_index", "method")}
         data["call_ids"] = json.dumps(self.call_ids)
         return data
 
@@ -145,7 +164,8 @@ def load_run(db: str, run_id: str, step: int) -> LoggedRun:
         running = [r[0] for r in con.execute(
             "SELECT run_id FROM runs WHERE status = 'running'").fetchall()]
     config = json.loads(run[0])
-    graph = parse_graph(run[1], config.get("graph", "<graph>"))
+    # a run built in Python: its tools and metric imported again from where it recorded them
+    graph = bind_logged_graph(run[1], config.get("graph", "<graph>"), config.get("code"))
     prompts = Prompts.initial(graph)
     text, version = dict(prompts.text), dict(prompts.version)
     for node_id, v, prompt in versions:
@@ -165,13 +185,26 @@ def descendants(graph: GraphSpec, node_id: str) -> set[str]:
     return found
 
 
-def leaks_target(text: str, target: str) -> bool:
-    """The intervention contains the target verbatim (as a whole word): a flip it causes
-    may be the answer copied through, not credit."""
-    target = target.strip()
-    if not target:
-        return False
-    return re.search(rf"(?<!\w){re.escape(target)}(?!\w)", text, flags=re.I) is not None
+def leaks_target(text: str, target: str, metric: str = "auto") -> bool:
+    """The intervention carries the target in a form the metric reads as the answer
+    (engine/probes/leaks.py): a flip it causes may be the answer copied through, not
+    credit."""
+    return leaks_answer(text, target, metric)
+
+
+class _Resampled:
+    """The run's client with every request drawn as sample `index` (a `--repeats` probe at
+    temperature > 0): another draw, and another cache entry, of the same calls."""
+
+    def __init__(self, client, index: int) -> None:
+        self._client, self._index = client, index
+
+    def request(self, *args, **kwargs):
+        kwargs.setdefault("sample_index", self._index)
+        return self._client.request(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
 
 
 @dataclass
@@ -217,8 +250,10 @@ class Prober:
         return Baseline(trace, loss.score, loss.prediction, split)
 
     async def _rerun(self, trace: ExampleTrace, prompts: Prompts, nodes: list[str],
-                     replaced: dict[str, ProbeOutput]) -> list[ProbeOutput]:
+                     replaced: dict[str, ProbeOutput], ctx: RunContext | None = None
+                     ) -> list[ProbeOutput]:
         """Run `nodes` (in topological order) on the trace, in place; return their outputs."""
+        ctx = ctx or self.ctx
         outputs = []
         for node_id in nodes:
             node = self.run.graph.node(node_id)
@@ -229,13 +264,14 @@ class Prober:
                     call_id=new.call_id)
                 outputs.append(new)
                 continue
-            activation = await self._activation(trace, prompts, node)
+            activation = await self._activation(trace, prompts, node, ctx)
             trace.activations[node_id] = activation
             outputs.append(ProbeOutput(node_id, activation.output_text, activation.error,
                                        activation.call_id))
         return outputs
 
-    async def _activation(self, trace: ExampleTrace, prompts: Prompts, node) -> Activation:
+    async def _activation(self, trace: ExampleTrace, prompts: Prompts, node,
+                          ctx: RunContext) -> Activation:
         values: dict[str, str] = {}
         split = self.run.split_of[trace.example.id]
         for name in node.inputs:
@@ -243,22 +279,27 @@ class Prober:
             if upstream is None:
                 values[name] = trace.example.fields.get(name, "")
             elif upstream.error:
-                return _failed(self.ctx, trace.example, node.id, split,
+                return _failed(ctx, trace.example, node.id, split,
                                f"upstream node '{name}' failed")
             else:
                 values[name] = upstream.output_text
         trace.inputs[node.id] = values
         if node.kind == "function":
             output, error = await call_function(node, values)
-            return replace(_failed(self.ctx, trace.example, node.id, split, error),
+            return replace(_failed(ctx, trace.example, node.id, split, error),
                            output_text=output)
-        return await call_node(self.ctx, prompts, trace.example, node, values, split)
+        return await call_node(ctx, prompts, trace.example, node, values, split)
 
     async def intervene(self, kind: str, example_id: str, node_id: str, *,
                         text: str | None = None, feedback: str | None = None,
-                        prompt: str | None = None) -> ProbeResult:
+                        prompt: str | None = None, sample_index: int = 0,
+                        in_sample: bool = False, method: str = "") -> ProbeResult:
         """One probe. output: `text` replaces the node's output; gradient: the optimizer
-        model rewrites the output following `feedback`; edit: the node runs with `prompt`."""
+        model rewrites the output following `feedback`; edit: the node runs with `prompt`.
+        `sample_index` > 0 draws its calls again (repeats at temperature > 0); `in_sample`
+        and `method` are carried to the result for the report."""
+        ctx = self.ctx if not sample_index else replace(
+            self.ctx, client=_Resampled(self.ctx.client, sample_index))
         base = await self.baseline(example_id)
         example, graph = base.trace.example, self.run.graph
         trace = ExampleTrace(example, dict(base.trace.activations), dict(base.trace.inputs))
@@ -269,37 +310,41 @@ class Prober:
             intervention = prompt or ""
         else:
             intervention, call_id, error = (text or "", None, None) if kind == "output" else \
-                await self.follow_gradient(base.trace, node_id, feedback or "")
+                await self.follow_gradient(base.trace, node_id, feedback or "", ctx)
             replaced[node_id] = ProbeOutput(node_id, intervention, error, call_id)
         if error:  # the rewrite call failed: nothing to re-run
             result = ProbeResult(self.run.run_id, self.run.step, example_id, node_id, kind, "",
                                  base.prediction, "", base.score, None,
-                                 [replaced[node_id].call_id or ""], False, error)
+                                 [replaced[node_id].call_id or ""], False, error,
+                                 in_sample=in_sample, sample_index=sample_index, method=method)
             self.results.append(result)
             return result
-        outputs = await self._rerun(trace, prompts, [node_id, *later], replaced)
-        loss = await example_loss(self.ctx, trace, base.split)
+        outputs = await self._rerun(trace, prompts, [node_id, *later], replaced, ctx)
+        loss = await example_loss(ctx, trace, base.split)
         call_ids = [o.call_id for o in outputs if o.call_id] + \
             ([loss.call_id] if loss.call_id else [])
         result = ProbeResult(
             self.run.run_id, self.run.step, example_id, node_id, kind, intervention,
             base.prediction, loss.prediction, base.score, loss.score, call_ids,
-            kind != "edit" and leaks_target(intervention, example.target), loss.error, outputs)
+            leaks_target(intervention, example.target, graph.metric), loss.error, outputs,
+            in_sample=in_sample, sample_index=sample_index, method=method)
         self.results.append(result)
         return result
 
-    async def follow_gradient(self, trace: ExampleTrace, node_id: str, feedback: str
+    async def follow_gradient(self, trace: ExampleTrace, node_id: str, feedback: str,
+                              ctx: RunContext | None = None
                               ) -> tuple[str, str | None, str | None]:
         """(rewritten output, call id, error): the optimizer model applies the gradient."""
+        ctx = ctx or self.ctx
         node = self.run.graph.node(node_id)
         messages = probe_rewrite_messages(self.run.prompts.text.get(node_id, ""),
                                             trace.inputs.get(node_id, {}),
                                             trace.output(node_id), feedback)
-        request = self.ctx.client.request(
-            "probe", messages, max_tokens=self.ctx.optimizer_max_tokens,
+        request = ctx.client.request(
+            "probe", messages, max_tokens=ctx.optimizer_max_tokens,
             meta={"role": "probe_rewrite", "node": node.id, "output": trace.output(node_id),
                   "feedback": feedback})
-        record = await self.ctx.client.call(request, step=self.run.step, node_id=node_id,
+        record = await ctx.client.call(request, step=self.run.step, node_id=node_id,
                                             example_id=trace.example.id)
         if record.error:
             return "", record.call_id, f"rewrite call failed: {record.error}"
@@ -361,7 +406,9 @@ def _inputs(graph: GraphSpec, example: Example, acts: dict[str, Activation]
 
 def open_prober(run: LoggedRun, forward_backend: Backend | None = None,
                 optimizer_backend: Backend | None = None) -> Prober:
-    """A prober with the run's backends, models and settings, and its reply cache."""
+    """A prober in exactly the run's configuration: its backends and models, prompt set,
+    structured mode, temperature and seed, token limits, and its reply cache."""
+    from engine.prompts.sets import prompt_set
     from engine.runs.execute import RunConfig, default_max_tokens, make_client
 
     config = RunConfig.from_json(run.config)
@@ -369,8 +416,10 @@ def open_prober(run: LoggedRun, forward_backend: Backend | None = None,
     client = make_client(config, cache, forward_backend, optimizer_backend)
     client.run_id = run.run_id
     max_tokens, optimizer_max_tokens = default_max_tokens(config)
+    # the run's own prompt set: descendants re-run as the run ran them, else an identity
+    # patch (a node's output replaced by itself) could change the answer
     ctx = RunContext(run.graph, client, lambda event: None, run.run_id, run.step, max_tokens,
-                     optimizer_max_tokens)
+                     optimizer_max_tokens, prompt_set(config.prompts))
     prober = Prober(run, ctx, cache)
     client.on_call = prober.on_call
     return prober

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.forward import RunContext
-from engine.core.graph import GraphSpec, load_graph, parse_graph
+from engine.core.graph import GraphSpec, load_graph
 from engine.core.optimizer import OptimizerConfig, OptimizerState, evaluate, run_steps
 from engine.data.datasets import check_input_fields, load_examples, with_target
 from engine.data.examples import Example, Splits, split_examples
@@ -180,6 +180,10 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
         raise RunLogError(f"{config.db}: a run '{config.run_id}' already exists; choose "
                           "another --run-id, or continue it with: python -m engine resume")
     config.run_id = config.run_id or new_run_id(graph.name, config.method)
+    if not config.code:
+        from engine.runs.code import code_origins
+
+        config.code = code_origins(graph)
     return await drive_run(config, graph, splits, None, forward_backend, optimizer_backend,
                         listeners, new=True)
 
@@ -196,7 +200,9 @@ async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None
     config = RunConfig.from_json(point.config)
     config.db, config.run_id = db, run_id
     open_for_writing(db)  # before any model call
-    graph = parse_graph(point.graph_yaml, config.graph, functions)
+    from engine.runs.code import bind_logged_graph
+
+    graph = bind_logged_graph(point.graph_yaml, config.graph, config.code, functions)
     splits = Splits(*(examples_of(point.examples, s) for s in ("train", "val", "test")))
     return await drive_run(config, graph, splits, point.state, forward_backend, optimizer_backend,
                         listeners, new=False, test_done=point.test_done)

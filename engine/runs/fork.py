@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.core.forward import RunContext
-from engine.core.graph import GraphSpec, parse_graph
+from engine.core.graph import GraphSpec
 from engine.core.optimizer import OptimizerState, evaluate
 from engine.data.examples import Splits
 from engine.events import PromptVersion, StepFinished
@@ -27,6 +27,7 @@ from engine.runlog.reader import prompt_versions_up_to
 from engine.runlog.schema import RunLogError
 from engine.runlog.state import load_resume_state, run_exists
 from engine.runlog.writer import open_for_writing
+from engine.runs.code import bind_logged_graph
 
 SPLIT_OPTIONS = ("train", "val", "test", "seed", "dataset", "data_dir")
 
@@ -65,7 +66,7 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
     config.steps = from_step + overrides["steps"] if "steps" in overrides \
         else max(parent_steps, from_step + 1)
     config.db, config.run_id = db, overrides.get("run_id")
-    graph = parse_graph(point.graph_yaml, config.graph)
+    graph = bind_logged_graph(point.graph_yaml, config.graph, config.code)
     resplit = any(key in overrides for key in SPLIT_OPTIONS)
     if resplit:
         splits = load_splits(config, graph)

@@ -160,6 +160,9 @@ class RunConfig:
                                    "a server refuses)")
     allow_copies: bool = setting(False, help="apply proposed prompts that copy training "
                                              "examples (few-shot style)")
+    # Not a flag: where the graph's Python functions and metric come from
+    # (engine/runs/code.py), recorded by execute(); later commands import them again from it.
+    code: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The config as stored in the run log: never an API key; a base URL loses any

@@ -1,0 +1,247 @@
+"""Attribution benchmark: does `blame` name the node where a fault was planted?
+
+Seven graphs over one task ("Ann has 3 apples and gets 4 more." -> 7), each with a planted
+fault whose culprit is known: chains of depth 2, 3 and 4 (the fault first, in the middle),
+a diamond, a fault with two successors, a fault fed through a Python function, and two
+faults at once. A faulty node is told to copy the first word of its input (a name), so
+the numbers never reach the node that adds them.
+
+The model is `planted_fault_responder`, a scripted model that obeys prompts literally (so
+the planted fault decides every answer) and back-propagates honestly: each backward call
+tells an input to carry the numbers when its value has none (unless the input only says
+who the sentence is about), and that it needs no change otherwise. Because its gradients ignore the context a method adds (siblings, the task),
+every method gets the same gradients here: the method rows check the machinery, they do
+not rank methods. Ranking methods needs a real model (`--backend local` runs the same
+graphs on the embedded SmolLM2-135M; expect mostly "no node": a 135M model rarely follows
+a gradient to a right answer).
+
+Each graph: one optimization step with method semantic, then `blame` (pooled, every
+failing example) with --method semantic,textgrad,semantic-nosibling. Scored per graph:
+top-1 attribution of the probes, of the gradients' own claims, and of each method (right
+when the named node is a culprit; "no node" is wrong), with the calls and tokens blame
+spent.
+
+    .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from engine.core.graph import parse_graph  # noqa: E402
+from engine.llm.base import LLMRequest  # noqa: E402
+from engine.llm.scripted import ScriptedBackend  # noqa: E402
+from engine.probes.blame import blame  # noqa: E402
+from engine.runs.execute import RunConfig, execute  # noqa: E402
+
+METHODS = ["semantic", "textgrad", "semantic-nosibling"]
+FAULT = "Copy the first word of the text."
+RELAY = "Repeat the text you are given."
+TOTAL = "Add up the numbers you are given, each distinct number once, and reply with the sum."
+HARMLESS = {"who", "text_note"}  # say who the sentence is about: never asked for numbers
+NAMES = ["Ann", "Bob", "Cleo", "Dev", "Eve", "Finn", "Gus", "Hana", "Ivo", "Jo", "Kai", "Lu"]
+
+# name -> (nodes as (id, prompt, inputs[, kind/function]), culprits)
+GRAPHS: dict[str, tuple[list[tuple], set[str]]] = {
+    "chain2": ([("fault", FAULT, ["text"]), ("total", TOTAL, ["fault"])], {"fault"}),
+    "chain3": ([("fault", FAULT, ["text"]), ("relay", RELAY, ["fault"]),
+                ("total", TOTAL, ["relay"])], {"fault"}),
+    "chain4": ([("first", RELAY, ["text"]), ("fault", FAULT, ["first"]),
+                ("relay", RELAY, ["fault"]), ("total", TOTAL, ["relay"])], {"fault"}),
+    "diamond": ([("fault", FAULT, ["text"]), ("left", RELAY, ["fault"]),
+                 ("right", RELAY, ["fault"]), ("total", TOTAL, ["left", "right"])], {"fault"}),
+    "two_successors": ([("who", "Say who the sentence is about.", ["text"]),
+                        ("fault", FAULT, ["text"]), ("add", RELAY, ["fault"]),
+                        ("check", RELAY, ["fault"]), ("total", TOTAL, ["who", "add", "check"])],
+                       {"fault"}),
+    "through_function": ([("fault", FAULT, ["text"]),
+                          ("digits", None, ["fault"], "function", "keep_digits"),
+                          ("total", TOTAL, ["text_note", "digits"]),
+                          ("text_note", "Say who the sentence is about.", ["text"])],
+                         {"fault"}),
+    "two_faults": ([("fault_a", FAULT, ["text"]), ("fault_b", FAULT, ["text"]),
+                    ("total", TOTAL, ["fault_a", "fault_b"])], {"fault_a", "fault_b"}),
+}
+
+
+def keep_digits(text: str) -> str:
+    """The Python tool of `through_function`: passes on the numbers of its input."""
+    return " ".join(re.findall(r"\d+", text))
+
+
+def _values(text: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in re.finditer(
+        r'<input name="([^"]+)">\s*(.*?)\s*</input>', text, flags=re.S)}
+
+
+def _numbers(text: str) -> list[str]:
+    return re.findall(r"\d+", text)
+
+
+def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
+    """The scripted model of this benchmark: forward calls obey their prompt (copy the
+    first word, repeat, write the numbers, add distinct numbers); backward calls are
+    honest; probe rewrites follow "numbers" in the feedback; updates replace a
+    first-word prompt with one asking for the numbers."""
+
+    def respond(request: LLMRequest) -> str | None:
+        role = request.meta.get("role", "")
+        if request.purpose == "forward":
+            task, _, rest = request.user_text.partition("## Inputs")
+            values = _values(rest or request.user_text)
+            joined = " ".join(values.values())
+            task = task.lower()
+            if "first word" in task:
+                words = re.findall(r"[A-Za-z]+", joined)
+                out = words[0] if words else "nobody"
+            elif "add up" in task:
+                out = str(sum(int(n) for n in dict.fromkeys(_numbers(joined))))
+            elif "numbers" in task:
+                out = " and ".join(_numbers(joined))
+            elif "who" in task:
+                words = re.findall(r"[A-Za-z]+", joined)
+                out = words[0] if words else "nobody"
+            else:
+                out = joined
+            return f"<output>{out}</output>"
+        if request.purpose == "backward":
+            values = _values(request.user_text)
+            blocks = []
+            for name in request.meta.get("inputs", []):
+                value = values.get(name, "")
+                text = ("No change is needed: this input carries the numbers."
+                        if _numbers(value) else
+                        "No change is needed: the name does not affect the sum."
+                        if name in HARMLESS else
+                        "This input should give the numbers in the text, not a name.")
+                blocks.append(f'<gradient input="{name}">{text}</gradient>')
+            return "\n".join(blocks)
+        if request.purpose == "probe" and role == "probe_rewrite":
+            feedback = request.meta.get("feedback", "")
+            quoted = re.search(r'expected output is: "([^"]*)"', feedback)
+            if quoted:
+                return f"<output>{quoted.group(1)}</output>"
+            if "number" in feedback.lower() and "no change" not in feedback.lower():
+                inputs = request.user_text.split("<output>")[0]
+                return f"<output>{' and '.join(_numbers(inputs))}</output>"
+            return f"<output>{request.meta.get('output', '')}</output>"
+        if request.purpose == "update":
+            prompt = request.meta.get("prompt", "")
+            new = "Write the numbers of the text." if "first word" in prompt.lower() else prompt
+            return f"<prompt>{new}</prompt>"
+        return None
+
+    return respond
+
+
+def graph_yaml(name: str, nodes: list[tuple], data: Path) -> str:
+    lines = [f"name: {name}", f"dataset: {data}", "input_fields: [text]",
+             "target_field: answer", "metric: numeric", "splits: {train: 6, val: 6, test: 0}",
+             "nodes:"]
+    order = {n[0]: i for i, n in enumerate(nodes)}
+    for node in sorted(nodes, key=lambda n: _depth(n, nodes, order)):
+        node_id, prompt, inputs = node[0], node[1], node[2]
+        lines.append(f"  - id: {node_id}")
+        if len(node) > 3:
+            lines += [f"    kind: {node[3]}", f"    function: {node[4]}"]
+        else:
+            lines.append(f"    prompt: {prompt}")
+        lines.append(f"    inputs: [{', '.join(inputs)}]")
+        if node_id == "total":
+            lines.append("    output: true")
+    return "\n".join(lines) + "\n"
+
+
+def _depth(node: tuple, nodes: list[tuple], order: dict[str, int]) -> tuple[int, int]:
+    by_id = {n[0]: n for n in nodes}
+    depth = 0
+    for name in node[2]:
+        if name in by_id:
+            depth = max(depth, _depth(by_id[name], nodes, order)[0] + 1)
+    return depth, order[node[0]]
+
+
+def dataset(path: Path) -> None:
+    rows = [{"id": f"p{i:02d}", "text": f"{NAMES[i]} has {i + 2} apples and gets "
+             f"{3 * i + 5} more.", "answer": str(4 * i + 7)} for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
+              backend: str) -> dict:
+    data = work / "planted.jsonl"
+    graph = work / f"{name}.yaml"
+    graph.write_text(graph_yaml(name, nodes, data), encoding="utf-8")
+    db = str(work / f"{name}.duckdb")
+
+    def model():
+        return ScriptedBackend(responder=planted_fault_responder()) if backend == "scripted" \
+            else None
+
+    config = RunConfig(graph=str(graph), db=db, steps=1, run_id=name, backend=backend,
+                       failures_per_step=2, train=6, val=6, test=0)
+    # the Python tool comes from an importable module, so that blame can import it again
+    tools = {"keep_digits": importlib.import_module("attribution").keep_digits}
+    spec = parse_graph(graph.read_text(encoding="utf-8"), str(graph), tools)
+    await execute(config, forward_backend=model(), graph=spec)
+    started = time.perf_counter()
+    report = await blame(db, name, None, "failing", methods=METHODS,
+                         forward_backend=model())
+    named = {"probes": report.verdict.node, "claims": report.claimed,
+             **{m: v.node for m, v in report.method_verdicts.items()}}
+    return {"graph": name, "culprits": sorted(culprits), "examples": len(report.examples),
+            "named": named, "right": {k: v in culprits for k, v in named.items()},
+            "calls": report.calls, "model_calls": report.model_calls, "tokens": report.tokens,
+            "seconds": round(time.perf_counter() - started, 2),
+            "reason": report.verdict.reason}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="scripted", choices=("scripted", "local"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        dataset(work / "planted.jsonl")
+        rows = [asyncio.run(one(name, nodes, culprits, work, args.backend))
+                for name, (nodes, culprits) in GRAPHS.items()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    scorers = ["probes", "claims", *METHODS]
+    print(f"attribution benchmark, backend {args.backend}: top-1 (named node / right?)")
+    header = f"{'graph':<17}{'n':>3}  " + "".join(f"{s:<22}" for s in scorers) + \
+        f"{'calls':>7}{'model':>7}{'tokens':>8}"
+    print(header)
+    for r in rows:
+        cells = "".join(f"{(r['named'][s] or 'no node') + (' ok' if r['right'][s] else ' x'):<22}"
+                        for s in scorers)
+        print(f"{r['graph']:<17}{r['examples']:>3}  {cells}{r['calls']:>7}"
+              f"{r['model_calls']:>7}{r['tokens']:>8}")
+    accuracy = "".join(f"{sum(r['right'][s] for r in rows)}/{len(rows):<20}" for s in scorers)
+    print(f"{'top-1 accuracy':<22}{accuracy}")
+    calls = sum(r["calls"] for r in rows) / len(rows)
+    tokens = sum(r["tokens"] for r in rows) / len(rows)
+    print(f"per attribution (one blame with 3 methods): {calls:.0f} calls, {tokens:.0f} tokens "
+          "(calls include cache hits; tokens are of calls the model answered)")
+    for r in rows:
+        if not r["right"]["probes"]:
+            print(f"  {r['graph']}: {r['reason']}")
+
+
+if __name__ == "__main__":
+    main()
