@@ -98,8 +98,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--update-mode", choices=("all", "one"), default="all",
                    help="update every trainable prompt per step, or one at a time")
     p.add_argument("--node-gates", choices=("auto", "on", "off"), default="auto",
-                   help="also score each changed prompt alone on validation (auto: when a "
-                        "step changes 2 to 4 prompts)")
+                   help="also score each changed prompt alone on validation (auto: after a "
+                        "rejected step that changed 2 to 4 prompts; on: every step)")
     p.add_argument("--structured", choices=("auto", "on", "off"), default="auto",
                    help="JSON-schema replies for backward, update and gtbp calls (auto: where "
                         "the backend supports them, text formats after a server refuses)")

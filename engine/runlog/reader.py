@@ -318,3 +318,21 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
                 AND coalesce(leaks_target, false)) AS leaks
         FROM probes WHERE run_id = ? AND step = ? GROUP BY node_id ORDER BY node_id""",
                  [run_id, step])
+
+
+def step_call_costs(db: str | Path, run_id: str) -> list[dict]:
+    """Per step: model calls (cache misses), cache hits, the misses' prompt and completion
+    tokens and cost, and the step's wall seconds (NULL for a step not finished)."""
+    frame = query(db, """
+        SELECT c.step,
+               sum(CASE WHEN c.cache_hit THEN 0 ELSE 1 END) AS calls,
+               sum(CASE WHEN c.cache_hit THEN 1 ELSE 0 END) AS cache_hits,
+               sum(CASE WHEN c.cache_hit THEN 0 ELSE c.prompt_tokens END) AS prompt_tokens,
+               sum(CASE WHEN c.cache_hit THEN 0 ELSE c.completion_tokens END)
+                   AS completion_tokens,
+               sum(c.cost_usd) AS cost_usd,
+               any_value(s.ended_at - s.started_at) AS seconds
+        FROM llm_calls c LEFT JOIN steps s ON s.run_id = c.run_id AND s.step = c.step
+        WHERE c.run_id = ? GROUP BY c.step ORDER BY c.step""", [run_id])
+    return [{k: (None if pd.isna(v) else v) for k, v in row.items()}
+            for row in frame.to_dict("records")]
