@@ -117,8 +117,17 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
     p.add_argument("--max-retries", type=_non_negative, default=4)
     p.add_argument("--run-id", help="name the run (default: generated)")
+    add_budget_options(p)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="method option, e.g. m0=2 for gtbp (repeatable)")
+
+
+def add_budget_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-calls", type=_non_negative, default=None, metavar="N",
+                   help="stop before the model call (cache miss) that would exceed N")
+    p.add_argument("--max-cost", type=_non_negative_float, default=None, metavar="USD",
+                   help="stop before the call that could take spending on priced models "
+                        "above USD")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -144,7 +153,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         optimizer_max_tokens=args.optimizer_max_tokens, base_url=args.base_url,
         timeout=args.timeout, max_retries=args.max_retries, run_id=args.run_id,
         method_options=_options(args.option), prompts=args.prompts,
-        structured=args.structured, allow_copies=args.allow_copies)
+        structured=args.structured, allow_copies=args.allow_copies,
+        max_calls=args.max_calls, max_cost=args.max_cost)
     graph = _graph_with_functions(args)
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
                           config.steps)
@@ -176,8 +186,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         from engine.api.support import load_functions
 
         functions = load_functions(args.functions)
-    return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners,
-                                                   functions=functions), steps, done)
+    return _with_progress(lambda listeners: resume(
+        args.db, args.run_id, listeners=listeners, functions=functions,
+        max_calls=args.max_calls, max_cost=args.max_cost), steps, done)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -266,6 +277,8 @@ def print_summary(result: Any) -> None:
     if result.test_score is not None:
         line += f"; test score {_fmt(result.test_score)}"
     out.print(line)
+    if getattr(result, "reason", None):
+        out.print(f"stopped: {result.reason}", markup=False, highlight=False)
     gates = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
              if "node_gate_calls" in s.metrics]
     if gates:
@@ -292,6 +305,16 @@ def _positive(text: str) -> int:
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text}") from None
+    if not value >= 0:
         raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
     return value
 
@@ -350,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.add_argument("--db", default="runs.duckdb")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
+    add_budget_options(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("runs", help="list the runs in a run log")

@@ -98,6 +98,12 @@ def register_cli(subparsers: Any) -> None:
                         "(results are the same as one at a time)")
     p.add_argument("--limit-tasks", type=_positive, metavar="N",
                    help="only the first N BBH tasks (alphabetical), for trying a plan")
+    p.add_argument("--max-calls", type=_non_negative, default=None, metavar="N",
+                   help="budget for the whole plan: stop before the model call (cache miss) "
+                        "that would exceed N")
+    p.add_argument("--max-cost", type=float, default=None, metavar="USD",
+                   help="budget for the whole plan: stop before the call that could take "
+                        "spending on priced models above USD")
     p.add_argument("--methods", metavar="A,B",
                    help="only run these methods or variants (the table still shows the rest)")
     p.set_defaults(func=cmd_experiment)
@@ -107,6 +113,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
     return value
 
 
@@ -143,7 +156,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if not confirm(total, args.yes, sys.stdin, console):
         console.print("not started", markup=False)
         return 1
-    failed = run_cells(pending, console, args.parallel, args.concurrency) if pending else []
+    from engine.llm.budget import Budget
+
+    budget = Budget(args.max_calls, args.max_cost)  # a negative --max-cost: ValueError here
+    failed = run_cells(pending, console, args.parallel, args.concurrency, budget) \
+        if pending else []
     metrics = run_metrics(args.db, [c.run_id for c in cells if c.run_id])
     rows = result_rows(cells, metrics)
     out_dir = Path(args.out) if args.out else Path("results") / plan.name
