@@ -156,8 +156,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         structured=args.structured, allow_copies=args.allow_copies,
         max_calls=args.max_calls, max_cost=args.max_cost)
     graph = _graph_with_functions(args)
+    if not _print_estimate(config, graph, args.dry_run):
+        return 0
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
                           config.steps)
+
+
+def _print_estimate(config: Any, graph: Any, dry_run: bool) -> bool:
+    """Print the run's estimate (one line; with --dry-run, by phase); False: do not run.
+    Reads the graph and its data only: no model call, no run log."""
+    from engine.runs.estimate import estimate_for
+    from engine.runs.execute import load_splits
+
+    graph = graph or load_graph(config.graph)
+    estimate = estimate_for(config, graph, load_splits(config, graph))
+    if dry_run:
+        for line in estimate.breakdown():
+            out.print(line, markup=False, highlight=False)
+    out.print(estimate.line(), markup=False, highlight=False)
+    if dry_run:
+        out.print("dry run: no model call made, no run log written", markup=False,
+                  highlight=False)
+    return not dry_run
 
 
 def _graph_with_functions(args: argparse.Namespace) -> Any:
@@ -366,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default="runs.duckdb")
     p.add_argument("--data-dir", help="where named datasets live")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the estimate by phase and exit: no model call, no run log")
     add_run_options(p)
     p.set_defaults(func=cmd_run)
 
