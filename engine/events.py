@@ -34,6 +34,7 @@ class CallRecord:
     temperature: float = 0.0
     max_tokens: int = 0
     constrained: bool | None = None  # decoding enforced a JSON schema (None: cache from disk)
+    cached_tokens: int = 0  # of prompt_tokens, those the provider's prefix cache served
 
 
 @dataclass

@@ -15,10 +15,11 @@ from engine.runs.execute import RunConfig, execute
 from tests.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 
-# What schema version 2 added (docs/runlog.md); version 1 is the rest.
+# What schema versions 2 and 3 added (docs/runlog.md); version 1 is the rest.
 V2_TABLES = {"probes", "probe_outputs"}
 V2_COLUMNS = {"runs": {"parent_run_id", "fork_step", "notes", "tags"},
-              "updates": {"val_alone", "reject_reason"}, "llm_calls": {"constrained"}}
+              "updates": {"val_alone", "reject_reason"},
+              "llm_calls": {"constrained", "cached_tokens"}}
 
 
 def v1_columns(table: str) -> list[str]:

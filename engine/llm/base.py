@@ -75,6 +75,7 @@ class LLMReply:
     completion_tokens: int = 0
     model: str = ""
     constrained: bool | None = None  # whether decoding enforced request.schema (None: unknown)
+    cached_tokens: int = 0  # prompt tokens the provider's prefix cache served (where reported)
 
 
 class LLMError(Exception):

@@ -175,9 +175,10 @@ class LLMClient:
             record.completion_tokens = reply.completion_tokens
             record.constrained = reply.constrained
             if not record.cache_hit:
+                record.cached_tokens = reply.cached_tokens
                 self.cache.put(record.cache_key, request, reply)
                 record.cost_usd = cost_usd(self._prices, request.model, reply.prompt_tokens,
-                                           reply.completion_tokens)
+                                           reply.completion_tokens, reply.cached_tokens)
             else:
                 record.cost_usd = 0.0
         self._account(record)
@@ -202,7 +203,8 @@ class LLMClient:
             self._active -= 1
             if self.budget:
                 self.budget.settle(reserved, reply and cost_usd(
-                    self._prices, request.model, reply.prompt_tokens, reply.completion_tokens))
+                    self._prices, request.model, reply.prompt_tokens, reply.completion_tokens,
+                    reply.cached_tokens))
         return reply
 
     async def settle(self, timeout: float) -> None:
