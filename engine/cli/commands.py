@@ -278,19 +278,34 @@ def _progress_worth_a_line(event: Any, state: dict) -> bool:
 
 
 def print_summary(result: Any) -> None:
-    per_step: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    """Per step: score, accepted edits, model calls (cache misses) and their tokens and
+    cost, cache hits apart (free); then the same per phase, and the totals."""
+    per_step: dict[int, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
+    per_phase: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     for call in result.events.of(CallRecord):
-        per_step[call.step][0] += 1
-        per_step[call.step][1] += call.prompt_tokens + call.completion_tokens
+        for row in (per_step[call.step], per_phase[call.purpose]):
+            if call.cache_hit:
+                row[2] += 1
+                continue
+            row[0] += 1
+            row[1] += call.prompt_tokens + call.completion_tokens
+            row[3] += call.cost_usd or 0.0
+            row[4] = row[4] or call.cost_usd is None  # an unpriced model: cost unknown
     edits: dict[int, int] = defaultdict(int)
     for p in result.events.of(Proposal):
         edits[p.step] += int(p.accepted)
-    table = Table("step", "train", "val", "accepted edits", "calls", "tokens",
-                  title=f"run {result.run_id}: {result.status}")
+    table = Table("step", "train", "val", "accepted edits", "model calls", "tokens",
+                  "cost $", "cache hits", title=f"run {result.run_id}: {result.status}")
     for s in result.events.of(StepFinished):
+        calls, tokens, hits, cost, unknown = per_step[s.step]
         table.add_row(str(s.step), _fmt(s.train_score), _fmt(s.val_score), str(edits[s.step]),
-                      str(per_step[s.step][0]), str(per_step[s.step][1]))
+                      str(calls), str(tokens), _money(cost, unknown), str(hits))
     out.print(table)
+    phases = ", ".join(f"{phase} {calls} calls {tokens} tokens {_money(cost, unknown)}"
+                       + (f" ({hits} cache hits)" if hits else "")
+                       for phase, (calls, tokens, hits, cost, unknown) in per_phase.items())
+    if phases:
+        out.print(f"per phase: {phases}", markup=False, highlight=False)
     stats = result.stats
     line = (f"calls {stats.calls} (cache hits {stats.cache_hits}, retries {stats.retries}, "
             f"failed {stats.failures}); tokens {stats.prompt_tokens + stats.completion_tokens}")
@@ -306,6 +321,10 @@ def print_summary(result: Any) -> None:
                   f"{sum(m['node_gate_calls'] for m in gates):.0f} calls "
                   f"({sum(m['node_gate_model_calls'] for m in gates):.0f} to the model), "
                   f"{sum(m['node_gate_seconds'] for m in gates):.1f} s")
+
+
+def _money(cost: float, unknown: bool) -> str:
+    return "unknown" if unknown else f"${cost:.4f}"
 
 
 def _fmt(value: float | None) -> str:
