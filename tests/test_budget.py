@@ -110,3 +110,20 @@ def test_cost_budget_reserves_the_worst_case_of_calls_in_flight():
     with pytest.raises(BudgetExhausted):  # once exhausted, it stays so
         budget.admit(request, prices)
     assert budget.calls == 2 and budget.spent == 12.0
+
+
+def test_an_experiment_budget_holds_across_its_runs(tmp_path):
+    from tests.test_experiment import DATA, experiment, runs_in, smoke_args
+
+    if not (DATA / "bbh").is_dir():
+        pytest.skip(f"benchmark data not found at {DATA}")
+    db = tmp_path / "runs.duckdb"
+    code, stdout, stderr = experiment(*smoke_args(db, tmp_path / "out", "--yes",
+                                                  "--max-calls", "30"))
+    assert code == 1
+    with duckdb.connect(str(db), read_only=True) as con:
+        # one budget for the whole plan: at most 30 model calls in all its runs
+        made = con.execute("SELECT count(*) FROM llm_cache").fetchone()[0]
+    assert made <= 30
+    statuses = [status for _, status, _ in runs_in(db)]
+    assert "budget" in statuses and "budget: --max-calls 30 reached" in stdout + stderr

@@ -345,7 +345,8 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
 
 def step_call_costs(db: str | Path, run_id: str) -> list[dict]:
     """Per step: model calls (cache misses), cache hits, the misses' prompt and completion
-    tokens and cost, and the step's wall seconds (NULL for a step not finished)."""
+    tokens (and of those, the prompt tokens the provider's prefix cache served) and cost,
+    and the step's wall seconds (NULL for a step not finished)."""
     frame = query(db, """
         SELECT c.step,
                sum(CASE WHEN c.cache_hit THEN 0 ELSE 1 END) AS calls,
@@ -353,6 +354,8 @@ def step_call_costs(db: str | Path, run_id: str) -> list[dict]:
                sum(CASE WHEN c.cache_hit THEN 0 ELSE c.prompt_tokens END) AS prompt_tokens,
                sum(CASE WHEN c.cache_hit THEN 0 ELSE c.completion_tokens END)
                    AS completion_tokens,
+               coalesce(sum(CASE WHEN c.cache_hit THEN 0 ELSE c.cached_tokens END), 0)
+                   AS provider_cached_tokens,
                sum(c.cost_usd) AS cost_usd,
                any_value(s.ended_at - s.started_at) AS seconds
         FROM llm_calls c LEFT JOIN steps s ON s.run_id = c.run_id AND s.step = c.step
