@@ -127,3 +127,16 @@ def test_an_experiment_budget_holds_across_its_runs(tmp_path):
     assert made <= 30
     statuses = [status for _, status, _ in runs_in(db)]
     assert "budget" in statuses and "budget: --max-calls 30 reached" in stdout + stderr
+
+
+def test_engine_optimize_takes_the_budget(tmp_path):
+    from engine import Graph, optimize
+
+    g = Graph(name="api-budget", input_fields=["question"], target_field="answer",
+              metric="numeric")
+    g.llm("final", prompt="Solve the problem.", inputs=["question"], output=True)
+    rows = arithmetic_rows(8)
+    backend = Counting()
+    result = optimize(g, train=rows[:4], val=rows[4:], backend=backend, steps=2,
+                      db=tmp_path / "runs.duckdb", max_calls=6)
+    assert result.status == "budget" and backend.made <= 6
