@@ -128,8 +128,8 @@ def main() -> None:
     args = parser.parse_args()
     bound = ROUNDS * args.latency
     print(f"dependency bound: {ROUNDS} rounds x {args.latency * 1000:.0f} ms = {bound:.2f} s")
-    # --node-gates auto (the default) adds per-node validation rounds to a step that changes
-    # several prompts; "off" is the six-round step the 1.2 s bound describes
+    # --node-gates auto (the default) adds per-node validation rounds after a rejected step
+    # that changed several prompts; "off" is the six-round step the 1.2 s bound describes
     for limit, gates in [(None, "auto"), (None, "off"), *((n, "off") for n in args.concurrency)]:
         run = measure_run(args.latency, limit, node_gates=gates)
         verdict = "meets" if run["ratio"] <= 1.25 else "misses"

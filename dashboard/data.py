@@ -189,6 +189,15 @@ def token_totals(db: str, run_id: str) -> pd.DataFrame:
 
 
 @st.cache_data(**CACHE_OPTIONS)
+def _step_phase_costs(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+    return reader.step_phase_costs(db, run_id)
+
+
+def step_phase_costs(db: str, run_id: str) -> pd.DataFrame:
+    return _step_phase_costs(db, run_id, stamp(db))
+
+
+@st.cache_data(**CACHE_OPTIONS)
 def _step_totals(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
     return reader.step_totals(db, run_id)
 

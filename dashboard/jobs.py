@@ -101,6 +101,25 @@ def build_command(spec: RunSpec) -> list[str]:
             *as_flags(spec.run_settings()), *spec.extra]
 
 
+def estimate(spec: RunSpec, timeout: float = 120.0) -> tuple[bool, list[str]]:
+    """What the run would cost, before Start: `python -m engine run ... --dry-run` with the
+    spec's own flags (no model call, no run log). (True, its lines: the breakdown by phase
+    and the one-line estimate) or (False, the engine's error line)."""
+    cmd = build_command(RunSpec(**{**asdict(spec), "db": str(Path(spec.db).resolve()),
+                                   "run_id": None})) + ["--dry-run"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, env=env)
+    except subprocess.TimeoutExpired:
+        return False, [f"error: the estimate took longer than {timeout:g} s"]
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    if done.returncode != 0:
+        return False, [ln for ln in lines if ln.startswith("error:")][-1:] or lines[-1:]
+    return True, [ln for ln in lines if not ln.startswith("dry run:")]
+
+
 def start(spec: RunSpec) -> Job:
     """Validate the graph, then start the run in a new process group. Raises
     engine.core.graph.GraphError for a bad graph file."""

@@ -37,6 +37,7 @@ class CallRecord:
     # why the reply ended, as the provider said (stop, length, ...); "stop" for scripted and
     # cache-replayed replies; None for a call that got no reply
     finish_reason: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens, those the provider's prefix cache served
 
 
 @dataclass

@@ -136,7 +136,7 @@ def test_stats_and_events_are_counted():
 
 def test_cost_for_known_and_unknown_models():
     (known,) = run_calls(make_client(SlowBackend(latency=0.0)), 1)
-    per_in, per_out = DEFAULT_PRICES["gpt-4o-mini"]
+    per_in, per_out = DEFAULT_PRICES["gpt-4o-mini"][:2]
     assert known.cost_usd == pytest.approx((10 * per_in + 5 * per_out) / 1_000_000)
 
     unknown_client = LLMClient(forward_backend=SlowBackend(latency=0.0), forward_model="mystery")

@@ -126,19 +126,54 @@ def test_runs_table_shows_the_numbers_in_the_run_log(open_page, log):
     table = at.dataframe[0].value.set_index("run")
     assert set(table.index) == {log.semantic, log.textgrad, log.demo, log.gtbp}
     with duckdb.connect(str(log.db), read_only=True) as con:
+        # what was spent (model calls, their tokens), cache hits apart
         truth = dict(con.execute(
-            "SELECT run_id, [count(*), sum(prompt_tokens + completion_tokens)] "
-            "FROM llm_calls GROUP BY run_id").fetchall())
+            "SELECT run_id, [count(*) FILTER (WHERE NOT cache_hit), coalesce(sum(prompt_tokens "
+            "+ completion_tokens) FILTER (WHERE NOT cache_hit), 0), count(*) FILTER (WHERE "
+            "cache_hit)] FROM llm_calls GROUP BY run_id").fetchall())
         best = dict(con.execute("SELECT run_id, max(val_score) FROM steps GROUP BY run_id"
                                 ).fetchall())
-    for run_id, (calls, tokens) in truth.items():
+    for run_id, (calls, tokens, hits) in truth.items():
         assert table.loc[run_id, "calls"] == calls
         assert table.loc[run_id, "tokens"] == tokens
+        assert table.loc[run_id, "cache hits"] == hits
         assert table.loc[run_id, "best validation"] == pytest.approx(best[run_id])
     assert table.loc[log.semantic, "method"] == "semantic"
     assert table.loc[log.textgrad, "status"] == "finished"
     assert table.loc[log.semantic, "steps"] == 2
     assert table.loc[log.semantic, "models"] == "scripted"
+
+
+def test_the_selected_run_shows_tokens_and_cost_per_step_and_phase(open_page, log):
+    at = open_page("runs", run=log.semantic)
+    assert at.title[0].value == "Runs"
+    costs = next(d.value for d in at.dataframe if "cache hits (free)" in d.value.columns)
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        truth = con.execute(
+            "SELECT step, purpose, count(*) FILTER (WHERE NOT cache_hit), "
+            "count(*) FILTER (WHERE cache_hit) FROM llm_calls WHERE run_id = ? "
+            "GROUP BY ALL ORDER BY 1, 2", [log.semantic]).fetchall()
+    shown = [tuple(r) for r in costs[["step", "phase", "model calls", "cache hits (free)"]]
+             .itertuples(index=False)]
+    assert shown == [tuple(t) for t in truth]
+    line = [m.value for m in at.markdown if m.value.startswith("**Cost**")]
+    spent, hits = sum(t[2] for t in truth), sum(t[3] for t in truth)
+    assert line and f"{spent:,} model calls" in line[0] and f"{hits:,} cache hits" in line[0]
+
+
+def test_new_run_form_shows_the_estimate_before_start(open_page, log, started):
+    at = open_page()
+    form = new_run_form(at)
+    uploads = {u.label: u for u in form.file_uploader}
+    uploads["Graph file (YAML)"].upload("tiny.yaml", log.graph.read_bytes(), "text/yaml")
+    uploads["Dataset (JSONL, optional)"].upload(
+        "tiny.jsonl", log.graph.with_name("tiny.jsonl").read_bytes(), "application/jsonl")
+    {s.label: s for s in form.selectbox}["Backend"].select("scripted")
+    {n.label: n for n in form.number_input}["Steps"].set_value(2)
+    at.button(key="FormSubmitter:new_run-Estimate cost").click().run()
+    assert not at.exception and started == []  # nothing started
+    assert at.info and at.info[0].value.startswith("estimate: ~")
+    assert "per-node gates (auto)" in at.code[0].value and "validation candidate" in at.code[0].value
 
 
 def test_runs_filter_and_sort(open_page, log):

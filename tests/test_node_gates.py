@@ -121,5 +121,35 @@ def test_run_summary_prints_the_cost_of_per_node_gates(tmp_path, capsys):
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("per-node")]
     # the scripted update appends a sentence to all three prompts. Beside the joint pass
     # the passes alone need the two old hints (2 x 4) and the final node on three other
-    # input sets (3 x 4), less 2 final calls whose inputs coincide as text: made once
-    assert len(line) == 1 and "18 calls" in line[0], line
+    # input sets (3 x 4); none of those coincide as text with the joint pass's here
+    assert len(line) == 1 and "20 calls" in line[0], line
+
+
+def good_and_harmless_edits(request) -> str | None:
+    """hint_a's edit helps and hint_b's changes nothing that matters: the joint candidate
+    is right everywhere and accepted."""
+    if request.purpose == "update":
+        new = {"hint_a": "A-GOOD", "hint_b": "B-PLAIN"}.get(request.meta["node"],
+                                                            request.meta["prompt"])
+        return f"<prompt>{new}</prompt>"
+    return good_and_bad_edits(request)
+
+
+def test_auto_scores_edits_alone_only_after_a_rejection(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    alone, gate_calls = {}, {}
+    for mode in ("auto", "on"):
+        db = tmp_path / f"{mode}.duckdb"
+        result = run_engine(graph, db, ScriptedBackend(responder=good_and_harmless_edits),
+                            steps=1, train=4, val=4, node_gates=mode)
+        rows = updates(db)
+        assert rows["hint_a"][:3] == (True, 0.0, 1.0)  # the same joint decision either way
+        alone[mode] = (rows["hint_a"][3], rows["hint_b"][3])
+        step1 = [s for s in result.events.of(StepFinished) if s.step == 1][0]
+        gate_calls[mode] = step1.metrics.get("node_gate_calls")
+    # accepted jointly: auto spends nothing on the question "which edit helped?"
+    assert alone["auto"] == (None, None) and gate_calls["auto"] is None
+    # on: today's behaviour, each edit scored alone beside the joint pass: the old hints
+    # (2 x 4) and the final node on (plain, plain) (4); hint_a alone shows the final node
+    # the joint pass's inputs as text, so those calls are shared
+    assert alone["on"] == (1.0, 0.0) and gate_calls["on"] == 12

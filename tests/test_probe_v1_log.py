@@ -19,7 +19,7 @@ from tests.test_probe import GRAPH
 V2_TABLES = {"probes", "probe_outputs"}
 V2_COLUMNS = {"runs": {"parent_run_id", "fork_step", "notes", "tags"},
               "updates": {"val_alone", "reject_reason"},
-              "llm_calls": {"constrained", "finish_reason"}}
+              "llm_calls": {"constrained", "finish_reason", "cached_tokens"}}
 
 
 def v1_columns(table: str) -> list[str]:

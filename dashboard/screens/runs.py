@@ -34,7 +34,7 @@ def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
         "best validation": runs["best_val"],
         "test": [tests.get(r) for r in runs["run_id"]],
         "calls": runs["calls"], "tokens": runs["tokens"],
-        "cost (USD)": runs["cost_usd"],
+        "cost (USD)": runs["cost_usd"], "cache hits": runs["cache_hits"],
         "started": [datetime.fromtimestamp(t) if pd.notna(t) else None
                     for t in runs["started_at"]],
     })
@@ -60,7 +60,12 @@ def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
             "best validation": st.column_config.NumberColumn(format="%.3f"),
             "test": st.column_config.NumberColumn(format="%.3f", help="test-split score"),
             "cost (USD)": st.column_config.NumberColumn(format="$%.4f"),
-            "tokens": st.column_config.NumberColumn(format="%d"),
+            "calls": st.column_config.NumberColumn(
+                format="%d", help="model calls (cache misses): what was paid for"),
+            "tokens": st.column_config.NumberColumn(
+                format="%d", help="prompt and completion tokens of the model calls"),
+            "cache hits": st.column_config.NumberColumn(
+                format="%d", help="calls answered from the run log's cache: free"),
             "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
         })
 
@@ -143,6 +148,16 @@ def form_settings(data_dir: str, options: dict[str, int]) -> dict[str, object]:
     return settings
 
 
+def show_estimate(spec: jobs.RunSpec) -> None:
+    ok, lines = jobs.estimate(spec)
+    if not ok:
+        st.error(f"Could not estimate the run: {lines[0] if lines else 'no output'}")
+        return
+    summary = [ln for ln in lines if ln.startswith("estimate:")]
+    st.info(summary[0] if summary else "no estimate", icon=":material/payments:")
+    st.code("\n".join(ln for ln in lines if not ln.startswith("estimate:")), language=None)
+
+
 def new_run_form(db: str) -> None:
     from engine.llm.factory import BACKENDS, default_backend_kind
     from engine.methods import METHODS
@@ -183,8 +198,12 @@ def new_run_form(db: str) -> None:
             for column, (name, label, default) in zip(
                     st.columns(len(declared)) if declared else [], declared):
                 options[name] = column.number_input(label, min_value=1, value=default)
-            submitted = st.form_submit_button("Start run", type="primary")
-    if not submitted:
+            b_start, b_estimate = st.columns([1, 1])
+            submitted = b_start.form_submit_button("Start run", type="primary")
+            estimated = b_estimate.form_submit_button(
+                "Estimate cost", help="model calls, tokens and cost by phase, before any "
+                                      "call (python -m engine run --dry-run)")
+    if not (submitted or estimated):
         return
     graph_path = SAMPLE_GRAPHS / choice if choice != UPLOAD else None
     folder = jobs.jobs_dir(db) / "uploads"
@@ -205,6 +224,9 @@ def new_run_form(db: str) -> None:
                         steps=int(steps), train=train, val=val, test=test, seed=int(seed),
                         dataset=str(dataset_path) if dataset_path else None,
                         settings=form_settings(data_dir, options))
+    if estimated:
+        show_estimate(spec)
+        return
     try:
         job = jobs.start(spec)
     except Exception as exc:  # noqa: BLE001 - a bad graph file: one line for the user

@@ -11,6 +11,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import data
@@ -80,3 +81,25 @@ def run_panel(db: str, run_id: str) -> None:
         st.download_button(f"Download {label}", data=_deferred(db, run_id, label),
                            file_name=f"{file_stem(run_id)}{suffix}", mime=mime,
                            icon=":material/download:", key="export_download")
+    cost_table(db, run_id)
+
+
+COST_LABELS = {"step": "step", "phase": "phase", "model_calls": "model calls",
+               "tokens": "tokens", "provider_cached_tokens": "of which provider-cached",
+               "cost_usd": "cost (USD)", "cache_hits": "cache hits (free)",
+               "cache_hit_tokens": "cache-hit tokens (free)"}
+
+
+def cost_table(db: str, run_id: str) -> None:
+    """Tokens and cost per step and phase: what the model calls spent, the run log's cache
+    hits apart."""
+    costs = data.step_phase_costs(db, run_id)
+    if costs.empty:
+        return
+    spent, hits = int(costs["model_calls"].sum()), int(costs["cache_hits"].sum())
+    total = costs["cost_usd"].sum(min_count=1)
+    st.markdown(f"**Cost**: {spent:,} model calls, {int(costs['tokens'].sum()):,} tokens, "
+                f"{'unknown price' if pd.isna(total) else f'${total:.4f}'}; "
+                f"{hits:,} cache hits (free)")
+    st.dataframe(costs.rename(columns=COST_LABELS), hide_index=True, key="cost_table",
+                 column_config={"cost (USD)": st.column_config.NumberColumn(format="$%.4f")})

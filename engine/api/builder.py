@@ -296,7 +296,9 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
     `concurrency`, `cache`, `temperature` and the token limits mean what the command
     line's options of the same names do, with the same defaults (both come from
     `engine.runs.settings.RunConfig`). `run_options` passes any other run setting by its
-    RunConfig name (e.g. timeout=30, max_retries=2). `listeners` receive
+    RunConfig name (e.g. timeout=30, max_retries=2; the budget: max_calls=N model calls,
+    max_cost=USD on priced models; a run that reaches it ends with status "budget").
+    `listeners` receive
     every event (`engine.events`) as it happens.
 
     Returns an `OptimizeResult`: run_id, status, prompts (the accepted prompt of every

@@ -24,7 +24,7 @@ from engine.data.examples import SplitError
 from engine.events import CallRecord, Proposal, StepFinished
 from engine.events import Progress as PhaseProgress
 from engine.runs.progress import progress_line
-from engine.runs.settings import add_run_flags, non_negative_int
+from engine.runs.settings import add_run_flags, given_settings, non_negative_int
 
 EXIT_BAD_INPUT = 2
 FUNCTIONS_HELP = ("a Python file to import: the graph's kind: function nodes bind to its "
@@ -89,8 +89,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings.setdefault("backend", default_backend_kind())
     config = RunConfig(graph=args.graph, **settings)
     graph = _graph_with_functions(args)
+    if not _print_estimate(config, graph, args.dry_run):
+        return 0
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
                           config.steps, progress_file=args.progress_file)
+
+
+def _print_estimate(config: Any, graph: Any, dry_run: bool) -> bool:
+    """Print the run's estimate (one line; with --dry-run, by phase); False: do not run.
+    Reads the graph and its data only: no model call, no run log."""
+    from engine.runs.estimate import estimate_for
+    from engine.runs.execute import load_splits
+
+    graph = graph or load_graph(config.graph)
+    estimate = estimate_for(config, graph, load_splits(config, graph))
+    if dry_run:
+        for line in estimate.breakdown():
+            out.print(line, markup=False, highlight=False)
+    out.print(estimate.line(), markup=False, highlight=False)
+    if dry_run:
+        out.print("dry run: no model call made, no run log written", markup=False,
+                  highlight=False)
+    return not dry_run
 
 
 def _graph_with_functions(args: argparse.Namespace) -> Any:
@@ -119,9 +139,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
         from engine.api.support import load_functions
 
         functions = load_functions(args.functions)
-    return _with_progress(lambda listeners: resume(args.db, args.run_id, listeners=listeners,
-                                                   functions=functions), steps, done,
-                          progress_file=args.progress_file)
+    budget = given_settings(args)
+    return _with_progress(lambda listeners: resume(
+        args.db, args.run_id, listeners=listeners, functions=functions,
+        max_calls=budget.get("max_calls"), max_cost=budget.get("max_cost")), steps, done,
+        progress_file=args.progress_file)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -198,25 +220,42 @@ def _progress_worth_a_line(event: Any, state: dict) -> bool:
 
 
 def print_summary(result: Any) -> None:
-    per_step: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    """Per step: score, accepted edits, model calls (cache misses) and their tokens and
+    cost, cache hits apart (free); then the same per phase, and the totals."""
+    per_step: dict[int, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
+    per_phase: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     for call in result.events.of(CallRecord):
-        per_step[call.step][0] += 1
-        per_step[call.step][1] += call.prompt_tokens + call.completion_tokens
+        for row in (per_step[call.step], per_phase[call.purpose]):
+            if call.cache_hit:
+                row[2] += 1
+                continue
+            row[0] += 1
+            row[1] += call.prompt_tokens + call.completion_tokens
+            row[3] += call.cost_usd or 0.0
+            row[4] = row[4] or call.cost_usd is None  # an unpriced model: cost unknown
     edits: dict[int, int] = defaultdict(int)
     for p in result.events.of(Proposal):
         edits[p.step] += int(p.accepted)
-    table = Table("step", "train", "val", "accepted edits", "calls", "tokens",
-                  title=f"run {result.run_id}: {result.status}")
+    table = Table("step", "train", "val", "accepted edits", "model calls", "tokens",
+                  "cost $", "cache hits", title=f"run {result.run_id}: {result.status}")
     for s in result.events.of(StepFinished):
+        calls, tokens, hits, cost, unknown = per_step[s.step]
         table.add_row(str(s.step), _fmt(s.train_score), _fmt(s.val_score), str(edits[s.step]),
-                      str(per_step[s.step][0]), str(per_step[s.step][1]))
+                      str(calls), str(tokens), _money(cost, unknown), str(hits))
     out.print(table)
+    phases = ", ".join(f"{phase} {calls} calls {tokens} tokens {_money(cost, unknown)}"
+                       + (f" ({hits} cache hits)" if hits else "")
+                       for phase, (calls, tokens, hits, cost, unknown) in per_phase.items())
+    if phases:
+        out.print(f"per phase: {phases}", markup=False, highlight=False)
     stats = result.stats
     line = (f"calls {stats.calls} (cache hits {stats.cache_hits}, retries {stats.retries}, "
             f"failed {stats.failures}); tokens {stats.prompt_tokens + stats.completion_tokens}")
     if result.test_score is not None:
         line += f"; test score {_fmt(result.test_score)}"
     out.print(line)
+    if getattr(result, "reason", None):
+        out.print(f"stopped: {result.reason}", markup=False, highlight=False)
     gates = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
              if "node_gate_calls" in s.metrics]
     if gates:
@@ -224,6 +263,10 @@ def print_summary(result: Any) -> None:
                   f"{sum(m['node_gate_calls'] for m in gates):.0f} calls "
                   f"({sum(m['node_gate_model_calls'] for m in gates):.0f} to the model), "
                   f"{sum(m['node_gate_seconds'] for m in gates):.1f} s")
+
+
+def _money(cost: float, unknown: bool) -> str:
+    return "unknown" if unknown else f"${cost:.4f}"
 
 
 def _fmt(value: float | None) -> str:
@@ -255,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --fork: a hand-edited prompt for a node (repeatable)")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
     p.add_argument("--progress-file", metavar="FILE.jsonl", help=PROGRESS_FILE_HELP)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the estimate by phase and exit: no model call, no run log")
     add_run_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -263,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default="runs.duckdb")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
     p.add_argument("--progress-file", metavar="FILE.jsonl", help=PROGRESS_FILE_HELP)
+    add_run_flags(p, only=("max_calls", "max_cost"))
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("runs", help="list the runs in a run log")

@@ -23,7 +23,8 @@ from engine.data.examples import Example, Splits
 from engine.events import LossRecord, PromptVersion, Proposal, StepFinished
 
 REJECTED_SHOWN = 3
-NODE_GATES_AUTO_MAX = 4  # --node-gates auto scores edits alone when a step makes <= this many
+# --node-gates auto scores edits alone after a rejected step that made at most this many
+NODE_GATES_AUTO_MAX = 4
 
 
 @dataclass
@@ -33,7 +34,8 @@ class OptimizerConfig:
     gate: bool = True
     update_mode: str = "all"  # all | one
     seed: int = 0
-    node_gates: str = "auto"  # on | off | auto: on when a step changes at most 4 prompts
+    # on | off | auto: after a rejected joint candidate that changed 2 to 4 prompts
+    node_gates: str = "auto"
     allow_copies: bool = False  # apply proposals that paste training examples (engine/core/copies.py)
 
 
@@ -113,17 +115,24 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
     val_alone, gate_calls, gate_timing = {}, {}, {}
     if changes:
         started_gate = time.perf_counter()
-        # The joint candidate and, per-node gates, each edit alone (the others as they
-        # were) are scored together; identical node calls are made once. The alone scores
-        # are informative only: the joint decision stays the paper's.
+        # The joint candidate is scored first; identical node calls of the passes below are
+        # made once. The alone scores are informative only: the joint decision stays the
+        # paper's. `on` scores each edit alone (the others as they were) beside the joint
+        # pass; `auto` only once the joint candidate is rejected, where "which edit helped?"
+        # tells the next step something, at the price of the passes' rounds after it.
         gate_ctx = replace(ctx, shared=SharedCalls())
-        (val_after, _, _), val_alone = await asyncio.gather(
-            evaluate(replace(gate_ctx, pass_label="joint"), prompts.updated(changes),
-                     splits.val, "val"),
-            score_edits_alone(gate_ctx, prompts, changes, splits, config.node_gates))
-        gate_calls, gate_timing = node_gate_cost(gate_ctx.shared, val_alone, started_gate)
+        joint = evaluate(replace(gate_ctx, pass_label="joint"), prompts.updated(changes),
+                         splits.val, "val")
+        if config.node_gates == "on":
+            (val_after, _, _), val_alone = await asyncio.gather(
+                joint, score_edits_alone(gate_ctx, prompts, changes, splits, "on"))
+        else:
+            val_after, _, _ = await joint
         accepted = (not config.gate) or (
             val_after is not None and (val_before is None or val_after > val_before))
+        if config.node_gates == "auto" and not accepted:
+            val_alone = await score_edits_alone(gate_ctx, prompts, changes, splits, "auto")
+        gate_calls, gate_timing = node_gate_cost(gate_ctx.shared, val_alone, started_gate)
         if len(changes) == 1:  # the joint candidate is that edit alone
             val_alone = {n: val_after for n in changes}
     for n, p in zip(nodes, proposals):
@@ -177,7 +186,8 @@ def reject_reason(rejected: bool, val_before: float | None, val_after: float | N
 
 
 def node_gates_apply(mode: str, changed: int) -> bool:
-    """Whether a step that changes `changed` prompts scores each edit alone."""
+    """Whether a step that changes `changed` prompts scores each edit alone (under `auto`,
+    once its joint candidate is rejected)."""
     if changed < 2 or mode == "off":
         return False
     return mode == "on" or changed <= NODE_GATES_AUTO_MAX

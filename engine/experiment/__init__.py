@@ -88,6 +88,8 @@ def register_cli(subparsers: Any) -> None:
                         "(results are the same as one at a time)")
     p.add_argument("--limit-tasks", type=positive_int, metavar="N",
                    help="only the first N BBH tasks (alphabetical), for trying a plan")
+    # the budget: for the whole plan, not per run
+    add_run_flags(p, only=("max_calls", "max_cost"))
     p.add_argument("--methods", metavar="A,B",
                    help="only run these methods or variants (the table still shows the rest)")
     p.set_defaults(func=cmd_experiment)
@@ -127,7 +129,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if not confirm(total, args.yes, sys.stdin, console):
         console.print("not started", markup=False)
         return 1
-    failed = run_cells(pending, console, args.parallel, args.concurrency) if pending else []
+    from engine.llm.budget import Budget
+
+    budget = Budget(base.max_calls, base.max_cost)  # a negative --max-cost: ValueError here
+    failed = run_cells(pending, console, args.parallel, args.concurrency, budget) \
+        if pending else []
     metrics = run_metrics(args.db, [c.run_id for c in cells if c.run_id])
     rows = result_rows(cells, metrics)
     out_dir = Path(args.out) if args.out else Path("results") / plan.name

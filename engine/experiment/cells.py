@@ -20,9 +20,18 @@ from engine.data.examples import SplitError, Splits, split_examples
 from engine.events import CallRecord, StepFinished
 from engine.experiment.plan import Entry, Plan, PlanError, Variant
 from engine.llm.base import LLMError
+from engine.llm.budget import Budget
 from engine.llm.limits import AdaptiveLimit
 from engine.runlog.schema import RunLogError
-from engine.runs.execute import SHARED_LIMIT, RunConfig, RunResult, execute, load_splits, sizes
+from engine.runs.execute import (
+    SHARED_BUDGET,
+    SHARED_LIMIT,
+    RunConfig,
+    RunResult,
+    execute,
+    load_splits,
+    sizes,
+)
 
 # Fields of a stored run's config that must equal the plan's for the run to count as done.
 SAME_CONFIG = ("method", "backend", "steps", "train", "val", "test", "seed", "dataset",
@@ -166,22 +175,24 @@ async def run_cell(cell: Cell, listeners: tuple) -> RunResult:
 
 
 def run_cells(pending: list[Cell], console: Any, parallel: int = 1,
-              concurrency: int | None = None) -> list[str]:
+              concurrency: int | None = None, budget: Budget | None = None) -> list[str]:
     """Run the cells, up to `parallel` at once in this process under one shared
-    concurrency limit (each run is itself concurrent); returns the labels of the runs that
-    did not finish. Bad input aborts; a failed run moves on; a stopped run stops the rest."""
+    concurrency limit (each run is itself concurrent) and one shared `budget`; returns the
+    labels of the runs that did not finish. Bad input aborts; a failed run moves on; a
+    stopped run (by the user, or by the budget) stops the rest."""
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[calls]} calls"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("runs", total=len(pending), calls=0)
         limit = AdaptiveLimit() if concurrency is None else \
             AdaptiveLimit(start=concurrency, ceiling=concurrency)
-        return asyncio.run(_run_all(pending, parallel, limit, progress, bar))
+        return asyncio.run(_run_all(pending, parallel, limit, progress, bar, budget))
 
 
 async def _run_all(pending: list[Cell], parallel: int, limit: AdaptiveLimit, progress: Any,
-                   bar: Any) -> list[str]:
+                   bar: Any, budget: Budget | None = None) -> list[str]:
     SHARED_LIMIT.set(limit)  # every run's client takes its calls from this one limit
+    SHARED_BUDGET.set(budget if budget is not None and budget.limited else None)
     slots = asyncio.Semaphore(parallel)
     failed: list[str] = []
     calls = {"n": 0, "stopped": False}
@@ -213,8 +224,9 @@ async def _run_all(pending: list[Cell], parallel: int, limit: AdaptiveLimit, pro
             if result.status != "finished":
                 failed.append(cell.label)
                 calls["stopped"] = True
-                progress.console.print(f"{result.status}: {cell.label} ({result.run_id})",
-                                       markup=False)
+                why = f": {result.reason}" if result.reason else ""
+                progress.console.print(f"{result.status}: {cell.label} ({result.run_id}){why}",
+                                       markup=False, highlight=False)
                 return
             cell.run_id = result.run_id
             score = "" if result.test_score is None else f": test {result.test_score:.3f}"

@@ -11,14 +11,16 @@ from rich.table import Table
 from engine.core.graph import GraphSpec, load_graph
 from engine.experiment.cells import Cell, resolved_models
 from engine.experiment.plan import PlanError
-from engine.methods import METHODS
+from engine.runs.estimate import (
+    FORWARD_TOKENS,
+    OPTIMIZER_TOKENS,
+    backward_calls_per_example,
+    estimate_calls,
+)
 from engine.runs.execute import RunConfig
 
-# Average tokens per call, for the estimate only (the run log records the real figures):
-# a forward call shows the question, the hints and the node's prompt; a backward or update
-# call shows a node's neighbourhood and feedback for k examples.
-FORWARD_TOKENS = (600, 200)
-OPTIMIZER_TOKENS = (1500, 400)
+__all__ = ["FORWARD_TOKENS", "OPTIMIZER_TOKENS", "Estimate", "backward_calls_per_example",
+           "confirm", "estimate_run", "estimate_table"]
 
 
 # --- the estimate ---------------------------------------------------------------------
@@ -26,6 +28,8 @@ OPTIMIZER_TOKENS = (1500, 400)
 
 @dataclass
 class Estimate:
+    """Runs, and their calls and cost at most (engine/runs/estimate.py's upper figures)."""
+
     runs: int = 0
     forward_calls: int = 0
     optimizer_calls: int = 0
@@ -43,31 +47,15 @@ class Estimate:
         self.cost = None if self.cost is None or other.cost is None else self.cost + other.cost
 
 
-def backward_calls_per_example(graph: GraphSpec, method: str) -> int:
-    """Backward calls for one back-propagated example, as the method counts them."""
-    return METHODS[method].backward_calls(graph)
-
-
 def estimate_run(graph: GraphSpec, config: RunConfig, n_train: int, n_val: int, n_test: int,
                  models: tuple[str, str], prices: dict) -> Estimate:
-    """Upper bound on one run's calls: every evaluated example runs every LLM node (step 0
-    on train and validation; each step on train, then its candidate on validation; the
-    test once), k failing examples are back-propagated and each trainable node (one, in
-    update mode 'one') gets an update call per step. The reply cache is ignored."""
-    from engine.llm.pricing import cost_usd
-
-    llm_nodes = sum(1 for n in graph.nodes if n.kind == "llm")
-    evaluated = (config.steps + 1) * (n_train + n_val) + n_test
-    updates = 1 if config.update_mode == "one" else len(graph.trainable_nodes)
-    optimizer = config.steps * (min(config.failures_per_step, n_train)
-                                * backward_calls_per_example(graph, config.method) + updates)
-    optimizer += evaluated if graph.metric == "judge" else 0
-    forward = evaluated * llm_nodes
-    costs = [cost_usd(prices, models[0], forward * FORWARD_TOKENS[0],
-                      forward * FORWARD_TOKENS[1]),
-             cost_usd(prices, models[1], optimizer * OPTIMIZER_TOKENS[0],
-                      optimizer * OPTIMIZER_TOKENS[1])]
-    return Estimate(1, forward, optimizer, None if None in costs else sum(costs))
+    """Upper bound on one run's calls, from the estimate every `run` prints: every
+    evaluated example runs every LLM node, k failing examples are back-propagated (a repair
+    call each), each trainable node (one, in update mode 'one') gets an update call per
+    step, the per-node gates where the mode allows them; the reply cache is ignored."""
+    est = estimate_calls(graph, config, n_train, n_val, n_test, models, prices)
+    return Estimate(1, est.calls("forward", upper=True), est.calls("optimizer", upper=True),
+                    est.cost(upper=True))
 
 
 def estimate_table(cells: list[Cell], pending: list[Cell]) -> tuple[Table, Estimate]:

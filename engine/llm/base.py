@@ -76,6 +76,7 @@ class LLMReply:
     model: str = ""
     constrained: bool | None = None  # whether decoding enforced request.schema (None: unknown)
     finish_reason: str | None = None  # the provider's reason the reply ended (stop, length)
+    cached_tokens: int = 0  # prompt tokens the provider's prefix cache served (where reported)
 
 
 class LLMError(Exception):

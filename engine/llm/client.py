@@ -25,6 +25,7 @@ from engine.llm.base import (
     SchemaRefused,
     TransientLLMError,
 )
+from engine.llm.budget import Budget
 from engine.llm.cache import Cache
 from engine.llm.limits import AdaptiveLimit
 from engine.llm.pricing import cost_usd, load_prices
@@ -92,6 +93,8 @@ class LLMClient:
     structured: str = "auto"
     # one limit shared by several clients (concurrent experiment runs); None: its own
     shared_limit: AdaptiveLimit | None = None
+    # --max-calls / --max-cost: a model call that would exceed it raises BudgetExhausted
+    budget: Budget | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
@@ -105,6 +108,7 @@ class LLMClient:
         self._prices = load_prices()
         self._jitter = random.Random()
         self._inflight: dict[str, asyncio.Future] = {}
+        self._active = 0  # model calls in flight
         if self.structured not in STRUCTURED_MODES:
             raise ValueError(f"structured must be one of {', '.join(STRUCTURED_MODES)}")
         self.structured_refused: dict[str, str] = {}  # backend name -> the server's refusal
@@ -153,17 +157,17 @@ class LLMClient:
             # an identical request is on its way: share its reply instead of paying twice
             reply = await asyncio.shield(self._inflight[record.cache_key])
             if reply is None:  # its failure may be transient: try on our own
-                reply = await self._call_with_retries(backend, request, record)
+                reply = await self._model_call(backend, request, record)
             else:
                 record.cache_hit = True
         elif self.cache.mode == "off":
-            reply = await self._call_with_retries(backend, request, record)
+            reply = await self._model_call(backend, request, record)
         else:
             pending = asyncio.get_running_loop().create_future()
             self._inflight[record.cache_key] = pending
             reply = None
             try:
-                reply = await self._call_with_retries(backend, request, record)
+                reply = await self._model_call(backend, request, record)
             finally:
                 del self._inflight[record.cache_key]
                 pending.set_result(reply)
@@ -176,9 +180,10 @@ class LLMClient:
             # a replayed reply ended where its stored text ends: nothing was cut this time
             record.finish_reason = "stop" if record.cache_hit else reply.finish_reason
             if not record.cache_hit:
+                record.cached_tokens = reply.cached_tokens
                 self.cache.put(record.cache_key, request, reply)
                 record.cost_usd = cost_usd(self._prices, request.model, reply.prompt_tokens,
-                                           reply.completion_tokens)
+                                           reply.completion_tokens, reply.cached_tokens)
             else:
                 record.cost_usd = 0.0
         self._account(record)
@@ -190,6 +195,29 @@ class LLMClient:
                 f"{backend.name} model '{request.model}' unavailable: {self.stats.failures} "
                 f"calls failed and none succeeded (last: {record.error})")
         return record
+
+    async def _model_call(self, backend: Backend, request: LLMRequest,
+                          record: CallRecord) -> LLMReply | None:
+        """One call to the model (a cache miss), admitted by the budget first."""
+        reserved = self.budget.admit(request, self._prices) if self.budget else 0.0
+        self._active += 1
+        reply = None
+        try:
+            reply = await self._call_with_retries(backend, request, record)
+        finally:
+            self._active -= 1
+            if self.budget:
+                self.budget.settle(reserved, reply and cost_usd(
+                    self._prices, request.model, reply.prompt_tokens, reply.completion_tokens,
+                    reply.cached_tokens))
+        return reply
+
+    async def settle(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) for the model calls in flight to return, so
+        that their replies reach the cache before a stopped run closes."""
+        deadline = time.monotonic() + timeout
+        while self._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     async def _call_with_retries(self, backend: Backend, request: LLMRequest,
                                  record: CallRecord) -> LLMReply | None:

@@ -124,10 +124,12 @@ class OpenAIBackend:
             prompt_tokens = estimate_tokens("".join(c for _, c in request.messages))
         if completion_tokens is None:
             completion_tokens = estimate_tokens(text)
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = getattr(details, "cached_tokens", None) if details is not None else None
         return LLMReply(text=text, prompt_tokens=prompt_tokens,
                         completion_tokens=completion_tokens,
                         model=getattr(response, "model", None) or request.model,
-                        finish_reason=finish_reason)
+                        finish_reason=finish_reason, cached_tokens=int(cached or 0))
 
     def _map_error(self, exc: Exception) -> LLMError:
         openai = self._sdk

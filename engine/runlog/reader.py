@@ -20,13 +20,18 @@ def list_runs(db: str | Path) -> pd.DataFrame:
     return query(db, """
         SELECT r.run_id, r.graph_name, r.method, r.backend, r.model, r.optimizer_model,
                r.seed, r.status, r.started_at, r.ended_at, r.error,
-               s.steps, s.best_val, s.last_val, c.calls, c.tokens, c.cost_usd
+               s.steps, s.best_val, s.last_val, c.calls, c.tokens, c.cache_hits, c.cost_usd
         FROM runs r
         LEFT JOIN (SELECT run_id, max(step) AS steps, max(val_score) AS best_val,
                           arg_max(val_score, step) AS last_val
                    FROM steps GROUP BY run_id) s USING (run_id)
-        LEFT JOIN (SELECT run_id, count(*) AS calls,
-                          sum(prompt_tokens + completion_tokens) AS tokens,
+        LEFT JOIN (SELECT run_id,
+                          -- what was spent: model calls (cache misses) and their tokens;
+                          -- cache hits are free and counted apart
+                          count(*) FILTER (WHERE NOT coalesce(cache_hit, false)) AS calls,
+                          coalesce(sum(prompt_tokens + completion_tokens)
+                                   FILTER (WHERE NOT coalesce(cache_hit, false)), 0) AS tokens,
+                          count(*) FILTER (WHERE cache_hit) AS cache_hits,
                           sum(cost_usd) AS cost_usd
                    FROM llm_calls GROUP BY run_id) c USING (run_id)
         ORDER BY r.started_at DESC""")
@@ -280,6 +285,24 @@ def example_gradients(db: str | Path, run_id: str, step: int, example_id: str
                                     ELSE 2 END, from_node_id""", [run_id, step, example_id])
 
 
+def step_phase_costs(db: str | Path, run_id: str) -> pd.DataFrame:
+    """Per step and phase (purpose): model calls (cache misses), their prompt and completion
+    tokens, the prompt tokens the provider's prefix cache served, their cost, and this
+    engine's cache hits apart (free)."""
+    return query(db, """
+        SELECT step, purpose AS phase,
+               count(*) FILTER (WHERE NOT coalesce(cache_hit, false)) AS model_calls,
+               coalesce(sum(prompt_tokens + completion_tokens)
+                        FILTER (WHERE NOT coalesce(cache_hit, false)), 0) AS tokens,
+               coalesce(sum(cached_tokens) FILTER (WHERE NOT coalesce(cache_hit, false)), 0)
+                   AS provider_cached_tokens,
+               sum(cost_usd) AS cost_usd,
+               count(*) FILTER (WHERE cache_hit) AS cache_hits,
+               coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE cache_hit), 0)
+                   AS cache_hit_tokens
+        FROM llm_calls WHERE run_id = ? GROUP BY ALL ORDER BY step, phase""", [run_id])
+
+
 def step_totals(db: str | Path, run_id: str) -> pd.DataFrame:
     """Calls, tokens and cost per step and phase (purpose)."""
     return query(db, """
@@ -327,3 +350,24 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
                 AND coalesce(leaks_target, false)) AS leaks
         FROM probes WHERE run_id = ? AND step = ? GROUP BY node_id ORDER BY node_id""",
                  [run_id, step])
+
+
+def step_call_costs(db: str | Path, run_id: str) -> list[dict]:
+    """Per step: model calls (cache misses), cache hits, the misses' prompt and completion
+    tokens (and of those, the prompt tokens the provider's prefix cache served) and cost,
+    and the step's wall seconds (NULL for a step not finished)."""
+    frame = query(db, """
+        SELECT c.step,
+               sum(CASE WHEN c.cache_hit THEN 0 ELSE 1 END) AS calls,
+               sum(CASE WHEN c.cache_hit THEN 1 ELSE 0 END) AS cache_hits,
+               sum(CASE WHEN c.cache_hit THEN 0 ELSE c.prompt_tokens END) AS prompt_tokens,
+               sum(CASE WHEN c.cache_hit THEN 0 ELSE c.completion_tokens END)
+                   AS completion_tokens,
+               coalesce(sum(CASE WHEN c.cache_hit THEN 0 ELSE c.cached_tokens END), 0)
+                   AS provider_cached_tokens,
+               sum(c.cost_usd) AS cost_usd,
+               any_value(s.ended_at - s.started_at) AS seconds
+        FROM llm_calls c LEFT JOIN steps s ON s.run_id = c.run_id AND s.step = c.step
+        WHERE c.run_id = ? GROUP BY c.step ORDER BY c.step""", [run_id])
+    return [{k: (None if pd.isna(v) else v) for k, v in row.items()}
+            for row in frame.to_dict("records")]

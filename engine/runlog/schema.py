@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 TABLES: dict[str, str] = {
     "schema_version": "version INTEGER, applied_at DOUBLE",
@@ -49,7 +49,7 @@ TABLES: dict[str, str] = {
         response VARCHAR, prompt_tokens INTEGER, completion_tokens INTEGER,
         latency_ms DOUBLE, cache_hit BOOLEAN, retries INTEGER, error VARCHAR,
         started_at DOUBLE, cost_usd DOUBLE, cache_key VARCHAR, temperature DOUBLE,
-        max_tokens INTEGER, constrained BOOLEAN, finish_reason VARCHAR""",
+        max_tokens INTEGER, constrained BOOLEAN, finish_reason VARCHAR, cached_tokens INTEGER""",
     "metrics": "run_id VARCHAR, step INTEGER, key VARCHAR, value DOUBLE",
     # Counterfactual probes (docs/runlog.md): one row per intervention, and the node
     # outputs a probe re-computed, kept apart from the run's own activations.
@@ -79,6 +79,11 @@ MIGRATIONS: dict[int, list[str]] = {
     # 3: why each reply ended (the provider's finish reason), which trace viewers need.
     3: [
         "ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS finish_reason VARCHAR",
+    ],
+    # 4: prompt tokens the provider served from its prefix cache (OpenAI's
+    # usage.prompt_tokens_details.cached_tokens), priced apart.
+    4: [
+        "ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS cached_tokens INTEGER",
     ],
 }
 

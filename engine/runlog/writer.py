@@ -120,6 +120,14 @@ class RunLogWriter:
             ])
             con.execute("COMMIT")
 
+    def save_cache(self) -> None:
+        """Write the replies of the step in progress to the cache table only: a run stopped
+        mid-step by its budget logs no partial step, and its resume gets those calls free."""
+        rows = self.cache.drain() if self.cache else []
+        if rows:
+            with connect(self.path) as con:
+                insert_rows(con, "llm_cache", rows)
+
     def finish(self, status: str, error: str | None = None) -> None:
         with connect(self.path) as con:
             con.execute("UPDATE runs SET status = ?, ended_at = ?, error = ? WHERE run_id = ?",

@@ -26,6 +26,7 @@ from engine.data.datasets import check_input_fields, load_examples, with_target
 from engine.data.examples import Example, Splits, split_examples
 from engine.events import CallRecord, Collector, EventBus, StepFinished
 from engine.llm.base import Backend
+from engine.llm.budget import Budget, BudgetExhausted
 from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
 from engine.llm.limits import AdaptiveLimit
 from engine.methods import METHODS, Method, make_method
@@ -41,6 +42,9 @@ DEFAULT_SPLITS = {"train": 20, "val": 20, "test": 0}
 # The concurrency limit of every run started in this context (experiment --parallel: one
 # limit for all its runs); None: each run has its own.
 SHARED_LIMIT: ContextVar[AdaptiveLimit | None] = ContextVar("shared_limit", default=None)
+# The budget of every run started in this context (experiment --max-calls/--max-cost: one
+# budget for the whole plan); None: each run has its own, from its RunConfig.
+SHARED_BUDGET: ContextVar[Budget | None] = ContextVar("shared_budget", default=None)
 
 
 class StepCallGuard:
@@ -90,6 +94,7 @@ class RunResult:
     test_score: float | None
     stats: CallStats
     events: Collector
+    reason: str | None = None  # why a run that did not finish stopped (its budget, say)
 
 
 def new_run_id(graph_name: str, method: str) -> str:
@@ -138,7 +143,8 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
         backend_limits=dict(config.backend_limits), shared_limit=SHARED_LIMIT.get(),
         retry=RetryPolicy(max_retries=config.max_retries, timeout=config.timeout),
         temperature=config.temperature, seed=config.seed, structured=config.structured,
-        structure=S.prepare)
+        structure=S.prepare,
+        budget=SHARED_BUDGET.get() or Budget(config.max_calls, config.max_cost))
 
 
 def default_max_tokens(config: RunConfig) -> tuple[int, int]:
@@ -191,14 +197,21 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
 async def resume(db: str, run_id: str, *, forward_backend: Backend | None = None,
                  optimizer_backend: Backend | None = None,
                  listeners: tuple[Callable[[Any], None], ...] = (),
-                 functions: Mapping[str, Callable[..., Any]] | None = None) -> RunResult:
+                 functions: Mapping[str, Callable[..., Any]] | None = None,
+                 max_calls: int | None = None, max_cost: float | None = None) -> RunResult:
     """Continue `run_id` from its last complete step with its accepted prompts;
-    `functions` binds the logged graph's Python function names again (engine.api.builder)."""
+    `functions` binds the logged graph's Python function names again (engine.api.builder).
+    `max_calls` / `max_cost` replace the run's budget for this invocation (unset: the
+    budget the run was started with, counted afresh)."""
     point = load_resume_state(db, run_id)
     if point.status == "finished":
         raise RunLogError(f"run '{run_id}' has already finished; nothing to resume")
     config = RunConfig.from_json(point.config)
     config.db, config.run_id = db, run_id
+    if max_calls is not None:
+        config.max_calls = max_calls
+    if max_cost is not None:
+        config.max_cost = max_cost
     open_for_writing(db)  # before any model call
     from engine.runs.code import bind_logged_graph
 
@@ -253,7 +266,7 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
     # for ~0.1 s while hundreds of calls are in flight.
     gc.collect()
     gc.freeze()
-    test_score = None
+    test_score, reason = None, None
     try:
         if prologue is not None:  # a fork logs the state it starts from
             await prologue(ctx)
@@ -267,6 +280,12 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
     except asyncio.CancelledError:
         writer.finish("stopped", "stopped by the user")
         status = "stopped"
+    except BudgetExhausted as exc:
+        # the calls already on their way are paid for: let their replies reach the cache
+        await client.settle(config.timeout)
+        writer.save_cache()
+        status, reason = "budget", str(exc)
+        writer.finish(status, reason)
     except BaseException as exc:
         try:
             writer.finish("failed" if isinstance(exc, Exception) else "stopped",
@@ -281,7 +300,7 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
         except (NotImplementedError, RuntimeError, ValueError):
             pass
         await client.aclose()
-    return RunResult(config.run_id, status, state, test_score, client.stats, collector)
+    return RunResult(config.run_id, status, state, test_score, client.stats, collector, reason)
 
 
 def step_rows(result: RunResult) -> list[StepFinished]:

@@ -80,8 +80,9 @@ class ProgressTracker:
             examples = self.sizes["train"] + (self.sizes["val"] if step == 0 else 0)
             return examples * n
         if phase == "gate":  # the candidate, and each edit alone under per-node gates
-            alone = self.seen_update if node_gates_apply(self.node_gates, self.seen_update) \
-                else 0
+            # (under auto they run only once the candidate is rejected: not counted ahead)
+            alone = self.seen_update if self.node_gates == "on" and \
+                node_gates_apply("on", self.seen_update) else 0
             return self.sizes["val"] * n * (1 + alone)
         return {"test": self.sizes["test"] * n,
                 "backward": self.backward, "update": self.updates}.get(phase, 0)

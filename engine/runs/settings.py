@@ -34,6 +34,16 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
+    return value
+
+
 def parse_options(items: Iterable[str]) -> dict[str, Any]:
     """`--option KEY=VALUE` items: whole numbers become ints."""
     options: dict[str, Any] = {}
@@ -138,7 +148,8 @@ class RunConfig:
                                help="update every trainable prompt per step, or one at a time")
     node_gates: str = setting("auto", choices=("auto", "on", "off"),
                               help="also score each changed prompt alone on validation (auto: "
-                                   "when a step changes 2 to 4 prompts)")
+                                   "after a rejected step that changed 2 to 4 prompts; on: "
+                                   "every step)")
     temperature: float = setting(0.0, type=float, help="sampling temperature")
     max_tokens: int | None = setting(None, type=positive_int, help="forward generation limit")
     optimizer_max_tokens: int | None = setting(None, type=positive_int,
@@ -160,6 +171,12 @@ class RunConfig:
                                    "a server refuses)")
     allow_copies: bool = setting(False, help="apply proposed prompts that copy training "
                                              "examples (few-shot style)")
+    max_calls: int | None = setting(None, type=non_negative_int, metavar="N",
+                                    help="stop before the model call (cache miss) that would "
+                                         "exceed N")
+    max_cost: float | None = setting(None, type=non_negative_float, metavar="USD",
+                                     help="stop before the call that could take spending on "
+                                          "priced models above USD")
     # Not a flag: where the graph's Python functions and metric come from
     # (engine/runs/code.py), recorded by execute(); later commands import them again from it.
     code: dict[str, Any] = field(default_factory=dict)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import threading
 import time
@@ -100,9 +101,13 @@ class FakeOpenAIServer:
                  faults: Iterable[Fault] | None = None, reject_response_format: bool = False,
                  rate_limit_share: float = 0.0, capacity: int | None = None,
                  retry_after: float | None = None, seed: int = 0,
-                 finish_reason: str = "stop"):
+                 finish_reason: str = "stop", prefix_cache: bool = False):
         self.latency = latency
         self.finish_reason = finish_reason  # what every completion says ended it
+        # prefix caching as OpenAI reports it: usage.prompt_tokens_details.cached_tokens is
+        # the longest prefix (in tokens of 4 characters) shared with an earlier request
+        self.prefix_cache = prefix_cache
+        self._prompts: list[str] = []
         # push-back (429, with Retry-After: retry_after): a seeded random share of requests,
         # and/or every request beyond `capacity` arriving within one latency
         self.rate_limit_share, self.capacity, self.retry_after = (rate_limit_share, capacity,
@@ -188,9 +193,20 @@ class FakeOpenAIServer:
         if seconds > 0:
             self._stopping.wait(seconds)
 
+    def _cached_prefix(self, prompt: str) -> int:
+        with self._lock:
+            best = max((len(os.path.commonprefix([prompt, seen])) for seen in self._prompts),
+                       default=0)
+            self._prompts.append(prompt)
+        return best // 4
+
     def _completion(self, body: dict, text: str) -> dict:
         prompt = "".join(m.get("content") or "" for m in body.get("messages", []))
         prompt_tokens, completion_tokens = _count_tokens(prompt), _count_tokens(text)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        if self.prefix_cache:
+            usage["prompt_tokens_details"] = {"cached_tokens": self._cached_prefix(prompt)}
         return {
             "id": f"chatcmpl-fake-{len(self.requests)}",
             "object": "chat.completion",
@@ -198,8 +214,7 @@ class FakeOpenAIServer:
             "model": body.get("model", "fake"),
             "choices": [{"index": 0, "finish_reason": self.finish_reason,
                          "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
+            "usage": usage,
         }
 
 

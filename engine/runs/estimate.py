@@ -1,0 +1,209 @@
+"""What a run will cost, before its first call: model calls per phase, tokens and cost,
+from the graph, the split sizes, the steps and the method. `run` prints `line()` before it
+starts and `run --dry-run` prints `breakdown()`; the experiment estimate sums the same.
+
+Two figures per phase. `expected`: the calls that reach the model with the cache on,
+when each step is as likely accepted as rejected (ACCEPTED_SHARE). A step after a rejected
+one repeats its train pass (cache hits), after an accepted one it re-runs the nodes an edit
+reached; a candidate re-runs on validation only the nodes an edit reaches;
+`--node-gates auto` scores each edit alone after a rejection only; nodes that start with the
+same prompt and inputs share their calls until an accepted edit tells them apart. `upper`:
+no cache hit at all, the per-node gates wherever the mode allows them, and one repair call
+per backward call. Tokens use average sizes per call (the run log records the real ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.core.graph import GraphSpec
+from engine.core.optimizer import node_gates_apply
+
+# Average (prompt, completion) tokens per call, for the estimate only: a forward call shows
+# the question, the node's inputs and its prompt; a backward or update call shows a node's
+# neighbourhood and the feedback for k examples.
+FORWARD_TOKENS = (600, 200)
+OPTIMIZER_TOKENS = (1500, 400)
+# The share of steps whose candidate is accepted, for the expected figures only: which steps
+# pass the gate is not known before the run.
+ACCEPTED_SHARE = 0.5
+
+
+@dataclass
+class Phase:
+    name: str
+    purpose: str  # forward | optimizer: which model pays
+    expected: int
+    upper: int
+
+
+@dataclass
+class RunEstimate:
+    phases: list[Phase] = field(default_factory=list)
+    models: tuple[str, str] = ("", "")
+    prices: dict = field(default_factory=dict)
+
+    def calls(self, purpose: str | None = None, upper: bool = False) -> int:
+        return sum(p.upper if upper else p.expected for p in self.phases
+                   if purpose in (None, p.purpose))
+
+    def tokens(self, upper: bool = False) -> int:
+        return (self.calls("forward", upper) * sum(FORWARD_TOKENS)
+                + self.calls("optimizer", upper) * sum(OPTIMIZER_TOKENS))
+
+    def cost(self, upper: bool = False) -> float | None:
+        """US dollars, or None when a model has no known price."""
+        from engine.llm.pricing import cost_usd
+
+        parts = [cost_usd(self.prices, model, self.calls(purpose, upper) * tokens[0],
+                          self.calls(purpose, upper) * tokens[1])
+                 for model, purpose, tokens in ((self.models[0], "forward", FORWARD_TOKENS),
+                                                (self.models[1], "optimizer",
+                                                 OPTIMIZER_TOKENS))]
+        return None if None in parts else sum(parts)
+
+    def line(self) -> str:
+        """One line: expected model calls, tokens and cost, and the upper bound."""
+        cost, most = self.cost(), self.cost(upper=True)
+        money = (f"${cost:.2f} (at most ${most:.2f})" if cost is not None
+                 else f"cost unknown (no price for {self._unpriced()})")
+        return (f"estimate: ~{self.calls():,} model calls ({self.calls('forward'):,} forward, "
+                f"{self.calls('optimizer'):,} optimizer; at most {self.calls(upper=True):,} "
+                f"with no cache hits), ~{compact(self.tokens())} tokens, {money}")
+
+    def breakdown(self) -> list[str]:
+        """The estimate by phase, as aligned plain lines."""
+        rows = [("phase", "model", "calls", "at most")]
+        rows += [(p.name, p.purpose, f"{p.expected:,}", f"{p.upper:,}") for p in self.phases]
+        rows.append(("total", "", f"{self.calls():,}", f"{self.calls(upper=True):,}"))
+        width = [max(len(r[i]) for r in rows) for i in range(4)]
+        return [f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]:>{width[2]}}  "
+                f"{r[3]:>{width[3]}}" for r in rows]
+
+    def _unpriced(self) -> str:
+        return ", ".join(dict.fromkeys(m for m in self.models if m not in self.prices))
+
+
+def compact(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+
+
+def backward_calls_per_example(graph: GraphSpec, method: str) -> int:
+    """Backward calls for one back-propagated example, as the method counts them."""
+    from engine.methods import METHODS
+
+    return METHODS[method].backward_calls(graph)
+
+
+def _reach(graph: GraphSpec) -> dict[str, set[str]]:
+    """Each node with its ancestors: the nodes whose prompts shape its calls."""
+    reach: dict[str, set[str]] = {}
+    for node in graph.topological_order():
+        reach[node] = {node}.union(*(reach[p] for p in graph.predecessors(node)))
+    return reach
+
+
+def distinct_calls(graph: GraphSpec) -> int:
+    """LLM node calls per example under the initial prompts once identical requests are
+    made once: two nodes with the same prompt and the same inputs (the paper's GSM8K hints
+    start so) send the same request, which the cache and in-flight sharing answer once."""
+    ids, sig = set(graph.node_ids), {}
+    for node_id in graph.topological_order():
+        n = graph.node(node_id)
+        sig[node_id] = (n.kind, n.prompt, n.function, n.output, n.max_tokens,
+                        tuple((name, sig.get(name) if name in ids else None)
+                              for name in n.inputs))
+    return len({sig[n.id] for n in graph.nodes if n.kind == "llm" and n.id in sig})
+
+
+def node_gate_calls(graph: GraphSpec, changed: list[str], cached: bool) -> int:
+    """Node calls per validation example that scoring each edit alone adds to the joint
+    pass: a node's call differs only by which changed prompts reach it, so per node the
+    distinct reaching sets of the edits alone, less the joint one (and, with the cache, less
+    the empty set: the old prompts' calls, seen before)."""
+    reach = _reach(graph)
+    extra = 0
+    for node in (n.id for n in graph.nodes if n.kind == "llm"):
+        joint = frozenset(changed) & reach[node]
+        alone = {frozenset({n}) & reach[node] for n in changed}
+        alone.discard(joint)
+        if cached:
+            alone.discard(frozenset())
+        extra += len(alone)
+    return extra
+
+
+def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int,
+                   models: tuple[str, str] = ("", ""), prices: dict | None = None
+                   ) -> RunEstimate:
+    """The run's model calls by phase (see the module docstring); `config` is a RunConfig."""
+    llm = [n.id for n in graph.nodes if n.kind == "llm"]
+    nodes, steps = len(llm), config.steps
+    cached = config.cache != "off"
+    judge = graph.metric == "judge"
+    trainable = graph.trainable_nodes
+    changed = trainable[:1] if config.update_mode == "one" else trainable
+    reach = _reach(graph)
+    reached = sum(1 for n in llm if reach[n] & set(changed))  # nodes an edit reaches
+    initial = distinct_calls(graph) if cached else nodes
+    sampled = min(config.failures_per_step, n_train)
+    backward = sampled * backward_calls_per_example(graph, config.method)
+    mode, k = config.node_gates, len(changed)
+    gates_expected = node_gates_apply(mode, k)
+    gate_nodes = node_gate_calls(graph, changed, cached), node_gate_calls(graph, changed, False)
+
+    phases = [Phase("step 0: train and validation", "forward", (n_train + n_val) * initial,
+                    (n_train + n_val) * nodes)]
+    if judge:
+        phases.append(Phase("step 0: judge", "optimizer", n_train + n_val, n_train + n_val))
+    if steps:
+        # step 1 repeats step 0's train pass; a later one, only after a rejection
+        after_accept = (steps - 1) * ACCEPTED_SHARE
+        train = round(after_accept * n_train * reached) if cached else steps * n_train * nodes
+        phases.append(Phase(f"steps 1-{steps}: forward on train", "forward", train,
+                            steps * n_train * nodes))
+        if judge:
+            phases.append(Phase(f"steps 1-{steps}: judge on train", "optimizer",
+                                round(after_accept * n_train) if cached else steps * n_train,
+                                steps * n_train))
+        phases += [Phase(f"steps 1-{steps}: backward", "optimizer", steps * backward,
+                         steps * backward),
+                   Phase(f"steps 1-{steps}: repairs", "optimizer", 0, steps * backward),
+                   Phase(f"steps 1-{steps}: update", "optimizer", steps * k, steps * k),
+                   Phase(f"steps 1-{steps}: validation candidate", "forward",
+                         steps * n_val * (reached if cached else nodes), steps * n_val * nodes)]
+        if judge:
+            phases.append(Phase(f"steps 1-{steps}: judge on validation", "optimizer",
+                                steps * n_val, steps * n_val))
+        if mode != "off" and k >= 2:
+            gated = steps * (1.0 if mode == "on" else 1 - ACCEPTED_SHARE)  # auto: rejections
+            phases.append(Phase(f"steps 1-{steps}: per-node gates ({mode})", "forward",
+                                round(gated * n_val * gate_nodes[0]) if gates_expected else 0,
+                                steps * n_val * gate_nodes[1] if gates_expected else 0))
+            if judge and gates_expected:
+                phases.append(Phase(f"steps 1-{steps}: judge per-node gates", "optimizer",
+                                    round(gated * n_val * k), steps * n_val * k))
+    if n_test:
+        # identical initial prompts stay shared unless some step was accepted
+        some_accepted = 1 - (1 - ACCEPTED_SHARE) ** steps
+        phases.append(Phase("test", "forward",
+                            round(n_test * (initial + (nodes - initial) * some_accepted)),
+                            n_test * nodes))
+        if judge:
+            phases.append(Phase("test: judge", "optimizer", n_test, n_test))
+    return RunEstimate(phases, models, dict(prices or {}))
+
+
+def estimate_for(config: Any, graph: GraphSpec, splits: Any) -> RunEstimate:
+    """The estimate of a run with `config` (a RunConfig) over `splits`, priced with the
+    models it will use (as engine.runs.execute.make_client resolves them)."""
+    from engine.llm.factory import default_model
+    from engine.llm.pricing import load_prices
+
+    model = config.model or default_model(config.backend)
+    opt_kind = config.optimizer_backend or config.backend
+    optimizer = config.optimizer_model or (
+        model if opt_kind == config.backend else default_model(opt_kind))
+    return estimate_calls(graph, config, len(splits.train), len(splits.val), len(splits.test),
+                          (model, optimizer), load_prices())

@@ -1,0 +1,84 @@
+"""The estimate before a run (engine/runs/estimate.py): one line before every `run`, the
+breakdown by phase with `run --dry-run` (no request, no file), and figures close to the
+calls the run then makes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import duckdb
+
+from engine.cli import main
+from engine.core.graph import load_graph
+from engine.runs.estimate import estimate_calls, estimate_for, node_gate_calls
+from engine.runs.execute import RunConfig, execute, load_splits
+from tests.support.fake_openai import FakeOpenAIServer
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph
+
+
+def test_dry_run_makes_no_request_and_writes_no_file(tmp_path, capsys, monkeypatch):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    before = sorted(os.listdir(tmp_path))
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeOpenAIServer() as server:
+        code = main(["run", str(graph), "--backend", "openai", "--base-url", server.base_url,
+                     "--model", "gpt-4o-mini", "--steps", "2", "--train", "8", "--val", "8",
+                     "--test", "4", "--db", str(tmp_path / "runs.duckdb"), "--dry-run"])
+        assert code == 0
+        assert server.requests == []
+    assert sorted(os.listdir(tmp_path)) == before  # no run log, nothing else
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == ["phase", "model", "calls", "at", "most"]
+    phases = [ln.split("  ")[0] for ln in lines[1:] if ln and not ln.startswith(
+        ("total", "estimate", "dry run"))]
+    assert "steps 1-2: per-node gates (auto)" in phases and "test" in phases
+    estimate = [ln for ln in lines if ln.startswith("estimate: ")]
+    # priced: gpt-4o-mini is in the price table
+    assert len(estimate) == 1 and "$" in estimate[0] and "model calls" in estimate[0]
+    assert "dry run: no model call made, no run log written" in out
+
+
+def test_every_run_prints_the_estimate_line_first(tmp_path, capsys):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    code = main(["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "4",
+                 "--val", "4", "--test", "0", "--db", str(tmp_path / "runs.duckdb")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("estimate: ~")
+    assert "cost" not in out.splitlines()[0] or "$0.00" in out.splitlines()[0]
+
+
+def test_the_gsm8k_shape_is_estimated_within_15_percent(tmp_path):
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    config = RunConfig(graph=str(graph_path), backend="scripted", steps=2, train=16, val=16,
+                       test=8, db=str(tmp_path / "runs.duckdb"))
+    graph = load_graph(config.graph)
+    expected = estimate_for(config, graph, load_splits(config, graph)).calls()
+    result = asyncio.run(execute(config))
+    actual = result.stats.calls - result.stats.cache_hits
+    assert abs(expected - actual) <= 0.15 * actual, (expected, actual)
+    with duckdb.connect(config.db, read_only=True) as con:
+        logged = con.execute("SELECT count(*) FROM llm_calls WHERE NOT cache_hit").fetchone()[0]
+    assert logged == actual
+
+
+def test_the_estimate_counts_the_per_node_gates(tmp_path):
+    graph = load_graph(write_graph(tmp_path, TWO_HINTS, arithmetic_rows()))
+    changed = graph.trainable_nodes
+    # each edit alone: the final node sees 3 other input sets; without the cache the old
+    # hints count too (hint_b's old call beside hint_a's edit, and back): the 80 calls of the
+    # GSM8K step at 16 validation examples
+    assert node_gate_calls(graph, changed, cached=True) == 3
+    assert node_gate_calls(graph, changed, cached=False) == 5
+
+    def gates(mode: str) -> tuple[int, int]:
+        config = RunConfig(graph="", steps=4, node_gates=mode)
+        est = estimate_calls(graph, config, 20, 16, 0)
+        phase = [p for p in est.phases if "per-node gates" in p.name]
+        return (phase[0].expected, phase[0].upper) if phase else (0, 0)
+
+    assert gates("on") == (4 * 16 * 3, 4 * 16 * 5)
+    assert gates("auto") == (2 * 16 * 3, 4 * 16 * 5)  # auto: after a rejection only
+    assert gates("off") == (0, 0)
