@@ -272,7 +272,7 @@ def test_a_live_run_refreshes_itself(open_page, log, tmp_path):
 
 def test_a_live_run_is_followed_until_a_step_is_pinned(open_page, log, tmp_path):
     """While running: the newest step is shown (not the default step with edits), with
-    the phase and calls from the job's log; a step picked by hand stays."""
+    the phase and calls from the job's progress events; a step picked by hand stays."""
     from dashboard import jobs
 
     db = tmp_path / "live.duckdb"
@@ -282,9 +282,12 @@ def test_a_live_run_is_followed_until_a_step_is_pinned(open_page, log, tmp_path)
         con.execute("DELETE FROM steps WHERE run_id = ? AND step = 2", [log.semantic])
     job = jobs.Job(log.semantic, str(db.resolve()), 999_999_997, "", [], 0.0, 2)
     job.log = str(jobs.jobs_dir(db) / f"{log.semantic}.log")
-    Path(job.log).write_text("step 0 done: train 0.250, val 0.250; 30 calls so far\n"
-                             "step 1 done: train 0.500, val 0.500; 70 calls so far\n"
-                             "step 2 backward: 3/8 calls (96 in all)\n")
+    Path(job.log).write_text("step 2 backward: 3/8 calls (96 in all)\n")  # for people
+    events = [{"event": "step_finished", "run_id": log.semantic, "step": 0, "calls_total": 30},
+              {"event": "step_finished", "run_id": log.semantic, "step": 1, "calls_total": 70},
+              {"event": "progress", "run_id": log.semantic, "step": 2, "phase": "backward",
+               "calls_done": 3, "calls_expected": 8, "calls_total": 96}]
+    job.progress_file.write_text("".join(json.dumps(e) + "\n" for e in events))
     job.returncode = None
     jobs._save(job)
     at = open_page("graph", db=db, run=log.semantic)
@@ -516,7 +519,7 @@ def test_compare_two_runs(open_page, log):
     assert {"A validation", "B validation"} <= {t["name"] for t in curves["data"]}
     shown = texts(at)
     assert "A gradient (semantic)" in shown and "B gradient (textgrad)" in shown
-    assert "Prompts: A's latest accepted version" in shown
+    assert "Prompts: latest accepted versions" in shown
     assert "semback-diff" in html_blocks(at)
 
 
