@@ -391,9 +391,9 @@ def test_graph_selection_follows_the_picker_and_the_colour_choice(open_page, log
     at.selectbox(key="node").select("final").run()
     assert drawing(at)["selected"] == "final"
     assert "Node final" in texts(at)
-    at.radio(key="graph_quantity").set_value("edit").run()
+    at.radio(key="color").set_value("edit").run()
     assert any("edit accepted" in n["label"] for n in drawing(at)["nodes"])
-    at.radio(key="graph_quantity").set_value("grad_chars").run()
+    at.radio(key="color").set_value("grad_chars").run()
     assert any("chars" in n["label"] for n in drawing(at)["nodes"])
 
 
