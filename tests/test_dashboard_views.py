@@ -210,3 +210,21 @@ def test_a_bad_graph_is_refused_before_starting(tmp_path, monkeypatch):
     with pytest.raises(GraphError):
         jobs.start(jobs.RunSpec(graph=str(bad), db=str(tmp_path / "r.duckdb")))
     assert jobs.list_jobs(tmp_path / "r.duckdb") == []
+
+
+def test_degenerate_gradients_are_named_and_real_ones_are_not():
+    from dashboard.views.quality import degenerate
+
+    prompt = ("You are helping improve a pipeline. Explain how the output of mood should "
+              "change so that the final answer is right. Do not mention specific examples, "
+              "numbers or answers above.")
+    assert degenerate("", prompt) == "empty"
+    assert degenerate("  \n", prompt) == "empty"
+    assert degenerate("M", prompt) == "one word"
+    assert degenerate("Yes.", prompt) == "one word"
+    assert degenerate("Do not mention specific examples, numbers or answers above.",
+                      prompt) == "echoes the prompt"
+    real = ("mood said 'good' for a complaint about a broken zip; it should name the "
+            "feeling the reviewer states, here disappointment.")
+    assert degenerate(real, prompt) is None
+    assert degenerate("Too vague.", prompt) is None  # two words of its own: kept
