@@ -198,3 +198,18 @@ def test_a_job_lasts_until_its_log_was_last_written_not_until_a_page_polled(tmp_
     (found,) = jobs.list_jobs(db, kinds=("blame",))  # noticed only now
     assert found.returncode == -1 and round(found.seconds) == 20
     assert round(jobs.load(found.record).seconds) == 20  # and the record keeps it
+
+
+def test_the_inspector_marks_a_degenerate_gradient(open_page, log, tmp_path):
+    db = tmp_path / "noise.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE gradients SET content = '' WHERE run_id = ? AND step = 1 AND "
+                    "example_id = ? AND node_id = 'hint_a' AND kind = 'gradient'",
+                    [log.semantic, log.example])
+    at = open_page("inspect", db=db, run=log.semantic, step=1, example=log.example,
+                   node="hint_a")
+    assert any(w.value.startswith("Degenerate gradient (empty)") and "mostly noise" in w.value
+               for w in at.warning)
+    clean = open_page("inspect", run=log.semantic, step=1, example=log.example, node="hint_a")
+    assert not any("Degenerate" in w.value for w in clean.warning)
