@@ -319,3 +319,30 @@ def test_explore_names_the_graph_pages_own_colour_options(log):
     for label in QUANTITIES.values():
         assert label[0].lower() + label[1:] in body
     assert "failures" not in body
+
+
+def test_the_edit_alone_score_is_the_same_in_update_gate_and_inspector(log, tmp_path):
+    db = tmp_path / "alone.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:  # one changed proposal at step 1, scored alone
+        con.execute("UPDATE updates SET accepted = false, val_alone = NULL WHERE run_id = ?",
+                    [log.demo])
+        con.execute("""UPDATE updates SET new_prompt = 'Name the feeling.', accepted = true,
+            val_alone = 0.625 WHERE run_id = ? AND step = 1 AND node_id = 'mood'""",
+                    [log.demo])
+
+    def alone(at: AppTest) -> list[str]:
+        return [m.value for m in at.metric if m.label.startswith("validation with this edit")]
+
+    assert "0.625" in alone(learn(db, "Update", run=log.demo, step=1))
+    assert alone(learn(db, "The gate", run=log.demo, step=1))[0] == "0.625"
+    import os
+
+    os.environ["SEMBACK_DB"] = str(db)
+    with like_a_live_server():
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update({"run": log.demo, "step": "1", "node": "mood",
+                                "example": demo_example(db, log.demo)[0]})
+        at.run()
+        at.switch_page("screens/inspect.py").run()
+    assert alone(at) == ["0.625"]
