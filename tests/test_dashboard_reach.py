@@ -213,3 +213,33 @@ def test_the_inspector_marks_a_degenerate_gradient(open_page, log, tmp_path):
                for w in at.warning)
     clean = open_page("inspect", run=log.semantic, step=1, example=log.example, node="hint_a")
     assert not any("Degenerate" in w.value for w in clean.warning)
+
+
+def test_the_graph_colours_by_blame_once_the_blame_it_started_ends(open_page, log, started):
+    at = open_page("graph", run=log.textgrad, step=1)
+    assert at.radio(key="color").value == "grad_chars"  # no probes yet
+    at.button(key="graph_blame").click().run()
+    end(started[0])
+    at.run()
+    assert at.radio(key="color").value == "blame"
+    at.radio(key="color").set_value("edit").run()  # a choice made afterwards stays
+    at.run()
+    assert at.radio(key="color").value == "edit"
+
+
+def test_a_nodes_gradient_length_reads_the_same_on_its_label_and_in_the_table(open_page,
+                                                                            log, tmp_path):
+    db = tmp_path / "half.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:  # a mean of 82.5 characters: rounding decides
+        con.execute("""UPDATE gradients SET content = repeat('x', CASE WHEN example_id =
+            (SELECT min(example_id) FROM gradients WHERE run_id = ? AND step = 1 AND
+             kind = 'aggregate' AND node_id = 'hint_b') THEN 82 ELSE 83 END)
+            WHERE run_id = ? AND step = 1 AND kind = 'aggregate' AND node_id = 'hint_b'""",
+                    [log.textgrad, log.textgrad])
+    at = open_page("graph", db=db, run=log.textgrad, step=1, color="grad_chars")
+    table = next(d.value for d in at.dataframe if "grad_chars" in d.value.columns)
+    shown = dict(zip(table["node_id"], table["grad_chars"]))
+    labels = {label.split(" · ")[0]: label for label in node_labels(at)}
+    for node, value in shown.items():
+        assert f"∇ {value} chars" in labels[node], (labels[node], value)

@@ -228,3 +228,10 @@ def test_degenerate_gradients_are_named_and_real_ones_are_not():
             "feeling the reviewer states, here disappointment.")
     assert degenerate(real, prompt) is None
     assert degenerate("Too vague.", prompt) is None  # two words of its own: kept
+
+
+def test_gradient_lengths_round_half_up_everywhere():
+    from dashboard.views.text import chars
+
+    assert chars(82.5) == "83 chars" and chars(65.5) == "66 chars"
+    assert chars(65.49) == "65 chars" and chars(None) == "0 chars"

@@ -7,10 +7,10 @@ import streamlit as st
 
 from dashboard import data, links, probe_data
 from dashboard.state import need_run, need_step, selection
-from dashboard.views.blame import blame_button
+from dashboard.views.blame import blame_button, just_finished
 from dashboard.views.colors import QUANTITIES, color_nodes
 from dashboard.views.graph_view import draw_graph, node_rows
-from dashboard.views.text import md, show_text
+from dashboard.views.text import md, round_chars, show_text
 
 FLOWS = {"example": "this example", "all": "all sampled examples"}
 
@@ -83,6 +83,8 @@ if graph.description:
     with st.expander("About this graph"):
         st.text(graph.description)
 has_probes = not probe_data.node_blame(sel.db, sel.run, step).empty
+if just_finished(sel.run, step):  # the blame just checked here: show it
+    st.session_state["color"] = "blame"
 links.page_option("color", "blame" if has_probes else "grad_chars", list(QUANTITIES))
 quantity = st.radio("Colour nodes by", list(QUANTITIES), format_func=QUANTITIES.get,
                     horizontal=True, key="color")
@@ -93,8 +95,11 @@ blame_button(sel.db, sel.run, step, key="graph_blame", primary=not has_probes)
 graph_panel(sel, graph, quantity)
 node_summary(sel, graph)
 st.subheader(f"Nodes at step {step}")
+table = pd.DataFrame(node_rows(sel)).drop(columns=["fail_share"], errors="ignore")
+if "grad_chars" in table:  # rounded as the drawing's labels are
+    table["grad_chars"] = [round_chars(v) for v in table["grad_chars"]]
 st.dataframe(
-    pd.DataFrame(node_rows(sel)).drop(columns=["fail_share"], errors="ignore"),
+    table,
     hide_index=True, column_config={
         "node_id": "node", "activations": "activations", "errors": "errors",
         "grad_chars": st.column_config.NumberColumn("mean gradient (chars)", format="%.0f"),

@@ -48,3 +48,16 @@ def blame_cell(blame: object, probes: object) -> str:
     if isinstance(blame, str) and blame:
         return blame
     return f"probed ({count}), nothing fixed it"
+
+
+APPLIED_KEY = "_blame_seen"  # blame jobs whose end a page has already acted on
+
+
+def just_finished(run: str, step: int) -> bool:
+    """True once, on the first page run after a blame job of (run, step) that this session
+    started ended well: the Graph page then switches its colours to the new blame."""
+    seen = st.session_state.setdefault(APPLIED_KEY, set())
+    done = [job.log for job in job_watch.watched(slot(run, step)) if job.returncode == 0]
+    fresh = [log for log in done if log not in seen]
+    seen.update(fresh)
+    return bool(fresh)
