@@ -275,6 +275,13 @@ def test_scores(db: str) -> dict[str, float]:
 # --- derived values ---------------------------------------------------------------------
 
 
+def steps_done(db: str, run_id: str) -> int:
+    """Optimization steps written: the highest step logged (step 0 is the baseline), the
+    number the Runs table's steps column shows."""
+    table = steps(db, run_id)
+    return 0 if table.empty else int(table["step"].max())
+
+
 def current_prompts(db: str, run_id: str) -> dict[str, str]:
     """Each node's latest accepted prompt (the initial one when no edit was accepted)."""
     history = prompt_history(db, run_id)

@@ -69,7 +69,7 @@ def planned_steps(db: str, run: str) -> int | None:
 
 def progress_line(db: str, run: str) -> str:
     """Steps written, and from the job's log the phase and calls of the step underway."""
-    written = len(data.steps(db, run))
+    written = data.steps_done(db, run)
     job = jobs.find(db, run)
     progress = parse_progress(jobs.log_tail(job, lines=40) if job else "")
     return progress.line(written, planned_steps(db, run))

@@ -23,13 +23,13 @@ def test_progress_line_has_the_phase_and_calls_against_expected():
            "step 1 backward: 3/8 calls (59 in all)\n")
     progress = parse_progress(log)
     assert progress == Progress(1, "backward", 3, 8, 59)
-    assert progress.line(1, 2) == "1 of 3 steps written · now step 1: backward, 3 of 8 calls"
+    assert progress.line(0, 2) == "0 of 2 steps written · now step 1: backward, 3 of 8 calls"
 
 
 def test_progress_after_a_step_line_only_and_with_nothing_yet():
     progress = parse_progress("step 0 done: train 0.250, val 0.250; 24 calls so far\n")
     assert progress.step == 1 and progress.phase is None and progress.calls_total == 24
-    assert progress.line(1, 1) == "1 of 2 steps written · 24 calls so far"
+    assert progress.line(0, 1) == "0 of 1 step written · 24 calls so far"
     nothing = parse_progress("$ python -m engine run demo.yaml\n")
     assert nothing.line(0, None) == "0 of ? steps written"
     # rich redraws a line with carriage returns: the last state counts

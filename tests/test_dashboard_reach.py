@@ -243,3 +243,14 @@ def test_a_nodes_gradient_length_reads_the_same_on_its_label_and_in_the_table(op
     labels = {label.split(" · ")[0]: label for label in node_labels(at)}
     for node, value in shown.items():
         assert f"∇ {value} chars" in labels[node], (labels[node], value)
+
+
+def test_prompt_history_counts_one_proposal_as_one(open_page, log, tmp_path):
+    db = tmp_path / "one.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM updates WHERE run_id = ? AND node_id = 'hint_a' AND step > 1",
+                    [log.semantic])
+    at = open_page("history", db=db, run=log.semantic, step=1, node="hint_a")
+    body = texts(at)
+    assert "· 1 proposal, " in body and "1 proposals" not in body

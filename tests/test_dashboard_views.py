@@ -235,3 +235,10 @@ def test_gradient_lengths_round_half_up_everywhere():
 
     assert chars(82.5) == "83 chars" and chars(65.5) == "66 chars"
     assert chars(65.49) == "65 chars" and chars(None) == "0 chars"
+
+
+def test_counts_agree_with_their_noun():
+    from dashboard.views.text import plural
+
+    assert plural(1, "proposal") == "1 proposal" and plural(2, "proposal") == "2 proposals"
+    assert plural(0, "prompt edit") == "0 prompt edits"

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, jobs
-from dashboard.live import parse_progress
+from dashboard.live import parse_progress, steps_line
 from dashboard.state import PENDING_RUN_KEY, selection
 from dashboard.views.run_panel import run_panel
 from dashboard.views.text import fmt, md
@@ -109,17 +109,17 @@ def _jobs_body(db: str) -> None:
         alive = jobs.poll(job)
         steps_done, status = 0, "starting"
         if not runs.empty and job.run_id in set(runs["run_id"]):
-            steps_done = len(data.steps(db, job.run_id))
+            steps_done = data.steps_done(db, job.run_id)
             status = runs.loc[runs["run_id"] == job.run_id, "status"].iloc[0]
         if not alive and status in ("starting", "running"):
             status = f"ended (exit code {job.returncode})"
-        total = job.steps + 1
+        total = job.steps
         with st.container(border=True):
             head, button = st.columns([5, 1])
             head.markdown(f"**{md(job.run_id)}** · {md(status)} · {int(job.seconds)} s")
-            head.progress(min(steps_done / total, 1.0),
-                          text=parse_progress(jobs.log_tail(job, 40)).line(steps_done, job.steps)
-                          if alive else f"{steps_done} of {total} steps written")
+            head.progress(min(steps_done / total, 1.0) if total else float(not alive),
+                          text=parse_progress(jobs.log_tail(job, 40)).line(steps_done, total)
+                          if alive else steps_line(steps_done, total))
             if alive and button.button("Stop", key=f"stop_{job.run_id}"):
                 jobs.stop(job)
                 st.toast(f"Sent SIGTERM to {job.run_id}")

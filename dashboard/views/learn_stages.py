@@ -13,7 +13,7 @@ from dashboard.views import job_watch
 from dashboard.views.blame import blame_button
 from dashboard.views.panes import update_pane
 from dashboard.views.quality import mark
-from dashboard.views.text import fmt, md, show_messages, show_text
+from dashboard.views.text import fmt, md, plural, show_messages, show_text
 from dashboard.views.whatif import flip_label, prompt_after
 
 STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Without siblings",
@@ -210,7 +210,7 @@ def gate_stage(tour: Selection) -> None:
     """One accepted and one rejected proposal, with the validation scores: from this run,
     else from another run of the same graph (named), else a plain 'none'."""
     accepted, rejected = _proposals(tour.db, tour.run)
-    st.markdown(f"This run proposed {len(accepted) + len(rejected)} prompt edits: "
+    st.markdown(f"This run proposed {plural(len(accepted) + len(rejected), 'prompt edit')}: "
                 f"{len(accepted)} accepted, {len(rejected)} rejected by the gate.")
     runs = data.runs(tour.db)
     name = runs.loc[runs["run_id"] == tour.run, "graph_name"]

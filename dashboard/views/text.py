@@ -64,6 +64,11 @@ def show_diff(old: str, new: str, *, only_changes: bool = False) -> None:
     st.html(diff_html(old or "", new or "", only_changes=only_changes))
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """'1 proposal', '2 proposals' (`many` for an irregular plural)."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
+
+
 def chars(value: object) -> str:
     """A gradient's length as every page shows it ('66 chars'): rounded half up, the way
     the tables' %.0f columns round in the browser, so a node's label, its tooltip, its
