@@ -275,6 +275,29 @@ def test_scores(db: str) -> dict[str, float]:
 # --- derived values ---------------------------------------------------------------------
 
 
+def default_step(steps: pd.DataFrame) -> int | None:
+    """The step a run opens at: the latest that back-propagated something, else the
+    latest step."""
+    if steps.empty:
+        return None
+    with_edits = steps[steps["proposed"] > 0]
+    return int((with_edits if not with_edits.empty else steps)["step"].iloc[-1])
+
+
+def lead_example(db: str, run_id: str, step: int) -> str | None:
+    """The example to show first at a step: a failing one that was back-propagated (it has
+    gradients to look at), else any back-propagated one, else the first."""
+    examples = step_examples(db, run_id, int(step))
+    if examples.empty:
+        return None
+    sent = examples[examples["gradients"] > 0]
+    failing = sent[sent["score"].fillna(0) < 1]
+    for frame in (failing, sent, examples):
+        if not frame.empty:
+            return str(frame.iloc[0]["example_id"])
+    return None
+
+
 def steps_done(db: str, run_id: str) -> int:
     """Optimization steps written: the highest step logged (step 0 is the baseline), the
     number the Runs table's steps column shows."""

@@ -254,3 +254,34 @@ def test_prompt_history_counts_one_proposal_as_one(open_page, log, tmp_path):
     at = open_page("history", db=db, run=log.semantic, step=1, node="hint_a")
     body = texts(at)
     assert "· 1 proposal, " in body and "1 proposals" not in body
+
+
+def test_a_finished_demo_leads_on_with_a_failing_backpropagated_example(open_page, log,
+                                                                       monkeypatch,
+                                                                       tmp_path):
+    from dashboard.state import DEMO_RUN_KEY
+
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    job = jobs.Job(log.demo, str(log.db), os.getpid(), str(jobs.jobs_dir(log.db) / "d.log"),
+                   [], time.time(), 1, kind="run")
+    Path(job.log).write_text("$ engine run demo.yaml\n")
+    jobs._save(job)
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        step = con.execute("SELECT max(step) FROM updates WHERE run_id = ? AND "
+                           "new_prompt <> old_prompt", [log.demo]).fetchone()[0]
+        worth = {r[0] for r in con.execute("""SELECT l.example_id FROM losses l WHERE
+            l.run_id = ? AND l.step = ? AND l.score < 1 AND l.example_id IN (SELECT
+            example_id FROM gradients WHERE run_id = ? AND step = ? AND kind = 'gradient')""",
+                                           [log.demo, step, log.demo, step]).fetchall()}
+        passing = con.execute("SELECT min(example_id) FROM losses WHERE run_id = ? AND "
+                              "step = ? AND score >= 1", [log.demo, step]).fetchone()[0]
+    at = open_page("runs", run=log.demo, step=step, example=passing)  # while it runs
+    at.session_state[DEMO_RUN_KEY] = log.demo
+    end(job)
+    at.run()
+    assert at.session_state["run"] == log.demo and at.session_state["step"] == step
+    assert at.session_state["example"] in worth
+    assert any("The demo finished" in s.value for s in at.success)
+    links = {p.proto.page: p.proto.query_string for p in at.get("page_link")}
+    for page in ("learn", "graph"):
+        assert f"example={at.session_state['example']}" in links[page]
