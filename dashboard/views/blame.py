@@ -19,7 +19,7 @@ def slot(run: str, step: int) -> str:
 
 
 def _running_elsewhere(db: str, run: str) -> list[jobs.Job]:
-    """Blame jobs of this run started from another page, session or the CLI's dashboard."""
+    """Running blame jobs of this run started from another page or another session."""
     return [j for j in jobs.probe_jobs(db, run) if j.kind == "blame" and j.returncode is None]
 
 

@@ -44,12 +44,10 @@ def last_line(job: jobs.Job) -> str:
 
 def describe(job: jobs.Job) -> str:
     """One line for a job: what it is, and how long it ran (or has run so far)."""
-    what = {"blame": "blame", "probe": "probe", "fork": "fork", "run": "run"}.get(
-        job.kind, job.kind)
     if job.returncode is None:
-        return f"{what} {job.run_id} running · {int(job.seconds)} s so far"
+        return f"{job.kind} {job.run_id} running · {int(job.seconds)} s so far"
     how = "finished" if job.returncode == 0 else f"ended with status {job.returncode}"
-    return f"{what} {job.run_id} {how} in {int(job.seconds)} s"
+    return f"{job.kind} {job.run_id} {how} in {int(job.seconds)} s"
 
 
 def follow(slot: str, extra: Callable[[], list[jobs.Job]] | None = None) -> list[jobs.Job]:
