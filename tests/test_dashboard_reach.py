@@ -285,3 +285,10 @@ def test_a_finished_demo_leads_on_with_a_failing_backpropagated_example(open_pag
     links = {p.proto.page: p.proto.query_string for p in at.get("page_link")}
     for page in ("learn", "graph"):
         assert f"example={at.session_state['example']}" in links[page]
+
+
+def test_the_graph_node_table_has_no_none_cells(open_page, log):
+    at = open_page("graph", run=log.semantic, step=1)  # probes at hint_a and hint_b only
+    table = next(d.value for d in at.dataframe if "grad_chars" in d.value.columns)
+    assert not table.isna().any().any()
+    assert dict(zip(table["node_id"], table["probed"]))["final"] == 0

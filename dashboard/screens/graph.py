@@ -98,6 +98,11 @@ st.subheader(f"Nodes at step {step}")
 table = pd.DataFrame(node_rows(sel)).drop(columns=["fail_share"], errors="ignore")
 if "grad_chars" in table:  # rounded as the drawing's labels are
     table["grad_chars"] = [round_chars(v) for v in table["grad_chars"]]
+for column in ("probed", "flips", "edit_probed", "edit_flips", "leaks"):  # no "None" cells
+    if column in table:
+        table[column] = table[column].fillna(0).astype(int)
+if "edit" in table:
+    table["edit"] = table["edit"].fillna("none proposed")
 st.dataframe(
     table,
     hide_index=True, column_config={
