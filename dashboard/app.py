@@ -20,11 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `streamlit run` puts only dashboard/ on the path
     sys.path.insert(0, str(ROOT))
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import data, links, live_view
-from dashboard.state import NODE_KEY, PENDING_RUN_KEY, SELECTION_KEY, Selection
+from dashboard.state import NODE_KEY, PENDING_RUN_KEY, PENDING_VIEW_KEY, SELECTION_KEY, Selection
 from dashboard.views.text import fmt, md
 
 PAGES = [
@@ -75,12 +74,7 @@ def unknown_run(run_ids: list[str]) -> bool:
     return True
 
 
-def default_step(steps: pd.DataFrame) -> int | None:
-    """The latest step that back-propagated something, else the latest step."""
-    if steps.empty:
-        return None
-    with_edits = steps[steps["proposed"] > 0]
-    return int((with_edits if not with_edits.empty else steps)["step"].iloc[-1])
+default_step = data.default_step
 
 
 def sidebar() -> Selection:
@@ -97,6 +91,12 @@ def sidebar() -> Selection:
         return Selection(db=db)
     if st.session_state.get(PENDING_RUN_KEY) in run_ids:  # started from the Runs page
         st.session_state["run"] = st.session_state.pop(PENDING_RUN_KEY)
+    view = st.session_state.get(PENDING_VIEW_KEY)
+    if isinstance(view, dict) and view.get("run") in run_ids:  # a finished demo's lead
+        st.session_state.pop(PENDING_VIEW_KEY)
+        for key in ("run", "step", "example"):
+            if view.get(key) is not None:
+                st.session_state[key] = view[key]
     if unknown_run(run_ids):
         return Selection(db=db)
     keep_valid("run", run_ids, run_ids[0], what="run")

@@ -323,9 +323,101 @@ def test_scores(db: str) -> dict[str, float]:
 # --- derived values ---------------------------------------------------------------------
 
 
+def default_step(steps: pd.DataFrame) -> int | None:
+    """The step a run opens at: the latest that back-propagated something, else the
+    latest step."""
+    if steps.empty:
+        return None
+    with_edits = steps[steps["proposed"] > 0]
+    return int((with_edits if not with_edits.empty else steps)["step"].iloc[-1])
+
+
+def lead_example(db: str, run_id: str, step: int) -> str | None:
+    """The example to show first at a step: a failing one that was back-propagated (it has
+    gradients to look at), else any back-propagated one, else the first."""
+    examples = step_examples(db, run_id, int(step))
+    if examples.empty:
+        return None
+    sent = examples[examples["gradients"] > 0]
+    failing = sent[sent["score"].fillna(0) < 1]
+    for frame in (failing, sent, examples):
+        if not frame.empty:
+            return str(frame.iloc[0]["example_id"])
+    return None
+
+
+def steps_done(db: str, run_id: str) -> int:
+    """Optimization steps written: the highest step logged (step 0 is the baseline), the
+    number the Runs table's steps column shows."""
+    table = steps(db, run_id)
+    return 0 if table.empty else int(table["step"].max())
+
+
 def current_prompts(db: str, run_id: str) -> dict[str, str]:
     """Each node's latest accepted prompt (the initial one when no edit was accepted)."""
     history = prompt_history(db, run_id)
     accepted = history[history["accepted"].fillna(False).astype(bool)]
     latest = accepted.sort_values("version").groupby("node_id").tail(1)
     return dict(zip(latest["node_id"], latest["prompt"]))
+
+
+@dataclass(frozen=True)
+class Score:
+    """A validation score with the number of examples behind it and a 95% interval."""
+
+    value: float | None
+    n: int
+
+    def interval(self) -> tuple[float, float] | None:
+        """Wilson's 95% interval for a pass rate measured on `n` examples."""
+        if self.value is None or self.n <= 0:
+            return None
+        z, p, n = 1.96, min(max(self.value, 0.0), 1.0), self.n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+        return max(0.0, centre - half), min(1.0, centre + half)
+
+    def text(self) -> str:
+        """'0.250 on 8 examples (95% interval 0.07–0.59)', or '–' when not measured."""
+        if self.value is None or self.value != self.value:
+            return "–"
+        bounds = self.interval()
+        if bounds is None:
+            return f"{self.value:.3f}"
+        return (f"{self.value:.3f} on {self.n} example{'s' if self.n != 1 else ''} (95% "
+                f"interval {bounds[0]:.2f}–{bounds[1]:.2f})")
+
+
+def validation_at(db: str, run_id: str, step: int) -> Score:
+    """The validation score a run logged at `step` (for a fork's first step: its edited
+    prompts, re-measured) and the number of validation examples it was measured on."""
+    table = steps(db, run_id)
+    row = table[table["step"] == int(step)]
+    value = None if row.empty or pd.isna(row.iloc[0]["val_score"]) else float(
+        row.iloc[0]["val_score"])
+    examples = step_examples(db, run_id, int(step)) if not row.empty else None
+    n = 0 if examples is None else int((examples["split"] == "val").sum())
+    return Score(value, n)
+
+
+def fixed_prompts(db: str, run_id: str) -> dict[str, str]:
+    """Hand-fixed prompts for a graph (its top-level `fixed_prompts:` mapping, node id ->
+    prompt): from the graph the run logged, else from the demo graph file on disk when the
+    run is of the demo; {} when neither has one."""
+    import yaml
+
+    from dashboard.jobs import DEMO_GRAPH
+
+    record = run(db, run_id) or {}
+    texts = [record.get("graph_yaml") or ""]
+    if record.get("graph_name") == "demo" and DEMO_GRAPH.is_file():
+        texts.append(DEMO_GRAPH.read_text(encoding="utf-8"))
+    for text in texts:
+        try:
+            spec = yaml.safe_load(text) if text else None
+        except yaml.YAMLError:
+            continue
+        found = spec.get("fixed_prompts") if isinstance(spec, dict) else None
+        if isinstance(found, dict) and found:
+            return {str(k): str(v) for k, v in found.items() if isinstance(v, str | int)}
+    return {}

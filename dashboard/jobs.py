@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO_GRAPH = ROOT / "sample_graphs" / "demo.yaml"
 # One step on the graph's own splits (8/8/8): about a minute on two cores with the
 # embedded model, and its first edit usually passes the validation gate.
-DEMO_OPTIONS = {"backend": "local", "steps": 1}
+# $SEMBACK_DEMO_BACKEND picks another backend for the demo buttons (the Runs page's demo,
+# the Learn tour's paired run): `scripted` makes them instant, e.g. in the browser tests.
+DEMO_OPTIONS = {"backend": os.environ.get("SEMBACK_DEMO_BACKEND") or "local", "steps": 1}
 _PROCESSES: dict[int, subprocess.Popen] = {}  # children of this server, to reap them
 
 
@@ -69,7 +71,7 @@ class Job:
     steps: int
     returncode: int | None = None
     stopped: bool = False
-    ended_at: float | None = None  # when this module first saw the process gone
+    ended_at: float | None = None  # when the process ended (its log's last write)
     kind: str = "run"  # run | probe | blame | fork (a fork is a run too)
 
     @property
@@ -160,14 +162,9 @@ def list_jobs(db: str | Path, kinds: tuple[str, ...] = ("run", "fork")) -> list[
     refreshed (probes and blame are listed only when asked for)."""
     jobs = []
     for record in jobs_dir(db).glob("*.json"):
-        try:
-            job = Job(**json.loads(record.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            continue
-        if job.kind not in kinds:
-            continue
-        poll(job)
-        jobs.append(job)
+        job = load(record)
+        if job is not None and job.kind in kinds:
+            jobs.append(job)
     return sorted(jobs, key=lambda j: j.started_at, reverse=True)
 
 
@@ -189,9 +186,30 @@ def poll(job: Job) -> bool:
         return True
     else:
         code = -1  # ended while no one of this process watched it: exit code unknown
-    job.returncode, job.ended_at = code, time.time()
+    job.returncode, job.ended_at = code, ended_at(job)
     _save(job)
     return False
+
+
+def ended_at(job: Job) -> float:
+    """When the job's process ended: its log's last write (the engine writes its last
+    line as it exits), not when a page happened to poll, which may be minutes later."""
+    try:
+        written = Path(job.log).stat().st_mtime
+    except OSError:
+        return time.time()
+    return min(max(written, job.started_at), time.time())
+
+
+def load(record: str | Path) -> Job | None:
+    """The job saved in this record file (see Job.record), its exit code refreshed;
+    None when the record is gone or unreadable."""
+    try:
+        job = Job(**json.loads(Path(record).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+    poll(job)
+    return job
 
 
 def _alive(pid: int) -> bool:

@@ -18,6 +18,10 @@ import streamlit as st
 
 WRITTEN_KEY = "_url_written"  # the query parameters this session wrote last
 WARNINGS_KEY = "_link_warnings"  # warnings about the address, shown above the page
+# Page options as last chosen, outside the widgets' own state: Streamlit drops a widget's
+# value when a run does not draw it (another page), and a filter must survive a visit to
+# another page.
+OPTIONS_KEY = "_page_options"
 
 
 def _written() -> dict[str, str]:
@@ -103,10 +107,15 @@ def page_option(key: str, default: Any, options: list | None = None, *,
                  f"`{default}` instead.")
             value = default
         st.session_state[key] = value
-    elif key not in st.session_state or (options is not None
-                                         and st.session_state[key] not in options):
-        st.session_state[key] = default
+    else:
+        kept = st.session_state.setdefault(OPTIONS_KEY, {})
+        if key not in st.session_state and key in kept:  # back from another page
+            st.session_state[key] = kept[key]
+        if key not in st.session_state or (options is not None
+                                           and st.session_state[key] not in options):
+            st.session_state[key] = default
     value = st.session_state[key]
+    st.session_state.setdefault(OPTIONS_KEY, {})[key] = value
     write({key: int(value) if isinstance(value, bool) else value})
     return value
 

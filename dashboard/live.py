@@ -22,9 +22,10 @@ class LiveProgress:
     calls_total: int | None
 
     def line(self, steps_written: int, steps_total: int | None) -> str:
-        """One human line: 'step 2 of 5 · backward · 12 of 40 calls'."""
-        parts = [f"{steps_written} of {steps_total + 1 if steps_total else '?'} steps "
-                 "written"]
+        """One human line: '1 of 5 steps written · now step 2: backward, 12 of 40 calls'.
+        Steps count optimization steps (step 0, the baseline, is not one), as the Runs
+        table's steps column does (see dashboard.data.steps_done)."""
+        parts = [steps_line(steps_written, steps_total)]
         if self.step is not None and self.phase:
             calls = (f"{self.calls_done} of {self.calls_expected} calls" if
                      self.calls_expected else f"{self.calls_done} calls")
@@ -55,3 +56,9 @@ def follow_step(step_ids: list[int], current: int | None, following: bool) -> in
         return max(step_ids)
     return current
 
+
+
+def steps_line(written: int, total: int | None) -> str:
+    """'1 of 2 steps written': optimization steps written of those planned."""
+    plural = "" if total == 1 else "s"
+    return f"{written} of {total if total is not None else '?'} step{plural} written"

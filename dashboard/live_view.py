@@ -69,7 +69,7 @@ def planned_steps(db: str, run: str) -> int | None:
 
 def live_line(db: str, run: str) -> str:
     """Steps written, and from the job's log the phase and calls of the step underway."""
-    written = len(data.steps(db, run))
+    written = data.steps_done(db, run)
     job = jobs.find(db, run)
     progress = live_progress(job.progress_file if job else None)
     return progress.line(written, planned_steps(db, run))

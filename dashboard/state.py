@@ -12,6 +12,9 @@ from dashboard import data
 SELECTION_KEY = "_selection"
 NODE_KEY = "node"  # the sidebar node picker, bound to the `node` query parameter
 PENDING_RUN_KEY = "_pending_run"  # a run just started: select it once it is logged
+PENDING_VIEW_KEY = "_pending_view"  # {run, step, example} to select on the next run
+DEMO_RUN_KEY = "_demo_run"  # the demo this session started from the Runs page
+DEMO_DONE_KEY = "_demo_done"  # ... once it has finished: the page leads on from it
 
 
 @dataclass(frozen=True)

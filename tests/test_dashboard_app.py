@@ -266,7 +266,9 @@ def test_a_live_run_refreshes_itself(open_page, log, tmp_path):
     with duckdb.connect(str(db)) as con:
         con.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", [log.semantic])
     at = open_page("curves", db=db, run=log.semantic)
-    assert ":material/sync: live · 3 of 3 steps written" in texts(at)
+    # the run planned 2 steps and wrote both (step 0, the baseline, is not one): as the
+    # Runs table's steps column says
+    assert ":material/sync: live · 2 of 2 steps written" in texts(at)
     assert "running" in texts(at)
 
 
@@ -427,9 +429,9 @@ def test_graph_selection_follows_the_picker_and_the_colour_choice(open_page, log
     at.selectbox(key="node").select("final").run()
     assert drawing(at)["selected"] == "final"
     assert "Node final" in texts(at)
-    at.radio(key="graph_quantity").set_value("edit").run()
+    at.radio(key="color").set_value("edit").run()
     assert any("edit accepted" in n["label"] for n in drawing(at)["nodes"])
-    at.radio(key="graph_quantity").set_value("grad_chars").run()
+    at.radio(key="color").set_value("grad_chars").run()
     assert any("chars" in n["label"] for n in drawing(at)["nodes"])
 
 

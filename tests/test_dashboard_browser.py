@@ -48,14 +48,20 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("browser")
+    yield from serve(tmp_path_factory.mktemp("browser"))
+
+
+def serve(folder: Path, env: dict[str, str] | None = None):
+    """Build the run log in `folder`, start the dashboard on it (with `env` added), yield
+    (base URL, run log), stop the server."""
     log = build_run_log(folder)
     port = free_port()
     streamlit = Path(sys.executable).with_name("streamlit")
     cmd = [str(streamlit)] if streamlit.exists() else [sys.executable, "-m", "streamlit"]
     cmd += ["run", "dashboard/app.py", "--server.headless", "true", "--server.port", str(port),
             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    env = {**os.environ, "SEMBACK_DB": str(log.db), "SEMBACK_JOBS_DIR": str(folder / "jobs")}
+    env = {**os.environ, "SEMBACK_DB": str(log.db), "SEMBACK_JOBS_DIR": str(folder / "jobs"),
+           **(env or {})}
     out = open(folder / "server.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://localhost:{port}"

@@ -206,7 +206,7 @@ def test_learn_stages_on_a_deep_link(server, page):
     page.goto(f"{base}/learn?run={log.demo}&step=1&tour=Loss")
     settle(page)
     main = page.locator("[data-testid='stMain']")
-    expect(main.get_by_text("Learn: semantic backpropagation in 9 stages")).to_be_visible()
+    expect(main.get_by_text("Learn: semantic backpropagation in 10 stages")).to_be_visible()
     expect(main.get_by_text("the expected output is").first).to_be_visible()
     shoot(page, "learn")
     page.goto(f"{base}/learn?run={log.demo}&step=1&tour=The+gate")

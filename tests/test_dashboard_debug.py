@@ -110,7 +110,7 @@ def test_examples_rows_show_prediction_target_score_flips_and_blame(open_page, l
     assert rows.loc["q01", "input"] == "Which is larger, 12 or 5?"  # input fields only
     assert rows.loc["q01", "gradients"] == 3
     assert rows.loc["q01", "blame"] == "hint_a +1.00"  # only the probe that flipped it
-    assert set(rows.index[rows["flipped"].notna()]) == truth(log, FLIPPED)
+    assert set(rows.index[rows["flipped"] != ""]) == truth(log, FLIPPED)
     assert rows.loc["q08", "fallbacks"] == 1
     assert "8 examples match at step 1" in texts(at)
 

@@ -60,6 +60,15 @@ def text(at: AppTest) -> str:
     return "\n".join(str(p) for p in parts).replace("\\", "")
 
 
+def finished_job(run_id: str, db: Path, cmd: list[str], kind: str) -> jobs.Job:
+    """A job record as `jobs.launch` saves it, for a process that already ended."""
+    job = jobs.Job(run_id, str(db), 999_999_990, str(jobs.jobs_dir(db) / f"{kind}-x.log"),
+                   cmd, time.time(), 0, returncode=0, kind=kind)
+    Path(job.log).write_text("$ engine\n")
+    jobs._save(job)
+    return job
+
+
 def demo_example(db: Path, run: str, step: int = 1) -> tuple[str, str, str]:
     with duckdb.connect(str(db), read_only=True) as con:
         return con.execute("""SELECT l.example_id, l.target, l.prediction FROM losses l
@@ -74,7 +83,7 @@ def test_title_counts_the_tabs_and_the_loss_text_quotes_the_example(log):
     (tabs,) = [b for b in at.get("button_group") if "Loss" in str(b.proto.options)]
     title = at.title[0].value
     count = int(title.split(" in ")[1].split()[0])
-    assert count == len(tabs.proto.options) == 9
+    assert count == len(tabs.proto.options) == 10
     body = text(at)
     assert f"the expected output is “{target}”" in body
     assert f"the graph answered “{prediction}”" in body
@@ -152,8 +161,8 @@ def test_without_a_paired_run_the_stage_offers_to_start_one(log, tmp_path, monke
     with duckdb.connect(str(db)) as con:
         con.execute("DELETE FROM runs WHERE run_id = 'demo-nosibling'")
     specs = []
-    monkeypatch.setattr(jobs, "start", lambda spec: specs.append(spec) or jobs.Job(
-        "demo-x", str(db), 1, "", [], time.time(), 1))
+    monkeypatch.setattr(jobs, "start", lambda spec: specs.append(spec) or finished_job(
+        "demo-x", db, [], "run"))
     at = learn(db, "Without siblings", run=log.demo, step=1)
     at.button(key="learn_pair_semantic-nosibling").click().run()
     (spec,) = specs
@@ -174,8 +183,8 @@ def test_check_the_blame_reads_the_probes_and_starts_blame(log, tmp_path, monkey
                         [f"p{i}", log.demo, example, node, target if after else "wrong",
                          after, float(i)])
     commands = []
-    monkeypatch.setattr(jobs, "launch", lambda cmd, *a, **k: commands.append(cmd) or jobs.Job(
-        log.demo, str(db), 1, "", cmd, time.time(), 0, returncode=0, kind="blame"))
+    monkeypatch.setattr(jobs, "launch", lambda cmd, *a, **k: commands.append(cmd) or
+                        finished_job(log.demo, db, cmd, "blame"))
     at = learn(db, "Check the blame", run=log.demo, step=1, example=example)
     table = at.dataframe[0].value.set_index("node")
     assert table.loc["mood", "followed its gradient"].startswith("fixed")
@@ -202,3 +211,135 @@ def test_gate_falls_back_to_another_run_of_the_graph_and_names_it(log, tmp_path)
         con.execute("UPDATE updates SET accepted = false")
     body = text(learn(db, "The gate", run=log.demo, step=1))
     assert "None in this run or any other run of this graph" in body
+
+
+def plant_fork(db: Path, parent: str, fork: str, val: float) -> None:
+    """A fork of `parent` from step 1 as the engine logs one: its runs row (lineage), the
+    steps up to 1 with the re-measured validation score, step 1's losses."""
+    with duckdb.connect(str(db)) as con:
+        con.execute("""INSERT INTO runs SELECT * REPLACE (? AS run_id, ? AS parent_run_id,
+            1 AS fork_step, started_at + 1 AS started_at) FROM runs WHERE run_id = ?""",
+                    [fork, parent, parent])
+        con.execute("""INSERT INTO steps SELECT * REPLACE (? AS run_id, CASE WHEN step = 1
+            THEN ? ELSE val_score END AS val_score) FROM steps WHERE run_id = ? AND step <= 1
+            """, [fork, val, parent])
+        con.execute("INSERT INTO losses SELECT * REPLACE (? AS run_id) FROM losses WHERE "
+                    "run_id = ? AND step = 1", [fork, parent])
+
+
+def test_fix_it_yourself_writes_a_prompt_forks_and_compares(log, tmp_path, monkeypatch):
+    db = tmp_path / "fix.duckdb"
+    shutil.copy(log.db, db)
+    fixed = "Read the review. Reply Yes if it praises the product, else No."
+    demo = tmp_path / "demo.yaml"  # the demo graph file, with its hand-fixed prompt
+    demo.write_text(f"name: demo\nfixed_prompts:\n  answer: {fixed}\n")
+    monkeypatch.setattr(jobs, "DEMO_GRAPH", demo)
+    with duckdb.connect(str(db)) as con:
+        val_before, n_val = con.execute("""SELECT s.val_score, (SELECT count(*) FROM losses
+            WHERE run_id = s.run_id AND step = 1 AND split = 'val') FROM steps s
+            WHERE run_id = ? AND step = 1""", [log.demo]).fetchone()
+    commands = []
+    monkeypatch.setattr(jobs, "launch", lambda cmd, *a, **k: commands.append(cmd) or
+                        finished_job("demo-fork", db, cmd, "fork"))
+    at = learn(db, "Fix it yourself", run=log.demo, step=1)
+    assert at.selectbox(key="learn_fix_node").value == "answer"
+    assert fixed in [c.value for c in at.code]
+    assert at.button(key="learn_fork").disabled  # nothing changed yet
+    at.button(key="learn_fix_use").click().run()
+    key = f"learn_fix_prompt|{log.demo}|1|answer"
+    assert at.text_area(key=key).value == fixed
+    at.button(key="learn_fork").click().run()
+    (cmd,) = commands
+    assert cmd[3:8] == ["run", "--fork", log.demo, "--from-step", "1"]
+    node, file = cmd[cmd.index("--set-prompt") + 1].split("=@")
+    assert node == "answer" and Path(file).read_text() == fixed
+    assert "fork demo-fork finished in" in text(at)
+    assert "No fork of this run from step 1 yet." in text(at)
+    plant_fork(db, log.demo, "demo-fork", 1.0)  # what the engine writes
+    at.run()
+    body = text(at)
+    assert (f"this run {val_before:.3f} on {n_val} examples (95% interval" in body
+            and f"fork `demo-fork` with the new prompt 1.000 on {n_val} examples" in body)
+    assert any(f"Validation rose ({val_before:.3f} → 1.000)" in s.value for s in at.success)
+    (link,) = [p for p in at.get("page_link") if "Compare" in p.proto.label]
+    assert "run=demo-fork" in link.proto.query_string
+    assert f"other={log.demo}" in link.proto.query_string
+
+
+def test_fix_it_yourself_without_a_hand_fixed_prompt_asks_for_one(log, monkeypatch):
+    monkeypatch.setattr(jobs, "DEMO_GRAPH", Path("/nonexistent/demo.yaml"))
+    at = learn(log.db, "Fix it yourself", run=log.demo, step=1)
+    assert not [b for b in at.button if b.key == "learn_fix_use"]
+    assert "Say exactly what the node should produce" in text(at)
+    key = f"learn_fix_prompt|{log.demo}|1|answer"
+    at.text_area(key=key).input("Reply Yes or No: is the review positive?").run()
+    assert not at.button(key="learn_fork").disabled
+
+
+def test_without_siblings_offers_first_the_comparison_that_can_differ(log, tmp_path):
+    db = tmp_path / "order.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM runs WHERE run_id = 'demo-nosibling'")
+    example, _, _ = demo_example(log.db, log.demo)
+    at = learn(db, "Without siblings", run=log.demo, step=1, example=example)
+    pairs = [b for b in at.button if str(b.key).startswith("learn_pair_")]
+    # `mood`'s only sibling is the review field: semantic-nosibling would send the same
+    # backward prompt, so TextGrad comes first
+    assert [b.key for b in pairs] == ["learn_pair_textgrad", "learn_pair_semantic-nosibling"]
+    assert "`textgrad` is the comparison that can show a difference" in text(at)
+
+
+def test_the_gradient_stages_mark_degenerate_gradients_and_say_why(log, tmp_path):
+    example, _, _ = demo_example(log.db, log.demo)
+    db = tmp_path / "noise.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE runs SET backend = 'local' WHERE run_id = ?", [log.demo])
+        con.execute("UPDATE gradients SET content = 'M' WHERE run_id = ? AND step = 1 AND "
+                    "example_id = ? AND node_id = 'mood' AND kind = 'gradient'",
+                    [log.demo, example])
+    at = learn(db, "Semantic gradient", run=log.demo, step=1, example=example)
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("Degenerate gradient (one word)") and "mostly noise" in w
+               and "probes" in w for w in warnings)
+    assert any("135M" in i.value for i in at.info)  # the embedded model: said plainly
+    clean = learn(log.db, "Semantic gradient", run=log.demo, step=1, example=example)
+    assert not any("Degenerate" in w.value for w in clean.warning)
+    assert not any("135M" in i.value for i in clean.info)  # a scripted run: no claim
+
+
+def test_explore_names_the_graph_pages_own_colour_options(log):
+    from dashboard.views.colors import QUANTITIES
+
+    body = text(learn(log.db, "Explore", run=log.demo, step=1))
+    for label in QUANTITIES.values():
+        assert label[0].lower() + label[1:] in body
+    assert "failures" not in body
+
+
+def test_the_edit_alone_score_is_the_same_in_update_gate_and_inspector(log, tmp_path):
+    db = tmp_path / "alone.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:  # one changed proposal at step 1, scored alone
+        con.execute("UPDATE updates SET accepted = false, val_alone = NULL WHERE run_id = ?",
+                    [log.demo])
+        con.execute("""UPDATE updates SET new_prompt = 'Name the feeling.', accepted = true,
+            val_alone = 0.625 WHERE run_id = ? AND step = 1 AND node_id = 'mood'""",
+                    [log.demo])
+
+    def alone(at: AppTest) -> list[str]:
+        return [m.value for m in at.metric if m.label.startswith("validation with this edit")]
+
+    assert "0.625" in alone(learn(db, "Update", run=log.demo, step=1))
+    assert alone(learn(db, "The gate", run=log.demo, step=1))[0] == "0.625"
+    import os
+
+    os.environ["SEMBACK_DB"] = str(db)
+    with like_a_live_server():
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update({"run": log.demo, "step": "1", "node": "mood",
+                                "example": demo_example(db, log.demo)[0]})
+        at.run()
+        at.switch_page("screens/inspect.py").run()
+    assert alone(at) == ["0.625"]

@@ -32,7 +32,7 @@ def test_progress_line_has_the_phase_and_calls_against_expected(tmp_path):
                  progress(1, "forward", 24, 24, 48), progress(1, "backward", 3, 8, 59))
     now = live_progress(events)
     assert now == LiveProgress(1, "backward", 3, 8, 59)
-    assert now.line(1, 2) == "1 of 3 steps written · now step 1: backward, 3 of 8 calls"
+    assert now.line(0, 2) == "0 of 2 steps written · now step 1: backward, 3 of 8 calls"
 
 
 def test_progress_after_a_finished_step_only_and_with_nothing_yet(tmp_path):
@@ -41,7 +41,7 @@ def test_progress_after_a_finished_step_only_and_with_nothing_yet(tmp_path):
                  {"event": "step_finished", "run_id": "r", "step": 0, "calls_total": 24})
     now = live_progress(events)
     assert now.step == 1 and now.phase is None and now.calls_total == 24
-    assert now.line(1, 1) == "1 of 2 steps written · 24 calls so far"
+    assert now.line(0, 1) == "0 of 1 step written · 24 calls so far"
     assert live_progress(tmp_path / "missing.jsonl").line(0, None) == "0 of ? steps written"
     assert live_progress(None).step is None
     # a line half-written while the page reads it: what is complete counts

@@ -208,3 +208,35 @@ def test_a_bad_graph_is_refused_before_starting(tmp_path, monkeypatch):
     with pytest.raises(GraphError):
         jobs.start(jobs.RunSpec(graph=str(bad), db=str(tmp_path / "r.duckdb")))
     assert jobs.list_jobs(tmp_path / "r.duckdb") == []
+
+
+def test_degenerate_gradients_are_named_and_real_ones_are_not():
+    from dashboard.views.quality import degenerate
+
+    prompt = ("You are helping improve a pipeline. Explain how the output of mood should "
+              "change so that the final answer is right. Do not mention specific examples, "
+              "numbers or answers above.")
+    assert degenerate("", prompt) == "empty"
+    assert degenerate("  \n", prompt) == "empty"
+    assert degenerate("M", prompt) == "one word"
+    assert degenerate("Yes.", prompt) == "one word"
+    assert degenerate("Do not mention specific examples, numbers or answers above.",
+                      prompt) == "echoes the prompt"
+    real = ("mood said 'good' for a complaint about a broken zip; it should name the "
+            "feeling the reviewer states, here disappointment.")
+    assert degenerate(real, prompt) is None
+    assert degenerate("Too vague.", prompt) is None  # two words of its own: kept
+
+
+def test_gradient_lengths_round_half_up_everywhere():
+    from dashboard.views.text import chars
+
+    assert chars(82.5) == "83 chars" and chars(65.5) == "66 chars"
+    assert chars(65.49) == "65 chars" and chars(None) == "0 chars"
+
+
+def test_counts_agree_with_their_noun():
+    from dashboard.views.text import plural
+
+    assert plural(1, "proposal") == "1 proposal" and plural(2, "proposal") == "2 proposals"
+    assert plural(0, "prompt edit") == "0 prompt edits"

@@ -140,7 +140,10 @@ def test_fork_from_here_starts_a_fork_with_the_edited_prompt(log, started):
     node, file = cmd[cmd.index("--set-prompt") + 1].split("=@")
     assert node == "final"
     assert Path(file).read_text() == "Answer with the larger number, digits only."
-    assert "Fork tiny-" in all_text(at) and "started from step 1" in all_text(at)
+    # followed where it was started: its end, then the comparison with its parent
+    assert "fork tiny-" in all_text(at) and "finished in" in all_text(at)
+    (link,) = [p for p in at.get("page_link") if "Compare" in p.proto.label]
+    assert f"other={log.semantic}" in link.proto.query_string and "run=tiny-" in link.proto.query_string
 
 
 FUNCTION_GRAPH = """\

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
+
 from engine.llm.base import LLMRequest, TransientLLMError
 from engine.llm.scripted import ScriptedBackend
 from tests.support.graphs import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
@@ -116,6 +118,28 @@ def test_node_with_two_successors_aggregates_in_fixed_order(tmp_path):
     assert received == [("s1",), ("s2",)]
     # h is visited only after both successors: its backward call is absent (question only)
     assert backward_calls(backend, "h") == []
+
+
+@pytest.mark.parametrize(("reply", "expected"), [
+    ("Yes.\n</output>", "Yes."),  # only the closing tag: the prediction keeps no tag
+    ("<output>Yes.</output", "Yes."),  # cut short inside the closing tag
+    ("<output>No, it broke.", "No, it broke."),
+    ("Thinking. <output>Yes</output>", "Yes"),
+])
+def test_a_stray_output_tag_never_reaches_the_prediction(tmp_path, reply, expected):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+
+    def responder(request):
+        if request.purpose == "forward" and request.meta["node"] == "final":
+            return reply
+        return notes(request)
+
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=responder), steps=0)
+    outputs = {r[0] for r in rows(db, "SELECT output_text FROM node_outputs WHERE "
+                                      "node_id = 'final'")}
+    predictions = {r[0] for r in rows(db, "SELECT prediction FROM losses")}
+    assert outputs == predictions == {expected}
 
 
 def test_malformed_replies_fall_back_and_are_recorded(tmp_path):

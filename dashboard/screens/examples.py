@@ -10,6 +10,7 @@ import streamlit as st
 
 from dashboard import data, links
 from dashboard.state import need_run, need_step, selection
+from dashboard.views.blame import blame_button, blame_cell
 from dashboard.views.text import fmt, md, show_messages, show_text
 
 PAGE_SIZE = 50
@@ -28,8 +29,25 @@ LABELS = {
         "parse fallbacks", help="replies that needed a parse fallback"),
     "gradients": st.column_config.NumberColumn("gradients", help="gradients it sent back"),
     "blame": st.column_config.TextColumn(
-        "blame (probes)", help="nodes whose probe flipped it toward correct, score change"),
+        "blame (probes)", help="nodes whose probe flipped it toward correct, with the score "
+        "change; 'not probed', or 'probed, nothing fixed it'"),
 }
+# The blame column right after the score, so it is on screen without scrolling sideways.
+COLUMNS = ["split", "example_id", "score", "blame", "flipped", "prediction", "target",
+           "input", "errors", "fallbacks", "gradients"]
+CANDIDATE = "val (gate's candidate)"
+
+
+def rejected_candidate(steps, step: int) -> float | None:
+    """At a step whose edits the gate rejected, its validation rows are the candidate's
+    (the rejected prompts), not the prompts kept: the score kept, else None."""
+    row = steps[steps["step"] == step]
+    if row.empty or int(step) == 0:
+        return None
+    r = row.iloc[0]
+    if int(r["proposed"] or 0) == 0 or bool(r["accepted"]):
+        return None
+    return float(r["val_score"]) if r["val_score"] == r["val_score"] else None
 
 
 def _row_clicked() -> None:
@@ -85,10 +103,18 @@ def table(sel, step: int, fields: tuple[str, ...]) -> None:
                                  offset=(page - 1) * PAGE_SIZE, **options)
     st.session_state[ROWS_KEY] = list(rows["example_id"])
     rows["input"] = [input_preview(text, fields) for text in rows["input"]]
-    shown = rows.drop(columns=["failing", "total", "position", "probes", "error"],
-                      errors="ignore")
-    st.dataframe(shown, hide_index=True, column_config=LABELS, key=TABLE_KEY,
-                 on_select=_row_clicked, selection_mode="single-row")
+    rows["blame"] = [blame_cell(b, n) for b, n in zip(rows["blame"], rows["probes"])]
+    rows["flipped"] = rows["flipped"].fillna("")
+    kept = rejected_candidate(data.steps(sel.db, sel.run), step)
+    if kept is not None:
+        rows.loc[rows["split"] == "val", "split"] = CANDIDATE
+        st.warning(f"The gate rejected step {step}'s edits: its validation rows show the "
+                   f"rejected candidate's predictions. The prompts kept score "
+                   f"{fmt(kept)} on validation (as on Curves and Runs).",
+                   icon=":material/block:")
+    st.dataframe(rows[[c for c in COLUMNS if c in rows.columns]], hide_index=True,
+                 column_config=LABELS, key=TABLE_KEY, on_select=_row_clicked,
+                 selection_mode="single-row")
     left, right = st.columns([1, 3])
     left.number_input(f"Page (of {pages})", min_value=1, max_value=pages, key="page")
     right.caption(f"{total:,} examples match at step {step}; {PAGE_SIZE} per page. "
@@ -162,6 +188,7 @@ graph = need_run(sel)
 step = need_step(sel)
 st.title("Examples")
 st.caption(f"run **{md(sel.run)}** · step {step}")
+blame_button(sel.db, sel.run, step, key="examples_blame")
 links.page_option("view", "table", VIEWS)
 view = st.segmented_control("View", VIEWS, key="view",
                             format_func={"table": "Examples", "trace": "Trace"}.get)

@@ -5,19 +5,24 @@ edges; clicking a node in the drawing (or the sidebar picker) selects it."""
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, probe_data
+from dashboard import data, links, probe_data
 from dashboard.state import need_run, need_step, selection
+from dashboard.views.blame import blame_button, just_finished
 from dashboard.views.colors import QUANTITIES, color_nodes
 from dashboard.views.graph_view import draw_graph, node_rows
-from dashboard.views.text import md, show_text
+from dashboard.views.text import md, round_chars, show_text
+
+FLOWS = {"example": "this example", "all": "all sampled examples"}
 
 
 def graph_panel(sel, graph, quantity: str) -> None:
-    """The drawing; a click on a node selects it."""
+    """The drawing; a click on a node selects it. The flows choice is kept in the
+    address (`flows=`), like the colour (`color=`), so a copied link keeps both."""
+    links.page_option("flows", "example", list(FLOWS))
     scope = st.segmented_control(
-        "Gradient flows", ["this example", "all sampled examples"], default="this example",
-        key="graph_flows", help="Which backward messages the orange edges count")
-    draw_graph(sel, graph, quantity, example_flows=scope != "all sampled examples")
+        "Gradient flows", list(FLOWS), format_func=FLOWS.get, key="flows", required=True,
+        help="Which backward messages the orange edges count")
+    draw_graph(sel, graph, quantity, example_flows=scope != "all")
     st.caption("Click a node to select it. Grey arrows: the forward pass. Dashed orange "
                "arrows: gradients, drawn from the node that wrote them to the node they are "
                "about (count × ∇, mean characters). Dashed rounded boxes (ƒ): Python functions. "
@@ -78,19 +83,28 @@ if graph.description:
     with st.expander("About this graph"):
         st.text(graph.description)
 has_probes = not probe_data.node_blame(sel.db, sel.run, step).empty
-if st.session_state.get("graph_quantity") not in QUANTITIES:
-    st.session_state["graph_quantity"] = "blame" if has_probes else "grad_chars"
+if just_finished(sel.run, step):  # the blame just checked here: show it
+    st.session_state["color"] = "blame"
+links.page_option("color", "blame" if has_probes else "grad_chars", list(QUANTITIES))
 quantity = st.radio("Colour nodes by", list(QUANTITIES), format_func=QUANTITIES.get,
-                    horizontal=True, key="graph_quantity")
+                    horizontal=True, key="color")
 if not has_probes:
-    st.caption("No probes at this step yet: `python -m engine blame RUN --step S` (or the "
-               "inspector's What if panel) follows each node's gradient and records which "
-               "one fixes the answer.")
+    st.caption(f"No probes at step {step} yet: checking the blame follows each node's "
+               "gradient on every failing example and records which one fixes the answer.")
+blame_button(sel.db, sel.run, step, key="graph_blame", primary=not has_probes)
 graph_panel(sel, graph, quantity)
 node_summary(sel, graph)
 st.subheader(f"Nodes at step {step}")
+table = pd.DataFrame(node_rows(sel)).drop(columns=["fail_share"], errors="ignore")
+if "grad_chars" in table:  # rounded as the drawing's labels are
+    table["grad_chars"] = [round_chars(v) for v in table["grad_chars"]]
+for column in ("probed", "flips", "edit_probed", "edit_flips", "leaks"):  # no "None" cells
+    if column in table:
+        table[column] = table[column].fillna(0).astype(int)
+if "edit" in table:
+    table["edit"] = table["edit"].fillna("none proposed")
 st.dataframe(
-    pd.DataFrame(node_rows(sel)).drop(columns=["fail_share"], errors="ignore"),
+    table,
     hide_index=True, column_config={
         "node_id": "node", "activations": "activations", "errors": "errors",
         "grad_chars": st.column_config.NumberColumn("mean gradient (chars)", format="%.0f"),

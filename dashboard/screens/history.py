@@ -10,7 +10,7 @@ import streamlit as st
 
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
-from dashboard.views.text import fmt, md, show_side_by_side, show_text
+from dashboard.views.text import fmt, md, plural, show_side_by_side, show_text
 
 COPY_WORDS = ("copies", "copy", "training example", "leak")
 
@@ -121,7 +121,7 @@ edits, flips = history["edits"], history["flips"]
 prompts = data.prompt_history(sel.db, sel.run)
 versions = prompts[prompts["node_id"] == node]
 st.caption(f"run **{md(sel.run)}** · {len(versions)} prompt versions · "
-           f"{len(edits)} proposals, {sum(edits['accepted'].fillna(False))} accepted")
+           f"{plural(len(edits), 'proposal')}, {sum(edits['accepted'].fillna(False))} accepted")
 if edits.empty:
     st.info(f"No update was proposed for node {node} in this run (it is not trainable, or "
             "no step back-propagated to it yet).")

@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard import data, probe_data
 from dashboard.state import need_run, need_step, selection
+from dashboard.views.blame import blame_button
 from dashboard.views.panes import (
     aggregate_pane,
     call_metrics,
@@ -65,7 +66,9 @@ st.subheader("Gradients this node sent to its predecessors", divider="gray")
 sent_pane(view)
 st.subheader("What if", divider="gray")
 st.caption("Intervene on this node for this example and re-run only what depends on it "
-           "(`python -m engine probe`, in the background; the engine writes the result).")
+           "(`python -m engine probe`, in the background; the engine writes the result). "
+           f"Or check the blame of every node on every failing example of step {step}.")
+blame_button(sel.db, sel.run, step, key="inspect_blame")
 whatif_panel(sel, view, is_function)
 st.subheader("Fork from here", divider="gray")
 st.caption(f"A new run from the state after step {step}, with the prompt below for this "

@@ -8,10 +8,13 @@ import streamlit as st
 
 from dashboard import data, jobs, probe_data
 from dashboard.state import PENDING_RUN_KEY, Selection, selection
+from dashboard.views.colors import QUANTITIES
 from dashboard.views.graph_view import draw_graph
 from dashboard.views.learn_stages import (
+    FIX_TEXT,
     STAGES,
     blame_stage,
+    fix_stage,
     forward_text,
     gate_stage,
     gradient_text,
@@ -20,6 +23,7 @@ from dashboard.views.learn_stages import (
     without_siblings,
 )
 from dashboard.views.panes import forward_pane, gradients_received, loss_pane, update_pane
+from dashboard.views.quality import NOISE_NOTE
 from dashboard.views.text import md
 
 TOUR_KEY = "tour"
@@ -46,12 +50,20 @@ A gradient is a claim: "had this node's output been like this, the answer would 
 right". A **probe** tests it: the optimizer model rewrites the node's output the way its
 gradient says, and only what depends on the node re-runs. Follow the gradient at each node,
 one at a time, and watch which one turns the wrong answer right.""",
-    "Explore": """
-That is one step. An optimization repeats it for a few steps. Explore any run with the
-other pages: the **Graph** colours nodes by failures, gradient length or edit fate; **Step
-through** walks one example stop by stop; the **Node inspector** shows every prompt and
-message for one node; **Curves** and **Compare** show scores and costs.""",
+    "Fix it yourself": FIX_TEXT,
 }
+
+
+def explore_text() -> str:
+    """The last stage's text; the Graph page's colour options are named from the list the
+    Graph page itself offers, so the two cannot drift apart."""
+    colours = [label[0].lower() + label[1:] for label in QUANTITIES.values()]
+    listed = "; ".join(colours[:-1]) + "; or " + colours[-1] if len(colours) > 1 else colours[0]
+    return ("That is one step. An optimization repeats it for a few steps. Explore any run "
+            f"with the other pages: the **Graph** colours nodes by {listed}; **Step "
+            "through** walks one example stop by stop; the **Node inspector** shows every "
+            "prompt and message for one node; **Curves** and **Compare** show scores and "
+            "costs.")
 
 
 def highlight(stage: str, graph) -> str | None:
@@ -75,6 +87,8 @@ def stage_text(stage: str, tour: Selection, graph) -> str:
         return loss_text({**row, "example_id": tour.example} if row else None, graph.metric)
     if stage == "Semantic gradient":
         return gradient_text(graph)
+    if stage == "Explore":
+        return explore_text()
     return TEXT[stage]
 
 
@@ -124,6 +138,8 @@ def live(stage: str, tour: Selection, graph) -> None:
         if not gradients_received(view, expanded=True):
             st.caption("This example was not back-propagated: pick a failing one in the "
                        "sidebar.")
+        if (data.run(tour.db, tour.run) or {}).get("backend") == "local":
+            st.info(NOISE_NOTE, icon=":material/info:")
     elif stage == "Without siblings":
         without_siblings(tour, graph)
     elif stage == "Update":
@@ -135,6 +151,8 @@ def live(stage: str, tour: Selection, graph) -> None:
         gate_stage(tour)
     elif stage == "Check the blame":
         blame_stage(tour, graph)
+    elif stage == "Fix it yourself":
+        fix_stage(tour, graph)
     elif stage == "Explore":
         for page, label in (("screens/graph.py", "Graph"), ("screens/step.py", "Step through"),
                             ("screens/inspect.py", "Node inspector"),
@@ -163,7 +181,7 @@ if st.session_state.get(TOUR_KEY) not in STAGES:
 stage = st.segmented_control("Stage", STAGES, key=TOUR_KEY, bind="query-params",
                              required=True)
 stage = stage or STAGES[0]
-quantity = ("edit" if stage in ("Update", "The gate") else
+quantity = ("edit" if stage in ("Update", "The gate", "Fix it yourself") else
             "blame" if stage == "Check the blame" else "grad_chars")
 draw_graph(tour, graph, quantity, highlight=highlight(stage, graph), height=300)
 st.markdown(stage_text(stage, tour, graph))

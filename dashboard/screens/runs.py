@@ -8,8 +8,14 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, jobs
-from dashboard.live import live_progress
-from dashboard.state import PENDING_RUN_KEY, selection
+from dashboard.live import live_progress, steps_line
+from dashboard.state import (
+    DEMO_DONE_KEY,
+    DEMO_RUN_KEY,
+    PENDING_RUN_KEY,
+    PENDING_VIEW_KEY,
+    selection,
+)
 from dashboard.views.run_panel import run_panel
 from dashboard.views.text import fmt, md
 
@@ -83,7 +89,34 @@ def start_demo(db: str) -> None:
     except Exception as exc:  # noqa: BLE001 - shown to the user
         st.error(f"Could not start the demo: {exc}")
         return
+    st.session_state[DEMO_RUN_KEY] = job.run_id
     _started(job)
+
+
+def demo_finished(db: str, run_id: str) -> None:
+    """The demo ended well: select its back-propagated failing example at the step that
+    proposed edits, and lead on to the tour and the graph (see lead_on)."""
+    step = data.default_step(data.steps(db, run_id))
+    example = data.lead_example(db, run_id, step) if step is not None else None
+    st.session_state[PENDING_VIEW_KEY] = {"run": run_id, "step": step, "example": example}
+    st.session_state[DEMO_DONE_KEY] = run_id
+
+
+def lead_on(sel) -> None:
+    """After the demo: where to go next, with the example worth looking at selected."""
+    if st.session_state.get(DEMO_DONE_KEY) != sel.run or sel.run is None:
+        return
+    with st.container(border=True):
+        st.success(f"The demo finished. Step {sel.step}, example {md(sel.example)}: a failing "
+                   "example it back-propagated, so there are gradients and an edit to see.",
+                   icon=":material/flag:")
+        c1, c2 = st.columns(2)
+        with c1:
+            st.page_link("screens/learn.py", label="Take the tour (Learn)",
+                         icon=":material/school:", query_params=sel.link())
+        with c2:
+            st.page_link("screens/graph.py", label="Open the graph",
+                         icon=":material/account_tree:", query_params=sel.link())
 
 
 def _started(job) -> None:
@@ -114,17 +147,17 @@ def _jobs_body(db: str) -> None:
         alive = jobs.poll(job)
         steps_done, status = 0, "starting"
         if not runs.empty and job.run_id in set(runs["run_id"]):
-            steps_done = len(data.steps(db, job.run_id))
+            steps_done = data.steps_done(db, job.run_id)
             status = runs.loc[runs["run_id"] == job.run_id, "status"].iloc[0]
         if not alive and status in ("starting", "running"):
             status = f"ended (exit code {job.returncode})"
-        total = job.steps + 1
+        total = job.steps
         with st.container(border=True):
             head, button = st.columns([5, 1])
             head.markdown(f"**{md(job.run_id)}** · {md(status)} · {int(job.seconds)} s")
-            head.progress(min(steps_done / total, 1.0),
-                          text=live_progress(job.progress_file).line(steps_done, job.steps)
-                          if alive else f"{steps_done} of {total} steps written")
+            head.progress(min(steps_done / total, 1.0) if total else float(not alive),
+                          text=live_progress(job.progress_file).line(steps_done, total)
+                          if alive else steps_line(steps_done, total))
             if alive and button.button("Stop", key=f"stop_{job.run_id}"):
                 jobs.stop(job)
                 st.toast(f"Sent SIGTERM to {job.run_id}")
@@ -135,6 +168,10 @@ def _jobs_body(db: str) -> None:
                 st.code(jobs.log_tail(job) or "(empty)", language=None)
         state = (status, steps_done, alive)
         changed |= job.run_id in seen and seen[job.run_id] != state
+        ended_now = job.run_id in seen and seen[job.run_id][2] and not alive
+        if ended_now and status == "finished" and \
+                st.session_state.get(DEMO_RUN_KEY) == job.run_id:
+            demo_finished(db, job.run_id)
         seen[job.run_id] = state
     if changed:  # a step was written or a run ended: refresh the table and the sidebar
         st.rerun(scope="app")
@@ -239,6 +276,7 @@ sel = selection()
 st.title("Runs")
 if flash := st.session_state.pop("_runs_flash", None):
     st.success(flash)
+lead_on(sel)
 try:
     all_runs = data.runs(sel.db)
 except Exception as exc:  # noqa: BLE001 - the sidebar already says what is wrong

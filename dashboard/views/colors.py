@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dashboard.views.text import chars
+
 QUANTITIES = {
     "blame": "Blame from probes",
     "grad_chars": "Gradient length (mean characters)",
@@ -67,7 +69,7 @@ def color_nodes(rows: list[dict], quantity: str) -> Coloring:
         top = max(values.values(), default=0.0) or 1.0
         for node, v in values.items():
             colors[node] = blues(v / top)
-            captions[node] = f"∇ {v:.0f} chars"
+            captions[node] = f"∇ {chars(v)}"
         return Coloring(colors, captions, "darker: longer aggregated gradient · grey: none")
     if quantity == "edit":
         for r in rows:

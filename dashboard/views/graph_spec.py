@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dashboard.views.graph_model import FIELD_PREFIX, LOSS_ID, Decoration, GraphModel
 from dashboard.views.graph_model import layered_positions as _layer_order
+from dashboard.views.text import chars as chars_text
 
 GREY = "#d9d9d9"
 FIELD_FILL = "#f3f3f3"
@@ -139,5 +140,5 @@ def _edges(model: GraphModel, deco: Decoration) -> list[dict]:
     for source, target, messages, chars in deco.flows:
         edges.append({"from": LOSS_ID if source == "loss" else source, "to": target,
                       "kind": "gradient", "width": min(1.5 + messages, 6),
-                      "label": f"{messages}× ∇ {int(chars or 0)} chars"})
+                      "label": f"{messages}× ∇ {chars_text(chars)}"})
     return edges

@@ -9,7 +9,7 @@ from dashboard.views import graph_model as gh
 from dashboard.views.colors import color_nodes
 from dashboard.views.graph_component import graph_drawing
 from dashboard.views.graph_spec import graph_spec
-from dashboard.views.text import fmt
+from dashboard.views.text import chars, fmt
 
 
 def decoration(sel: Selection, graph: data.RunGraph, quantity: str, *,
@@ -54,7 +54,7 @@ def node_tooltips(sel: Selection, graph: data.RunGraph, stats: list[dict]) -> di
         lines = [(f"blame: following its gradient fixed {r.get('flips', 0)} of {probed} "
                   "failing examples probed" if probed else "blame: no probes at this node yet"),
                  f"gradients received: {r.get('gradients', 0)}",
-                 f"mean aggregated gradient: {fmt(r.get('grad_chars'), '.0f')} chars",
+                 f"mean aggregated gradient: {chars(r.get('grad_chars'))}",
                  f"edit: {r.get('edit') or 'none'}",
                  f"calls {r.get('calls', 0)}, tokens {fmt(r.get('tokens'), '.0f')}"]
         if node in outputs:

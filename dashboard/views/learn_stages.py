@@ -9,16 +9,21 @@ import streamlit as st
 
 from dashboard import data, jobs, probe_data
 from dashboard.state import Selection
+from dashboard.views import job_watch
+from dashboard.views.blame import blame_button
 from dashboard.views.panes import update_pane
-from dashboard.views.text import fmt, md, show_messages, show_text
-from dashboard.views.whatif import flip_label
+from dashboard.views.quality import mark
+from dashboard.views.text import fmt, md, plural, show_messages, show_text
+from dashboard.views.whatif import flip_label, prompt_after
 from engine.methods import METHODS
 
 STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Without siblings",
-          "Update", "The gate", "Check the blame", "Explore"]
+          "Update", "The gate", "Check the blame", "Fix it yourself", "Explore"]
 # methods whose gradients never see the other inputs of the same node, as they declare it
 SIBLING_BLIND = tuple(sorted(name for name, m in METHODS.items()
                              if m.uses_gradients and not m.sibling_aware))
+PAIR_SLOT = "learn_pair"
+FIX_SLOT = "learn_fix"
 
 
 def code(text: object) -> str:
@@ -98,18 +103,40 @@ def paired_runs(db: str, tour: Selection) -> pd.DataFrame:
                 & (runs["seed"] == mine["seed"]) & (runs["run_id"] != tour.run)]
 
 
-def _start_pair_buttons(tour: Selection, have: set[str]) -> None:
-    """A button per sibling-blind method without a paired run yet."""
-    for method in SIBLING_BLIND:
-        if method in have:
-            continue
-        if st.button(f"Start the paired run ({method})", key=f"learn_pair_{method}"):
+def llm_siblings(graph: data.RunGraph, node: str) -> list[str]:
+    """The other LLM-produced inputs of the node `node` feeds (the output node)."""
+    model = graph.model
+    return [i for i in dict(model.inputs).get(model.output, ()) if i != node
+            and i in model.order and i not in model.functions]
+
+
+def pair_order(graph: data.RunGraph, node: str) -> list[str]:
+    """The sibling-blind methods, the one that can show a difference on this graph first:
+    where `node` has no LLM-produced sibling, semantic-nosibling sends the very same
+    backward prompt as semantic, and only TextGrad's one-input messages differ."""
+    if llm_siblings(graph, node):
+        return list(SIBLING_BLIND)
+    return sorted(SIBLING_BLIND, key=lambda m: m != "textgrad")
+
+
+def _start_pair_buttons(tour: Selection, graph: data.RunGraph, node: str,
+                        have: set[str]) -> None:
+    """A button per sibling-blind method without a paired run yet, the one that can show a
+    difference first; a started run is followed live until it ends."""
+    listed = job_watch.follow(f"{PAIR_SLOT}|{tour.run}")
+    if any(job.returncode is None for job in listed):
+        return
+    for rank, method in enumerate(m for m in pair_order(graph, node) if m not in have):
+        hint = (" (can differ on this graph)" if rank == 0 and not llm_siblings(graph, node)
+                and method == "textgrad" else "")
+        if st.button(f"Start the paired run ({method}){hint}", key=f"learn_pair_{method}",
+                     type="primary" if rank == 0 else "secondary"):
             record = data.run(tour.db, tour.run) or {}
             job = jobs.start(jobs.RunSpec(
                 graph=str(jobs.DEMO_GRAPH), db=tour.db, method=method,
                 seed=int(record.get("seed") or 0), **jobs.DEMO_OPTIONS))
-            st.success(f"Started {job.run_id}; this stage fills in when its step "
-                       f"{tour.step} is written.")
+            job_watch.remember(f"{PAIR_SLOT}|{tour.run}", job)
+            st.rerun()
 
 
 def _gradient_row(db: str, run: str, step: int, example: str, node: str) -> dict | None:
@@ -127,12 +154,18 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
         return
     node = receivers[0]
     pairs = paired_runs(tour.db, tour)
+    order = pair_order(graph, node)
     if pairs.empty:
-        st.info("No sibling-blind run of this graph with the same seed yet. Start one: the "
-                "same demo with method `semantic-nosibling` (or `textgrad`) and the same "
-                "seed, so the same failing examples are back-propagated.")
-        _start_pair_buttons(tour, set())
+        st.info(f"No sibling-blind run of this graph with the same seed yet. Start one: the "
+                f"same demo with method `{order[0]}` (or `{order[1]}`) and the same seed, so "
+                "the same failing examples are back-propagated."
+                + (f" Here {code(node)} has no LLM-produced sibling, so `semantic-nosibling`"
+                   " would send the same backward prompt: `textgrad` is the comparison "
+                   "that can show a difference." if not llm_siblings(graph, node) else ""))
+        _start_pair_buttons(tour, graph, node, set())
         return
+    pairs = pairs.assign(rank=[order.index(m) for m in pairs["method"]]).sort_values(
+        ["rank", "run_id"], kind="stable")
     choice = st.radio("Sibling-blind run", list(pairs["run_id"]), horizontal=True,
                       key="learn_pair_run", format_func=lambda r: f"{r} ("
                       f"{pairs.loc[pairs['run_id'] == r, 'method'].iloc[0]})")
@@ -153,6 +186,7 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
                            "step.")
                 continue
             show_text(f"gradient {label}", row["content"], expanded=True)
+            mark(row["content"], row.get("messages"))
             show_messages(f"backward prompt {label}", row.get("messages"))
     if mine and theirs and mine.get("messages") == theirs.get("messages"):
         siblings = [i for i in dict(model.inputs).get(model.output, ()) if i != node]
@@ -164,7 +198,7 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
                 "LLM-produced siblings changes nothing on this graph. TextGrad writes each "
                 "message from one input alone; siblings matter where a node reads two or "
                 "more LLM nodes.")
-    _start_pair_buttons(tour, set(pairs["method"]))
+    _start_pair_buttons(tour, graph, node, set(pairs["method"]))
 
 
 def _proposals(db: str, run: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -179,7 +213,7 @@ def gate_stage(tour: Selection) -> None:
     """One accepted and one rejected proposal, with the validation scores: from this run,
     else from another run of the same graph (named), else a plain 'none'."""
     accepted, rejected = _proposals(tour.db, tour.run)
-    st.markdown(f"This run proposed {len(accepted) + len(rejected)} prompt edits: "
+    st.markdown(f"This run proposed {plural(len(accepted) + len(rejected), 'prompt edit')}: "
                 f"{len(accepted)} accepted, {len(rejected)} rejected by the gate.")
     runs = data.runs(tour.db)
     name = runs.loc[runs["run_id"] == tour.run, "graph_name"]
@@ -233,10 +267,89 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
                    f"{'that node' if len(fixed) == 1 else 'those nodes'}.")
     elif len(probes):
         st.info("No single node's gradient fixes this example when followed alone.")
-    running = [j for j in jobs.probe_jobs(tour.db, tour.run) if jobs.poll(j)]
-    if running:
-        st.caption(":material/hourglass_top: probes running (python -m engine blame); "
-                   "reload the stage in a moment.")
-    elif st.button("Follow the gradient at every node", key="learn_blame", type="primary"):
-        job = jobs.start_blame(tour.run, tour.db, tour.step)
-        st.success(f"Started: {' '.join(job.command[2:])}")
+    blame_button(tour.db, tour.run, tour.step, key="learn_blame", primary=True,
+                 label="Follow the gradient at every node")
+
+
+FIX_TEXT = """
+The prompts are the graph's parameters, and you can set them by hand too. Three steps:
+**1. Write a prompt** for one node below (or start from the hand-fixed one, where the graph
+file has one); **2. Fork** the run from this step with it: a new run that starts from this
+run's state with your prompt, re-measured on the validation split; **3. Compare** the
+fork's validation score with this run's, here and on the Compare page."""
+
+
+def fix_node(graph: data.RunGraph, fixed: dict[str, str]) -> str:
+    """The node the stage starts on: the first trainable node with a hand-fixed prompt,
+    else the output node (when trainable), else the first trainable node."""
+    trainable = list(graph.trainable)
+    for node in trainable:
+        if node in fixed:
+            return node
+    return graph.model.output if graph.model.output in trainable else (
+        trainable[0] if trainable else graph.model.output)
+
+
+def _use_fixed(key: str, prompt: str) -> None:
+    st.session_state[key] = prompt
+
+
+def fix_stage(tour: Selection, graph: data.RunGraph) -> None:
+    """Write a prompt, fork the run with it, compare validation (live until it ends)."""
+    trainable = list(graph.trainable)
+    if not trainable:
+        st.caption("This graph has no trainable prompt to fix.")
+        return
+    fixed = data.fixed_prompts(tour.db, tour.run)
+    start = fix_node(graph, fixed)
+    node = st.selectbox("1. The node whose prompt you rewrite", trainable,
+                        index=trainable.index(start), key="learn_fix_node")
+    current = prompt_after(data.prompt_history(tour.db, tour.run), node, tour.step)
+    key = f"learn_fix_prompt|{tour.run}|{tour.step}|{node}"
+    if key not in st.session_state:
+        st.session_state[key] = current
+    st.caption(f"Its prompt after step {tour.step}: “{md(current)}”")
+    if node in fixed:
+        st.caption("The graph file gives a hand-fixed prompt for this node:")
+        st.code(fixed[node], language=None, wrap_lines=True)
+        st.button("Start from the hand-fixed prompt", key="learn_fix_use",
+                  on_click=_use_fixed, args=(key, fixed[node]))
+    else:
+        st.caption("Say exactly what the node should produce and in what form; name the "
+                   "answer format the next node or the metric expects.")
+    text = st.text_area(f"Your prompt for {node}", key=key, height=110)
+    changed = bool(text.strip()) and text.strip() != current.strip()
+    st.markdown("**2. Fork from this step with it**")
+    slot = f"{FIX_SLOT}|{tour.run}"
+    listed = job_watch.follow(slot)
+    if not any(job.returncode is None for job in listed):
+        if st.button("Fork with this prompt", key="learn_fork", type="primary",
+                     disabled=not changed,
+                     help=None if changed else "Change the prompt first"):
+            record = data.run(tour.db, tour.run) or {}
+            job = jobs.start_fork(jobs.ForkSpec(run_id=tour.run, db=tour.db, step=tour.step,
+                                                prompts={node: text}, steps=1),
+                                  graph_name=str(record.get("graph_name") or "fork"),
+                                  method=str(record.get("method") or "semantic"))
+            job_watch.remember(slot, job)
+            st.rerun()
+    st.markdown("**3. Compare**")
+    forks = [f for f in data.forks(tour.db, tour.run)
+             if not data.steps(tour.db, f).empty
+             and (data.run(tour.db, f) or {}).get("fork_step") == tour.step]
+    if not forks:
+        st.caption(f"No fork of this run from step {tour.step} yet.")
+        return
+    fork = forks[0]
+    mine, theirs = (data.validation_at(tour.db, tour.run, tour.step),
+                    data.validation_at(tour.db, fork, tour.step))
+    st.markdown(f"Validation at step {tour.step}: this run {mine.text()}; fork "
+                f"{code(fork)} with the new prompt {theirs.text()}.")
+    if mine.value is not None and theirs.value is not None:
+        verdict = ("rose" if theirs.value > mine.value else
+                   "fell" if theirs.value < mine.value else "did not change")
+        (st.success if verdict == "rose" else st.info)(
+            f"Validation {verdict} ({mine.value:.3f} → {theirs.value:.3f}).")
+    st.page_link("screens/compare.py", label="Open the fork beside this run on Compare",
+                 icon=":material/compare_arrows:",
+                 query_params={"run": fork, "other": tour.run, "step": str(tour.step)})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from dashboard.views.quality import mark
 from dashboard.views.text import fmt, md, show_diff, show_messages, show_text
 
 
@@ -77,6 +78,8 @@ def gradients_received(view: dict[str, pd.DataFrame], *, expanded: bool = False)
                      else f"from successor {md(source)}")
             st.markdown(f"**{what} {title}** · method {md(row.get('method') or '')}")
             show_text(what.lower(), row["content"], expanded=True)
+            if what == "Gradient" and source != "loss":
+                mark(row["content"], row.get("messages"))
             if isinstance(row.get("parse_error"), str) and row["parse_error"]:
                 st.warning(f"parse: {row['parse_error']}")
             if isinstance(row.get("messages"), str):

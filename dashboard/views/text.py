@@ -8,6 +8,7 @@ follow links and load images from a reply.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pandas as pd
@@ -61,6 +62,26 @@ def show_messages(label: str, messages_json: object, *, expanded: bool = False) 
 
 def show_diff(old: str, new: str, *, only_changes: bool = False) -> None:
     st.html(diff_html(old or "", new or "", only_changes=only_changes))
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """'1 proposal', '2 proposals' (`many` for an irregular plural)."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
+
+
+def chars(value: object) -> str:
+    """A gradient's length as every page shows it ('66 chars'): rounded half up, the way
+    the tables' %.0f columns round in the browser, so a node's label, its tooltip, its
+    edge and the table agree."""
+    return f"{round_chars(value)} chars"
+
+
+def round_chars(value: object) -> int:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
+    return 0 if pd.isna(number) else int(math.floor(number + 0.5))
 
 
 def fmt(value: object, spec: str = ".3f", empty: str = "–") -> str:

@@ -10,7 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, jobs, probe_data
-from dashboard.state import PENDING_RUN_KEY, Selection
+from dashboard.state import Selection
+from dashboard.views import job_watch
 from dashboard.views.text import fmt, md, show_text
 
 KINDS = {"output": "Edit the output", "gradient": "Follow the gradient",
@@ -158,11 +159,17 @@ def fork_panel(sel: Selection, view: dict[str, pd.DataFrame], is_function: bool,
             prompts[sel.node] = text
     steps = st.number_input("Steps to run", min_value=1, max_value=20, value=1,
                             key=f"fork_steps|{slot}")
+    watch = f"fork|{sel.run}"
+    listed = job_watch.follow(watch)
+    if listed and listed[0].returncode == 0:
+        st.page_link("screens/compare.py", label=f"Compare {listed[0].run_id} with this run",
+                     icon=":material/compare_arrows:",
+                     query_params={"run": listed[0].run_id, "other": sel.run})
+    if any(job.returncode is None for job in listed):
+        return
     if st.button("Fork from here", key=f"fork_run|{slot}"):
         job = jobs.start_fork(jobs.ForkSpec(run_id=sel.run, db=sel.db, step=sel.step,
                                             prompts=prompts, steps=int(steps)),
                               graph_name=graph_name, method=sel.method or "semantic")
-        st.session_state[PENDING_RUN_KEY] = job.run_id
-        st.success(f"Fork {job.run_id} started from step {sel.step}"
-                   + (f" with a new prompt for {sel.node}" if prompts else "")
-                   + ". Follow it on the Runs page; Compare opens it beside its parent.")
+        job_watch.remember(watch, job)
+        st.rerun()

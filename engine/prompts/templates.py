@@ -46,16 +46,29 @@ def forward_messages(prompt: str, inputs: dict[str, str], answer_format: str = "
                                          answer_format=fmt))]
 
 
+_OUTPUT_TAG = re.compile(r"</?output\s*>?", re.I)  # a reply cut short may end in "</output"
+
+
+def _untagged(text: str) -> str:
+    """A fallback's text without stray <output> / </output> tags (a small model often
+    writes only one of the pair), so a prediction never keeps one."""
+    return _OUTPUT_TAG.sub("", text).strip()
+
+
 def parse_output(reply: str) -> tuple[str, str | None]:
     """Text inside the last <output> block. Fallbacks, in order: the text after an
-    unclosed <output> tag; the whole reply. Returns (output, parse_error or None)."""
+    unclosed <output> tag; the text before a dangling </output>; the whole reply; stray
+    tags removed from each. Returns (output, parse_error or None)."""
     blocks = re.findall(r"<output>(.*?)</output>", reply, flags=re.S | re.I)
     if blocks and blocks[-1].strip():
         return blocks[-1].strip(), None
     opened = re.split(r"<output>", reply, flags=re.I)
-    if len(opened) > 1 and opened[-1].strip():
-        return opened[-1].strip(), "unclosed <output> tag: used the text after it"
-    return reply.strip(), "no <output> tags: used the whole reply"
+    if len(opened) > 1 and _untagged(opened[-1]):
+        return _untagged(opened[-1]), "unclosed <output> tag: used the text after it"
+    closed = re.split(r"</output\s*>", reply, flags=re.I)
+    if len(closed) > 1 and _untagged(closed[0]):
+        return _untagged(closed[0]), "no opening <output> tag: used the text before </output>"
+    return _untagged(reply), "no <output> tags: used the whole reply"
 
 
 # --- loss ------------------------------------------------------------------------------

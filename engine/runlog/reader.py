@@ -255,7 +255,7 @@ def step_updates(db: str | Path, run_id: str, step: int | None = None) -> pd.Dat
         params.append(step)
     return query(db, f"""
         SELECT step, node_id, old_prompt, new_prompt, accepted, val_before, val_after,
-               parse_error, reasoning, call_id
+               val_alone, reject_reason, parse_error, reasoning, call_id
         FROM updates WHERE {where} ORDER BY step, node_id""", params)
 
 
