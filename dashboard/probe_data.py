@@ -47,9 +47,7 @@ def node_blame(db: str, run_id: str, step: int) -> pd.DataFrame:
 
 @st.cache_data(**CACHE_OPTIONS)
 def _step_calls(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
-    return reader.query(db, """
-        SELECT purpose, count(*) AS calls FROM llm_calls
-        WHERE run_id = ? AND step = ? GROUP BY purpose""", [run_id, step])
+    return reader.step_calls_by_purpose(db, run_id, step)
 
 
 def step_calls(db: str, run_id: str, step: int) -> dict[str, int]:
@@ -60,8 +58,7 @@ def step_calls(db: str, run_id: str, step: int) -> dict[str, int]:
 
 @st.cache_data(**CACHE_OPTIONS)
 def _train_texts(db: str, run_id: str, version: Stamp) -> tuple[str, ...]:
-    frame = reader.query(db, "SELECT fields FROM examples WHERE run_id = ? AND split = 'train'",
-                         [run_id])
+    frame = reader.split_fields(db, run_id, "train")
     texts: list[str] = []
     for raw in frame["fields"]:
         try:
@@ -114,8 +111,7 @@ def function_node(db: str, run_id: str, node_id: str) -> tuple[str, str] | None:
 
 @st.cache_data(**CACHE_OPTIONS)
 def _all_updates(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
-    return reader.query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id",
-                        [run_id])
+    return reader.all_updates(db, run_id)
 
 
 def all_updates(db: str, run_id: str) -> pd.DataFrame:

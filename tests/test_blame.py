@@ -23,7 +23,7 @@ from engine.probes.blame import (
 )
 from engine.probes.probe import ProbeResult
 from engine.runs.execute import RunConfig, execute
-from tests.blame_fault_script import blame_fault_responder
+from tests.support.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 
 

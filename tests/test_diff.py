@@ -6,17 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-import duckdb
-
 from engine.cli import main
 from engine.probes.diff import diff
 from tests.support.diff_script import CHAIN, PAIR, backend, forked
 from tests.support.graphs import run_engine, write_graph
-
-
-def rows(db, sql: str, params: list | None = None) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(sql, params or []).fetchall()
+from tests.support.runlog import rows
 
 
 def test_one_edited_middle_prompt_explains_every_differing_example(tmp_path):
@@ -42,9 +36,9 @@ def test_one_edited_middle_prompt_explains_every_differing_example(tmp_path):
     # the patch runs are the diff's own rows, never the runs' activations
     assert rows(db, "SELECT count(*) FROM node_outputs")[0][0] == activations
     assert rows(db, "SELECT count(*) FROM diffs WHERE diff_id = ?",
-                [report.diff_id])[0][0] == len(report.examples)
+                report.diff_id)[0][0] == len(report.examples)
     patched = rows(db, "SELECT nodes, score, outputs FROM diff_patches WHERE diff_id = ?",
-                   [report.diff_id])
+                   report.diff_id)
     assert len(patched) == len(differing)
     assert all(json.loads(n) == ["plan"] and s == 1.0 and "final" in json.loads(o)
                for n, s, o in patched)
@@ -140,8 +134,9 @@ def test_step_against_previous_step_on_gsm8k(tmp_path, shared_datasets):
 
     graph = Path(__file__).resolve().parents[1] / "sample_graphs" / "gsm8k.yaml"
     db = tmp_path / "gsm.duckdb"
-    # seed 0 with 24 examples: step 1's edit passes the gate (scripted replies are fixed)
-    run_engine(graph, db, steps=1, train=24, val=24, seed=0, run_id="gsm",
+    # without the gate, step 1's edits are accepted whatever they score: the diff must
+    # still explain every validation example they flipped by the edited nodes
+    run_engine(graph, db, steps=1, train=24, val=24, seed=0, run_id="gsm", gate=False,
                data_dir=str(shared_datasets))
     accepted = [s for s, ok in rows(db, "SELECT step, accepted FROM steps WHERE run_id = "
                                         "'gsm' ORDER BY step") if ok]
@@ -150,7 +145,7 @@ def test_step_against_previous_step_on_gsm8k(tmp_path, shared_datasets):
     report = asyncio.run(diff(str(db), "gsm", step_a=s))
     assert (report.step_a, report.step_b) == (s, s - 1)
     edited = {r[0] for r in rows(db, "SELECT node_id FROM prompt_versions WHERE run_id = "
-                                     "'gsm' AND step = ? AND accepted", [s])}
+                                     "'gsm' AND step = ? AND accepted", s)}
     assert report.differing, "the accepted edit flipped no validation example"
     for e in report.differing:
         assert set(e.sources) <= edited

@@ -11,7 +11,7 @@ from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
 from engine.runs.execute import RunConfig, execute
 from engine.runs.fork import fork
-from tests.blame_fault_script import blame_fault_responder
+from tests.support.blame_fault_script import blame_fault_responder
 from tests.support.runlog import rows
 from tests.test_probe import GRAPH
 

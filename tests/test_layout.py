@@ -161,3 +161,29 @@ def test_comments_say_why_instead_of_citing_issue_numbers():
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             assert not cites.search(line), f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+
+
+SQL = __import__("re").compile(
+    r"\bSELECT\b[\s\S]+\bFROM\b|\bINSERT\s+INTO\b|\bUPDATE\s+\w+\s+SET\b|\bDELETE\s+FROM\b|"
+    r"\bCREATE\s+(TABLE|VIEW|INDEX)\b|\bALTER\s+TABLE\b")
+
+
+def sql_strings(path: Path) -> list[str]:
+    return [node.value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and SQL.search(node.value)]
+
+
+def test_no_file_outside_the_run_log_holds_sql():
+    runlog = ENGINE / "runlog"
+    for path in sorted([*ENGINE.rglob("*.py"), *(ROOT / "dashboard").rglob("*.py")]):
+        if runlog not in path.parents:
+            assert not sql_strings(path), f"{path.relative_to(ROOT)}: {sql_strings(path)[0]!r}"
+
+
+def test_the_sql_check_sees_a_query():
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+        fh.write('q = ("SELECT step "\n     "FROM steps WHERE run_id = ?")\nlabel = "Select a run"\n')
+    assert sql_strings(Path(fh.name)) == ["SELECT step FROM steps WHERE run_id = ?"]

@@ -286,7 +286,7 @@ def test_span_ids_stay_the_same_so_a_later_export_only_adds_spans(gsm8k, tmp_pat
 
 def test_probes_hang_under_their_own_spans(tmp_path, capsys, monkeypatch):
     from engine.llm.scripted import ScriptedBackend
-    from tests.blame_fault_script import blame_fault_responder
+    from tests.support.blame_fault_script import blame_fault_responder
     from tests.test_probe import GRAPH
 
     db = tmp_path / "bf.duckdb"

@@ -14,7 +14,8 @@ from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
 from engine.probes.blame import probe
 from engine.runs.execute import RunConfig, execute
-from tests.blame_fault_script import HONEST, blame_fault_responder
+from tests.support.blame_fault_script import HONEST, blame_fault_responder
+from tests.support.runlog import rows
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPH = ROOT / "sample_graphs" / "blame_fault.yaml"
@@ -35,9 +36,6 @@ def logged(tmp_path) -> Path:
     return db
 
 
-def rows(db: Path, sql: str, params: list | None = None) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(sql, params or []).fetchall()
 
 
 def failing(db: Path) -> list[str]:
@@ -47,7 +45,7 @@ def failing(db: Path) -> list[str]:
 
 def text_of(db: Path, example_id: str) -> tuple[str, str]:
     fields, target = rows(db, "SELECT fields, target FROM examples WHERE example_id = ?",
-                          [example_id])[0]
+                          example_id)[0]
     return json.loads(fields)["text"], target
 
 
@@ -80,7 +78,7 @@ def test_output_probe_reruns_only_descendants_and_records_its_rows(logged):
     assert probe_row[0][:8] == ("output", numbers_in(text), "0", target, 0.0, 1.0, False, None)
     call_ids = json.loads(probe_row[0][8])
     assert rows(logged, "SELECT purpose, node_id FROM llm_calls WHERE call_id = ?",
-                call_ids) == [("probe", "total")]
+                *call_ids) == [("probe", "total")]
     outputs = rows(logged, "SELECT node_id, output_text, call_id FROM probe_outputs "
                            "ORDER BY node_id DESC")
     assert outputs == [("total", target, call_ids[0]), ("numbers", numbers_in(text), None)]
@@ -136,7 +134,7 @@ def test_a_repeated_probe_makes_no_model_call(logged):
     assert (b.intervention, b.after_output, b.after_score) == \
         (a.intervention, a.after_output, a.after_score)
     assert len(b.call_ids) == 2  # the rewrite of 'numbers', then 'total'
-    hits = rows(logged, "SELECT cache_hit FROM llm_calls WHERE call_id IN (?, ?)", b.call_ids)
+    hits = rows(logged, "SELECT cache_hit FROM llm_calls WHERE call_id IN (?, ?)", *b.call_ids)
     assert hits == [(True,), (True,)]
 
 

@@ -12,7 +12,7 @@ from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
 from engine.runlog.schema import SCHEMA_VERSION, TABLES
 from engine.runs.execute import RunConfig, execute
-from tests.blame_fault_script import blame_fault_responder
+from tests.support.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 
 # What schema versions 2 and 3 added (docs/runlog.md); version 1 is the rest.

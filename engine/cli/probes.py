@@ -126,12 +126,11 @@ def _score(value: float | None) -> str:
 
 def _say_if_busy(db: str, run_id: str, console: Any) -> None:
     """One line when another process may be writing the log (a running optimization)."""
-    from engine.runlog.schema import check_readable, connect
+    from engine.runlog.probing import running_runs
+    from engine.runlog.schema import check_readable
 
     check_readable(db)
-    with connect(db, read_only=True) as con:
-        running = [r[0] for r in con.execute(
-            "SELECT run_id FROM runs WHERE status = 'running'").fetchall()]
+    running = running_runs(db)
     if running:
         console.print(f"note: run '{running[0]}' is marked running in {db}: probes read "
                       "committed steps only and write in one short transaction, retried "

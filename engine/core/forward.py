@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -100,6 +100,21 @@ async def forward_pass(ctx: RunContext, prompts: Prompts, examples: list[Example
                                        for ex in examples)))
 
 
+def node_inputs(node: Node, example: Example, upstream: Mapping[str, Activation]
+                ) -> tuple[dict[str, str], str | None]:
+    """A node's input values, in its declared order: an upstream node's output, else the
+    example's field ("" when missing); and the first upstream node that failed, if any."""
+    values: dict[str, str] = {}
+    for name in node.inputs:
+        if name in upstream:
+            if upstream[name].error:
+                return values, name
+            values[name] = upstream[name].output_text
+        else:
+            values[name] = example.fields.get(name, "")
+    return values, None
+
+
 async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, split: str,
                           fixed: dict[str, Activation] | None = None) -> ExampleTrace:
     """One example through the graph. Nodes in `fixed` are not run: their given activation
@@ -110,16 +125,11 @@ async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, s
     async def run(node: Node) -> Activation:
         if fixed and node.id in fixed:
             return fixed[node.id]
-        values: dict[str, str] = {}
-        for name in node.inputs:
-            if name in tasks:
-                upstream = await tasks[name]
-                if upstream.error:
-                    return _activation(ctx, split, example, node, prompts, values,
-                                       error=f"upstream node '{name}' failed")
-                values[name] = upstream.output_text
-            else:
-                values[name] = example.fields.get(name, "")
+        upstream = {name: await tasks[name] for name in node.inputs if name in tasks}
+        values, failed = node_inputs(node, example, upstream)
+        if failed:
+            return _activation(ctx, split, example, node, prompts, values,
+                               error=f"upstream node '{failed}' failed")
         trace.inputs[node.id] = values
         if node.kind == "function":
             output, error = await call_function(node, values)

@@ -43,8 +43,12 @@ from engine.probes.probe import (
     load_run,
     open_prober,
 )
-from engine.runlog.probing import backward_steps, step_proposal
-from engine.runlog.schema import connect
+from engine.runlog.probing import (
+    aggregate_gradients,
+    backpropagated_rows,
+    backward_steps,
+    step_proposal,
+)
 
 EXAMPLE_CHOICES = ("sampled", "failing", "val", "all")
 Z90 = 1.6448536269514722  # two-sided 90%
@@ -103,11 +107,7 @@ async def probe(db: str, run_id: str, step: int, node_id: str, kind: str, *,
 
 def received_gradients(run: LoggedRun) -> dict[tuple[str, str], str]:
     """(example, node) -> the aggregated gradient the node acted on at the step."""
-    with connect(run.db, read_only=True) as con:
-        rows = con.execute(
-            "SELECT example_id, node_id, content FROM gradients WHERE run_id = ? AND step = ? "
-            "AND kind = 'aggregate'", [run.run_id, run.step]).fetchall()
-    return {(e, n): c or "" for e, n, c in rows}
+    return aggregate_gradients(run.db, run.run_id, run.step)
 
 
 def proposed_prompt(run: LoggedRun, node_id: str) -> str:
@@ -133,18 +133,9 @@ def backpropagated(run: LoggedRun) -> list[str]:
     from engine.core.optimizer import sample_failures
     from engine.events import LossRecord
 
-    with connect(run.db, read_only=True) as con:
-        rows = con.execute(
-            "SELECT DISTINCT g.example_id, e.position FROM gradients g JOIN examples e ON "
-            "e.run_id = g.run_id AND e.example_id = g.example_id WHERE g.run_id = ? AND "
-            "g.step = ? ORDER BY e.position", [run.run_id, run.step]).fetchall()
-        losses = [] if rows or run.step == 0 else con.execute(
-            "SELECT l.example_id, l.score, l.error FROM losses l JOIN examples e ON "
-            "e.run_id = l.run_id AND e.example_id = l.example_id AND e.split = 'train' "
-            "WHERE l.run_id = ? AND l.step = ? AND l.split = 'train' ORDER BY e.position",
-            [run.run_id, run.step]).fetchall()
+    rows, losses = backpropagated_rows(run.db, run.run_id, run.step)
     if rows or not losses:
-        return [r[0] for r in rows]
+        return rows
     records = [LossRecord(run.run_id, run.step, "train", e, "", "", s, "", err)
                for e, s, err in losses]
     chosen = sample_failures(records, int(run.config.get("failures_per_step", 2)),

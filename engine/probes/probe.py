@@ -25,7 +25,14 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from engine.core.forward import ExampleTrace, Prompts, RunContext, call_function, call_node
+from engine.core.forward import (
+    ExampleTrace,
+    Prompts,
+    RunContext,
+    call_function,
+    call_node,
+    node_inputs,
+)
 from engine.core.graph import GraphSpec
 from engine.core.loss import example_loss
 from engine.data.examples import Example
@@ -33,9 +40,9 @@ from engine.events import Activation, CallRecord
 from engine.llm.base import Backend
 from engine.probes.leaks import leaks_answer
 from engine.prompts import templates as P
-from engine.runlog.schema import RunLogError, check_readable, connect
+from engine.runlog.probing import example_outputs, logged_run_rows, save_probe_rows
+from engine.runlog.schema import RunLogError, check_readable
 from engine.runlog.state import load_cache
-from engine.runlog.writer import insert_rows
 from engine.runs.code import bind_logged_graph
 
 KINDS = ("output", "gradient", "edit")
@@ -146,31 +153,23 @@ class LoggedRun:
 
 def load_run(db: str, run_id: str, step: int) -> LoggedRun:
     check_readable(db)
-    with connect(db, read_only=True) as con:
-        run = con.execute("SELECT config, graph_yaml FROM runs WHERE run_id = ?",
-                          [run_id]).fetchone()
-        if run is None:
-            raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
-        steps = [r[0] for r in con.execute("SELECT step FROM steps WHERE run_id = ? "
-                                           "ORDER BY step", [run_id]).fetchall()]
-        if step not in steps:
-            done = f"steps {steps[0]}..{steps[-1]}" if steps else "no complete step"
-            raise ProbeError(f"run '{run_id}' has no complete step {step} ({done})")
-        rows = con.execute("SELECT split, example_id, fields, target FROM examples "
-                           "WHERE run_id = ? ORDER BY split, position", [run_id]).fetchall()
-        versions = con.execute(
-            "SELECT node_id, version, prompt FROM prompt_versions WHERE run_id = ? AND accepted "
-            "AND step <= ? ORDER BY step, version", [run_id, max(step - 1, 0)]).fetchall()
-        running = [r[0] for r in con.execute(
-            "SELECT run_id FROM runs WHERE status = 'running'").fetchall()]
-    config = json.loads(run[0])
+    logged = logged_run_rows(db, run_id, step)
+    if logged is None:
+        raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
+    steps = logged["steps"]
+    if step not in steps:
+        done = f"steps {steps[0]}..{steps[-1]}" if steps else "no complete step"
+        raise ProbeError(f"run '{run_id}' has no complete step {step} ({done})")
+    rows, versions, running = logged["examples"], logged["versions"], logged["running"]
+    config = logged["config"]
     # a run built in Python: its tools and metric imported again from where it recorded them
-    graph = bind_logged_graph(run[1], config.get("graph", "<graph>"), config.get("code"))
+    graph = bind_logged_graph(logged["graph_yaml"], config.get("graph", "<graph>"),
+                              config.get("code"))
     prompts = Prompts.initial(graph)
     text, version = dict(prompts.text), dict(prompts.version)
     for node_id, v, prompt in versions:
         text[node_id], version[node_id] = prompt, v
-    examples = {r[1]: Example(r[1], json.loads(r[2]), r[3]) for r in rows}
+    examples = {r[1]: Example(r[1], r[2], r[3]) for r in rows}
     return LoggedRun(db, run_id, step, config, graph, examples, {r[1]: r[0] for r in rows},
                      Prompts(text, version), running)
 
@@ -272,17 +271,10 @@ class Prober:
 
     async def _activation(self, trace: ExampleTrace, prompts: Prompts, node,
                           ctx: RunContext) -> Activation:
-        values: dict[str, str] = {}
         split = self.run.split_of[trace.example.id]
-        for name in node.inputs:
-            upstream = trace.activations.get(name)
-            if upstream is None:
-                values[name] = trace.example.fields.get(name, "")
-            elif upstream.error:
-                return _failed(ctx, trace.example, node.id, split,
-                               f"upstream node '{name}' failed")
-            else:
-                values[name] = upstream.output_text
+        values, failed = node_inputs(node, trace.example, trace.activations)
+        if failed:
+            return _failed(ctx, trace.example, node.id, split, f"upstream node '{failed}' failed")
         trace.inputs[node.id] = values
         if node.kind == "function":
             output, error = await call_function(node, values)
@@ -357,13 +349,8 @@ class Prober:
         outputs = [{"probe_id": r.probe_id, "run_id": r.run_id, "step": r.step,
                     "example_id": r.example_id, **asdict(o)}
                    for r in self.results for o in r.outputs]
-        with connect(self.run.db) as con:
-            con.execute("BEGIN TRANSACTION")
-            insert_rows(con, "llm_calls", [asdict(c) for c in self.calls])
-            insert_rows(con, "probes", [r.row() for r in self.results])
-            insert_rows(con, "probe_outputs", outputs)
-            insert_rows(con, "llm_cache", self.cache.drain())
-            con.execute("COMMIT")
+        save_probe_rows(self.run.db, [asdict(c) for c in self.calls],
+                        [r.row() for r in self.results], outputs, self.cache.drain())
         self.calls, self.results = [], []
 
 
@@ -375,15 +362,7 @@ def _failed(ctx: RunContext, example: Example, node_id: str, split: str,
 def logged_trace(run: LoggedRun, example: Example) -> Baseline | None:
     """The example's logged trace whose every node ran with the step's prompt versions;
     the probe's own step first, then the latest such."""
-    with connect(run.db, read_only=True) as con:
-        rows = con.execute(
-            "SELECT step, split, node_id, prompt_version, input_text, output_text, error, "
-            "raw_text, parse_error, call_id FROM node_outputs WHERE run_id = ? AND "
-            "example_id = ? ORDER BY step = ? DESC, step DESC",
-            [run.run_id, example.id, run.step]).fetchall()
-        losses = {(r[0], r[1]): (r[2], r[3]) for r in con.execute(
-            "SELECT step, split, score, prediction FROM losses WHERE run_id = ? AND "
-            "example_id = ?", [run.run_id, example.id]).fetchall()}
+    rows, losses = example_outputs(run.db, run.run_id, example.id, run.step)
     groups: dict[tuple[int, str], dict[str, Activation]] = {}
     for r in rows:
         groups.setdefault((r[0], r[1]), {})[r[2]] = Activation(
@@ -399,6 +378,7 @@ def logged_trace(run: LoggedRun, example: Example) -> Baseline | None:
 
 def _inputs(graph: GraphSpec, example: Example, acts: dict[str, Activation]
             ) -> dict[str, dict[str, str]]:
+    """What each node read in a logged trace (a failed upstream node's logged output too)."""
     return {node.id: {name: acts[name].output_text if name in acts
                       else example.fields.get(name, "") for name in node.inputs}
             for node in graph.nodes}

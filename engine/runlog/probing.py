@@ -1,11 +1,15 @@
-"""Queries of `blame` (engine/probes/blame.py): which steps to pool, and what became of
-each proposal."""
+"""Queries of probes and blame (engine/probes/): the logged run a probe starts from, its
+results written back, which steps to pool, which examples were back-propagated, and what
+became of each proposal."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from engine.runlog.schema import connect
+from engine.runlog.writer import insert_rows
 
 
 def backward_steps(db: str | Path, run_id: str) -> list[int]:
@@ -24,3 +28,90 @@ def step_proposal(db: str | Path, run_id: str, step: int, node_id: str
                           "run_id = ? AND step = ? AND node_id = ?",
                           [run_id, step, node_id]).fetchone()
     return None if row is None else (row[0] or "", row[1] or "", row[2] or "")
+
+
+def running_runs(db: str | Path) -> list[str]:
+    """Runs whose status is still `running` (a process may be writing them)."""
+    with connect(db, read_only=True) as con:
+        return [r[0] for r in con.execute(
+            "SELECT run_id FROM runs WHERE status = 'running'").fetchall()]
+
+
+def logged_run_rows(db: str | Path, run_id: str, step: int) -> dict[str, Any] | None:
+    """What a probe needs of a run: its config (parsed) and graph text, its complete steps,
+    its examples (split, id, fields parsed, target) in dataset order, the prompt versions
+    accepted before `step` in the order written, and the runs still running. None when the
+    run does not exist."""
+    with connect(db, read_only=True) as con:
+        run = con.execute("SELECT config, graph_yaml FROM runs WHERE run_id = ?",
+                          [run_id]).fetchone()
+        if run is None:
+            return None
+        steps = [r[0] for r in con.execute("SELECT step FROM steps WHERE run_id = ? "
+                                           "ORDER BY step", [run_id]).fetchall()]
+        examples = [(r[0], r[1], json.loads(r[2]), r[3]) for r in con.execute(
+            "SELECT split, example_id, fields, target FROM examples WHERE run_id = ? "
+            "ORDER BY split, position", [run_id]).fetchall()]
+        versions = con.execute(
+            "SELECT node_id, version, prompt FROM prompt_versions WHERE run_id = ? AND accepted "
+            "AND step <= ? ORDER BY step, version", [run_id, max(step - 1, 0)]).fetchall()
+        running = [r[0] for r in con.execute(
+            "SELECT run_id FROM runs WHERE status = 'running'").fetchall()]
+    return {"config": json.loads(run[0]), "graph_yaml": run[1], "steps": steps,
+            "examples": examples, "versions": versions, "running": running}
+
+
+def save_probe_rows(db: str | Path, calls: list[dict], probes: list[dict],
+                    outputs: list[dict], cache_rows: list[dict]) -> None:
+    """A probe's calls, probe rows, re-computed outputs and new cache entries, in one
+    transaction (retried while a running run holds the file)."""
+    with connect(db) as con:
+        con.execute("BEGIN TRANSACTION")
+        insert_rows(con, "llm_calls", calls)
+        insert_rows(con, "probes", probes)
+        insert_rows(con, "probe_outputs", outputs)
+        insert_rows(con, "llm_cache", cache_rows)
+        con.execute("COMMIT")
+
+
+def example_outputs(db: str | Path, run_id: str, example_id: str, step: int
+                    ) -> tuple[list[tuple], dict[tuple[int, str], tuple[float, str]]]:
+    """One example's logged node outputs, its own step first then the latest (step, split,
+    node, prompt version, input, output, error, raw text, parse error, call id), and its
+    losses by (step, split): (score, prediction)."""
+    with connect(db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT step, split, node_id, prompt_version, input_text, output_text, error, "
+            "raw_text, parse_error, call_id FROM node_outputs WHERE run_id = ? AND "
+            "example_id = ? ORDER BY step = ? DESC, step DESC",
+            [run_id, example_id, step]).fetchall()
+        losses = {(r[0], r[1]): (r[2], r[3]) for r in con.execute(
+            "SELECT step, split, score, prediction FROM losses WHERE run_id = ? AND "
+            "example_id = ?", [run_id, example_id]).fetchall()}
+    return rows, losses
+
+
+def aggregate_gradients(db: str | Path, run_id: str, step: int) -> dict[tuple[str, str], str]:
+    """(example, node) -> the aggregated gradient the node acted on at the step."""
+    with connect(db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT example_id, node_id, content FROM gradients WHERE run_id = ? AND step = ? "
+            "AND kind = 'aggregate'", [run_id, step]).fetchall()
+    return {(e, n): c or "" for e, n, c in rows}
+
+
+def backpropagated_rows(db: str | Path, run_id: str, step: int
+                        ) -> tuple[list[str], list[tuple[str, float, str | None]]]:
+    """(examples that received gradients at the step, in dataset order; when there are none,
+    the step's training losses in dataset order as (example, score, error))."""
+    with connect(db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT DISTINCT g.example_id, e.position FROM gradients g JOIN examples e ON "
+            "e.run_id = g.run_id AND e.example_id = g.example_id WHERE g.run_id = ? AND "
+            "g.step = ? ORDER BY e.position", [run_id, step]).fetchall()
+        losses = [] if rows or step == 0 else con.execute(
+            "SELECT l.example_id, l.score, l.error FROM losses l JOIN examples e ON "
+            "e.run_id = l.run_id AND e.example_id = l.example_id AND e.split = 'train' "
+            "WHERE l.run_id = ? AND l.step = ? AND l.split = 'train' ORDER BY e.position",
+            [run_id, step]).fetchall()
+    return [r[0] for r in rows], [tuple(r) for r in losses]

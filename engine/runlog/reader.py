@@ -371,3 +371,21 @@ def step_call_costs(db: str | Path, run_id: str) -> list[dict]:
         WHERE c.run_id = ? GROUP BY c.step ORDER BY c.step""", [run_id])
     return [{k: (None if pd.isna(v) else v) for k, v in row.items()}
             for row in frame.to_dict("records")]
+
+
+def step_calls_by_purpose(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
+    """Calls written for one step, per purpose (forward, loss, backward, update, probe...)."""
+    return query(db, """
+        SELECT purpose, count(*) AS calls FROM llm_calls
+        WHERE run_id = ? AND step = ? GROUP BY purpose""", [run_id, step])
+
+
+def split_fields(db: str | Path, run_id: str, split: str) -> pd.DataFrame:
+    """The input fields (JSON) of every example of one split."""
+    return query(db, "SELECT fields FROM examples WHERE run_id = ? AND split = ?",
+                 [run_id, split])
+
+
+def all_updates(db: str | Path, run_id: str) -> pd.DataFrame:
+    """Every update row of a run, by step and node."""
+    return query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id", [run_id])
