@@ -43,16 +43,23 @@ def forward_messages(prompt: str, inputs: dict[str, str], answer_format: str = "
                                          answer_format=fmt))]
 
 
+_OUTPUT_TAG = re.compile(r"</?output>", re.I)
+
+
 def parse_output(reply: str) -> tuple[str, str | None]:
     """Text inside the last <output> block. Fallbacks, in order: the text after an
-    unclosed <output> tag; the whole reply. Returns (output, parse_error or None)."""
+    unclosed <output> tag; the whole reply. A fallback's text loses any dangling
+    <output> or </output> tag ("Yes.\n</output>" gives "Yes."): a small model often
+    writes only one of the pair, and the tag is never part of the answer.
+    Returns (output, parse_error or None)."""
     blocks = re.findall(r"<output>(.*?)</output>", reply, flags=re.S | re.I)
     if blocks and blocks[-1].strip():
         return blocks[-1].strip(), None
     opened = re.split(r"<output>", reply, flags=re.I)
-    if len(opened) > 1 and opened[-1].strip():
-        return opened[-1].strip(), "unclosed <output> tag: used the text after it"
-    return reply.strip(), "no <output> tags: used the whole reply"
+    after = _OUTPUT_TAG.sub("", opened[-1]).strip() if len(opened) > 1 else ""
+    if after:
+        return after, "unclosed <output> tag: used the text after it"
+    return _OUTPUT_TAG.sub("", reply).strip(), "no <output> tags: used the whole reply"
 
 
 # --- loss ------------------------------------------------------------------------------
