@@ -76,7 +76,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="model backend (default: openai if OPENAI_API_KEY or OPENAI_BASE_URL "
                         "is set, else the embedded local model)")
-    p.add_argument("--model", help="model for forward calls")
+    p.add_argument("--model", help="model for forward calls; with --backend local, a GGUF "
+                                   "file's path (default: the packaged SmolLM2-135M)")
+    p.add_argument("--chat-format", metavar="NAME",
+                   help="with --backend local: the chat format (llama-cpp-python's names, "
+                        "e.g. chatml) of a GGUF file that has no chat template")
     p.add_argument("--optimizer-backend", choices=BACKENDS, default=None,
                    help="backend for loss, backward and update calls (default: --backend)")
     p.add_argument("--optimizer-model", help="model for loss, backward and update calls")
