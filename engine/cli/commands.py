@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import traceback
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from engine.console import console, out
 from engine.core.graph import GraphError, load_graph
@@ -85,15 +86,18 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="backend for loss, backward and update calls (default: --backend)")
     p.add_argument("--optimizer-model", help="model for loss, backward and update calls")
     p.add_argument("--base-url", help="OpenAI-compatible server URL (default: OPENAI_BASE_URL)")
-    p.add_argument("--method", choices=sorted(METHODS), default="semantic")
+    p.add_argument("--method", choices=sorted(METHODS), default="semantic",
+                   help="credit-assignment method (default: semantic; docs/methods.md)")
     p.add_argument("--prompts", choices=("default", "paper"), default="default",
                    help="prompt set: ours, or the paper reference code's structure "
                         "(docs/methods.md)")
-    p.add_argument("--steps", type=_non_negative, default=4)
+    p.add_argument("--steps", type=_non_negative, default=4,
+                   help="optimization steps (default: 4; 0 only scores the starting prompts)")
     p.add_argument("--train", type=_non_negative, help="training examples (default: graph's)")
     p.add_argument("--val", type=_non_negative, help="validation examples (default: graph's)")
     p.add_argument("--test", type=_non_negative, help="test examples (default: graph's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the splits, the sampled failures and the model (default: 0)")
     p.add_argument("--dataset", help="override the graph's dataset")
     p.add_argument("--failures", type=_positive, default=2, dest="failures_per_step",
                    help="failing examples back-propagated per step (k)")
@@ -109,17 +113,21 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                         "the backend supports them, text formats after a server refuses)")
     p.add_argument("--allow-copies", action="store_true",
                    help="apply proposed prompts that copy training examples (few-shot style)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every call (default: 0, greedy)")
     p.add_argument("--max-tokens", type=_positive, help="forward generation limit")
-    p.add_argument("--optimizer-max-tokens", type=_positive)
-    p.add_argument("--cache", choices=("off", "read", "readwrite"), default="readwrite")
+    p.add_argument("--optimizer-max-tokens", type=_positive,
+                   help="generation limit of loss, backward and update calls")
+    p.add_argument("--cache", choices=("off", "read", "readwrite"), default="readwrite",
+                   help="reuse identical calls from the run log's cache (default: readwrite)")
     p.add_argument("--concurrency", type=_positive, default=None,
                    help="the most calls in flight at once, across all backends (default: "
                         "adaptive, from 64 up to 256, halved when the server pushes back)")
     p.add_argument("--backend-limit", action="append", default=[], metavar="BACKEND=N",
                    help="a lower limit for one backend, e.g. openai=4 (repeatable)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
-    p.add_argument("--max-retries", type=_non_negative, default=4)
+    p.add_argument("--max-retries", type=_non_negative, default=4,
+                   help="retries of a call that fails or times out (default: 4)")
     p.add_argument("--run-id", help="name the run (default: generated)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="method option, e.g. m0=2 for gtbp (repeatable)")
@@ -194,7 +202,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
                    (SELECT max(step) FROM steps s WHERE s.run_id = r.run_id),
                    (SELECT max(val_score) FROM steps s WHERE s.run_id = r.run_id)
             FROM runs r ORDER BY r.started_at""").fetchall()
-    table = Table("run", "graph", "method", "model", "status", "steps", "best val")
+    if args.json:
+        keys = ("run_id", "graph", "method", "model", "status", "steps", "best_val")
+        sys.stdout.write(json.dumps([dict(zip(keys, row, strict=True)) for row in rows],
+                                    indent=2) + "\n")
+        return 0
+    # The id is what resume, blame, export and --fork take: its column is never cut, in a
+    # narrow terminal or piped to a file (80 columns); the other columns wrap instead.
+    widest = max((len(row[0]) for row in rows), default=3)
+    table = Table(Column("run", no_wrap=True, min_width=widest),
+                  *(Column(name, overflow="fold")
+                    for name in ("graph", "method", "model", "status", "steps", "best val")))
     for run_id, graph, method, model, status, steps, best in rows:
         table.add_row(run_id, graph, method, model or "", status,
                       "" if steps is None else str(steps), _fmt(best))
@@ -330,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="check a graph file")
-    p.add_argument("graph")
+    p.add_argument("graph", help="the graph file (YAML)")
     p.add_argument("--data-dir", help="where named datasets live")
     p.add_argument("--check-data", action="store_true", help="also load the graph's dataset")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
@@ -344,20 +362,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the parent's step to fork from")
     p.add_argument("--set-prompt", action="append", default=[], metavar="NODE=@FILE",
                    help="with --fork: a hand-edited prompt for a node (repeatable)")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
     p.add_argument("--data-dir", help="where named datasets live")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
     add_run_options(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("resume", help="continue a run from its last complete step")
-    p.add_argument("run_id")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("run_id", help="the run to continue (python -m engine runs lists them)")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("runs", help="list the runs in a run log")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--json", action="store_true",
+                   help="print the rows as a JSON list, for scripts")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
     p.set_defaults(func=cmd_runs)
 
     from engine import experiment

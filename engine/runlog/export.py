@@ -411,16 +411,18 @@ def cmd_import(args: argparse.Namespace) -> int:
 def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser("export", help="write a whole run as JSON, Parquet or "
                                              "OpenTelemetry spans")
-    p.add_argument("run_id")
-    p.add_argument("--db", default="runs.duckdb")
-    p.add_argument("--format", choices=FORMATS, default="json")
+    p.add_argument("run_id", help="the run (python -m engine runs lists the ids)")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
+    p.add_argument("--format", choices=FORMATS, default="json",
+                   help="json (one file, re-importable), parquet (one file per table) or "
+                        "otel (OpenTelemetry spans, JSON lines); default: json")
     p.add_argument("--out", help="file (json, otel) or folder (parquet); default: "
                                  "<run_id>.json, <run_id>_parquet/, <run_id>.otel.jsonl")
     p.set_defaults(func=cmd_export)
 
     p = subparsers.add_parser("import", help="read a JSON export into a run log")
-    p.add_argument("file")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("file", help="a JSON export (python -m engine export RUN_ID)")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
     p.add_argument("--as", dest="as_id", metavar="NEW_ID",
                    help="store the run under another id (when its id already exists)")
     p.set_defaults(func=cmd_import)
