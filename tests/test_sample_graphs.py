@@ -199,3 +199,19 @@ def test_every_sample_graph_runs_under_the_scripted_backend(path: Path, tmp_path
         assert con.execute("SELECT step FROM steps ORDER BY step").fetchall() == [(0,), (1,)]
         nodes = con.execute("SELECT count(DISTINCT node_id) FROM node_outputs").fetchone()[0]
     assert nodes == len(load_graph(path).nodes)
+
+
+def test_the_demo_fixed_prompts_fix_every_node_and_copy_no_example():
+    """sample_graphs/data/demo_fixed_prompts.yaml, the hand-fixed prompts that
+    benchmarks/demo_prompts.py measures (and the dashboard can offer), names every LLM
+    node of the demo, changes its prompt, and shows no example of the demo's own data."""
+    from engine.core.copies import find_copies
+
+    graph = _graph("demo")
+    fixed = yaml.safe_load((SAMPLES / "data" / "demo_fixed_prompts.yaml").read_text("utf-8"))
+    llm = {n.id: n.prompt for n in graph.nodes if n.kind == "llm"}
+    assert set(fixed) == set(llm)
+    assert all(fixed[n].strip() and fixed[n] != llm[n] for n in llm)
+    rows = _rows(graph)
+    examples = [({f: r[f] for f in graph.input_fields}, r[graph.target_field]) for r in rows]
+    assert find_copies({n: (fixed[n], llm[n]) for n in llm}, examples) == {}
