@@ -293,3 +293,37 @@ def test_concurrent_calls_run_on_separate_contexts(monkeypatch):
     assert two.n_threads == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
     assert busy(two) == (2, 2)
     assert busy(LocalBackend(contexts=1)) == (1, 1)
+
+
+LOAD_TOGETHER = """
+import asyncio, sys
+from engine.llm.base import LLMRequest
+from engine.llm.local import MODEL_NAME, LocalBackend
+
+async def first_calls():
+    backend = LocalBackend(contexts=2, n_ctx=256)
+    request = LLMRequest(messages=(("user", "Hi"),), model=MODEL_NAME, purpose="forward",
+                         max_tokens=1)
+    await asyncio.gather(backend.complete(request), backend.complete(request))
+    await backend.aclose()
+
+for i in range(4):
+    asyncio.run(first_calls())
+    print(f"still visible {i}", flush=True)
+"""
+
+
+def test_contexts_loading_together_leave_standard_output_alone():
+    """Two contexts load at once on the first concurrent calls; the process's standard
+    output must still reach its reader afterwards."""
+    reason = _local_model_missing()
+    if reason:
+        pytest.skip(reason)
+    import subprocess
+
+    from tests.conftest import REPO
+
+    done = subprocess.run([sys.executable, "-c", LOAD_TOGETHER], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"still visible {i}" for i in range(4)]

@@ -66,6 +66,10 @@ KV_CACHE_BYTES = 512 << 20
 # time than one two-thread context runs them one after the other
 DEFAULT_CONTEXTS = 2
 GGUF_MAGIC = b"GGUF"
+# Contexts load one at a time: llama-cpp-python silences a load by pointing file
+# descriptors 1 and 2 at /dev/null and back, and two loads at once can leave the
+# process's standard output pointing at /dev/null for good.
+_LOAD_LOCK = threading.Lock()
 
 
 def local_model_path() -> Path | None:
@@ -208,10 +212,11 @@ class LocalBackend:
         if context.llama is None:
             llama_cpp = _import_llama()
             try:
-                context.llama = llama_cpp.Llama(
-                    model_path=str(self.model_path), n_ctx=self.n_ctx,
-                    n_threads=self.n_threads, chat_format=self.chat_format, verbose=False,
-                )
+                with _LOAD_LOCK:
+                    context.llama = llama_cpp.Llama(
+                        model_path=str(self.model_path), n_ctx=self.n_ctx,
+                        n_threads=self.n_threads, chat_format=self.chat_format,
+                        verbose=False)
             except (ValueError, RuntimeError, OSError) as exc:
                 raise LLMError(f"cannot load the local model {self.model_path}: {exc}") from None
             if self.kv_cache_bytes:
