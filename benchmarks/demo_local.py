@@ -127,18 +127,17 @@ def report(name: str, result, wall: float, cpu: float) -> None:
 def _would_flag(p, result) -> bool:
     """Whether copy detection would have flagged proposal `p`: the engine's rule, on the
     examples back-propagated in p's step (those the update call saw)."""
-    import json
-
     from engine.core.copies import find_copies
+    from engine.core.graph import load_graph
+    from engine.data.datasets import load_examples, with_target
 
-    rows = [json.loads(r) for r in
-            (ROOT / "sample_graphs" / "data" / "demo_reviews.jsonl").read_text().splitlines()
-            if r.strip()]
-    by_id = {r["id"]: r for r in rows}
+    graph = load_graph(str(ROOT / "sample_graphs" / "demo.yaml"))
+    by_id = {e.id: e for e in with_target(
+        load_examples(graph.dataset, graph_dir=str(ROOT / "sample_graphs")), graph.target_field)}
     sampled = {g.example_id for g in result.events.of(Gradient)
                if g.step == p.step and g.from_node_id == "loss"}
-    examples = [({"review": by_id[e]["review"]}, by_id[e]["positive"]) for e in sampled
-                if e in by_id]
+    examples = [({f: by_id[e].fields[f] for f in graph.input_fields}, by_id[e].target)
+                for e in sampled if e in by_id]
     return bool(find_copies({p.node_id: (p.new_prompt, p.old_prompt)}, examples))
 
 
