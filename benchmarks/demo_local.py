@@ -8,13 +8,21 @@ Runs sample_graphs/demo.yaml with `--backend local --steps 1` (what the dashboar
 - after: `--structured on` (grammar-constrained JSON replies), copy detection on, the
   KV-state cache on (the defaults, with `auto` made strict).
 
+- serial: the same as after, with `--concurrency 1`: one call at a time on one llama
+  context (every core), as the embedded model ran before it served concurrent calls on a
+  pool of contexts.
+
 For each it prints the wall time, the share of backward and update replies read by a
 fallback rule (goal: 0 with --structured on), the proposals flagged as copying training
 examples, the validation scores, and one gradient and one proposed prompt. Goal: under
 40 s for the demo on a quiet two-core machine. The process's CPU time is printed too: on
 a busy machine it varies less than the wall time.
 
-    .venv/bin/python benchmarks/demo_local.py [--steps 1] [--seed 0] [--only before|after]
+By default it runs `after` and `serial` and prints both walls, their ratio (goal: at most
+0.75) and whether every score is the same (it should be, at temperature 0).
+
+    .venv/bin/python benchmarks/demo_local.py [--steps 1] [--seed 0]
+                                              [--only before|after|serial]
 """
 
 from __future__ import annotations
@@ -38,21 +46,24 @@ from engine.runs.execute import RunConfig, execute  # noqa: E402
 SETTINGS = {
     "before": {"structured": "off", "allow_copies": True, "kv_cache": False},
     "after": {"structured": "on", "allow_copies": False, "kv_cache": True},
+    "serial": {"structured": "on", "allow_copies": False, "kv_cache": True, "concurrency": 1},
 }
+DEFAULT_RUNS = ("after", "serial")
 
 
 def run_demo(name: str, steps: int, seed: int) -> tuple[object, float, float]:
     from engine.llm.local import LocalBackend
 
     settings = SETTINGS[name]
-    backend = LocalBackend()
+    concurrency = settings.get("concurrency")
+    backend = LocalBackend(contexts=concurrency)
     if not settings["kv_cache"]:
         backend.kv_cache_bytes = 0
     with tempfile.TemporaryDirectory() as tmp:
         config = RunConfig(graph=str(ROOT / "sample_graphs" / "demo.yaml"), backend="local",
                            steps=steps, seed=seed, db=str(Path(tmp) / "runs.duckdb"),
                            structured=settings["structured"],
-                           allow_copies=settings["allow_copies"])
+                           allow_copies=settings["allow_copies"], concurrency=concurrency)
         started, cpu = time.perf_counter(), time.process_time()
         result = asyncio.run(execute(config, forward_backend=backend))
         return result, time.perf_counter() - started, time.process_time() - cpu
@@ -79,7 +90,8 @@ def share(pair: tuple[int, int]) -> str:
 def report(name: str, result, wall: float, cpu: float) -> None:
     settings = SETTINGS[name]
     print(f"== {name}: --structured {settings['structured']}"
-          f"{' --allow-copies' if settings['allow_copies'] else ''}, KV-state cache "
+          f"{' --allow-copies' if settings['allow_copies'] else ''}"
+          f"{' --concurrency 1' if settings.get('concurrency') == 1 else ''}, KV-state cache "
           f"{'on' if settings['kv_cache'] else 'off'}")
     stats = result.stats
     print(f"wall time {wall:.1f} s (CPU time {cpu:.1f} s), {result.status}: {stats.calls} calls, "
@@ -115,18 +127,17 @@ def report(name: str, result, wall: float, cpu: float) -> None:
 def _would_flag(p, result) -> bool:
     """Whether copy detection would have flagged proposal `p`: the engine's rule, on the
     examples back-propagated in p's step (those the update call saw)."""
-    import json
-
     from engine.core.copies import find_copies
+    from engine.core.graph import load_graph
+    from engine.data.datasets import load_examples, with_target
 
-    rows = [json.loads(r) for r in
-            (ROOT / "sample_graphs" / "data" / "demo_reviews.jsonl").read_text().splitlines()
-            if r.strip()]
-    by_id = {r["id"]: r for r in rows}
+    graph = load_graph(str(ROOT / "sample_graphs" / "demo.yaml"))
+    by_id = {e.id: e for e in with_target(
+        load_examples(graph.dataset, graph_dir=str(ROOT / "sample_graphs")), graph.target_field)}
     sampled = {g.example_id for g in result.events.of(Gradient)
                if g.step == p.step and g.from_node_id == "loss"}
-    examples = [({"review": by_id[e]["review"]}, by_id[e]["positive"]) for e in sampled
-                if e in by_id]
+    examples = [({f: by_id[e].fields[f] for f in graph.input_fields}, by_id[e].target)
+                for e in sampled if e in by_id]
     return bool(find_copies({p.node_id: (p.new_prompt, p.old_prompt)}, examples))
 
 
@@ -136,9 +147,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=tuple(SETTINGS))
     args = parser.parse_args()
-    for name in ([args.only] if args.only else list(SETTINGS)):
+    walls, scores = {}, {}
+    for name in ([args.only] if args.only else DEFAULT_RUNS):
         result, wall, cpu = run_demo(name, args.steps, args.seed)
         report(name, result, wall, cpu)
+        walls[name], scores[name] = wall, score_table(result)
+    if set(DEFAULT_RUNS) <= set(walls):
+        after, serial = walls["after"], walls["serial"]
+        same = "the same" if scores["after"] == scores["serial"] else "DIFFERENT"
+        print(f"demo wall: default settings {after:.1f} s, --concurrency 1 {serial:.1f} s "
+              f"(ratio {after / serial:.2f}); scores {same}")
+
+
+def score_table(result) -> list[tuple]:
+    """Every step's train and validation score, and every proposal's gate scores."""
+    return ([(s.step, s.train_score, s.val_score, s.accepted)
+             for s in result.events.of(StepFinished)]
+            + [(p.step, p.node_id, p.val_before, p.val_after, p.accepted)
+               for p in result.events.of(Proposal)])
 
 
 if __name__ == "__main__":

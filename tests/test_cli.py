@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import duckdb
+import pytest
 
 from engine.cli import main
 from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph
@@ -98,3 +99,60 @@ def test_progress_to_a_log_file_is_one_line_a_step(tmp_path):
     steps = [ln for ln in proc.stderr.splitlines() if ln.startswith("step ") and "train" in ln]
     assert [ln.split(" done")[0] for ln in steps] == ["step 0", "step 1", "step 2"]
     assert "calls so far" in steps[-1]
+
+
+LONG_ID = "api-marble-falcon-20261201-183040-semantic-long"
+
+
+def logged_run(tmp_path, run_id: str = LONG_ID):
+    from tests.support.graphs import run_engine
+
+    graph = write_graph(tmp_path, TWO_HINTS.replace("name: two-hints",
+                                                    "name: a-graph-with-a-long-name"),
+                        arithmetic_rows())
+    db = tmp_path / "runs.duckdb"
+    run_engine(graph, db, steps=1, run_id=run_id, train=4, val=4)
+    return db
+
+
+def test_runs_never_cuts_a_run_id(tmp_path, capsys, monkeypatch):
+    db = logged_run(tmp_path)
+    capsys.readouterr()
+    for columns in ("80", "50"):
+        monkeypatch.setenv("COLUMNS", columns)  # rich reads it at every print
+        assert main(["runs", "--db", str(db)]) == 0
+        printed = capsys.readouterr().out
+        assert any(LONG_ID in line for line in printed.splitlines()), printed
+        assert "…" not in printed
+
+
+def test_runs_json_prints_the_rows(tmp_path, capsys):
+    import json
+
+    db = logged_run(tmp_path)
+    capsys.readouterr()
+    assert main(["runs", "--db", str(db), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["run_id"], r["method"], r["status"], r["steps"]) for r in rows] == [
+        (LONG_ID, "semantic", "finished", 1)]
+    assert set(rows[0]) == {"run_id", "graph", "method", "model", "status", "steps",
+                            "best_val"}
+    assert rows[0]["model"] == "scripted" and isinstance(rows[0]["best_val"], float)
+
+
+def test_every_argument_of_every_subcommand_has_help_text(capsys):
+    import argparse
+
+    from engine.cli.commands import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = [f"{name} {' '.join(action.option_strings) or action.dest}"
+               for name, command in sub.choices.items() for action in command._actions
+               if not isinstance(action, argparse._HelpAction) and not action.help]
+    assert missing == []
+    for name in ("blame", "probe", "export"):
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        assert "the run log, a DuckDB file" in text and "the run (python -m engine runs" in text

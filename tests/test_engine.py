@@ -10,6 +10,7 @@ import pytest
 
 from engine.llm.base import LLMRequest, TransientLLMError
 from engine.llm.scripted import ScriptedBackend
+from engine.prompts import templates as P
 from tests.support.graphs import DIAMOND, TWO_HINTS, arithmetic_rows, run_engine, write_graph
 from tests.support.runlog import rows
 
@@ -166,6 +167,33 @@ def test_malformed_replies_fall_back_and_are_recorded(tmp_path):
     updates = rows(db, "SELECT node_id, new_prompt, parse_error FROM updates ORDER BY node_id")
     assert updates[0] == ("final", "Always state the final number.",
                           "no <prompt> tags: used the last paragraph")
+
+
+def test_dangling_output_tags_never_reach_the_prediction(tmp_path):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+
+    def responder(request):
+        if request.purpose == "forward" and request.meta["node"] == "hint_a":
+            return "Yes.\n</output>"
+        if request.purpose == "forward" and request.meta["node"] == "final":
+            return "Thinking first. <output>\n42</output>\n</output>"
+        return notes(request)
+
+    db = tmp_path / "r.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=responder), steps=0)
+    outputs = dict(rows(db, "SELECT DISTINCT node_id, output_text FROM node_outputs WHERE "
+                        "node_id IN ('hint_a', 'final')"))
+    assert outputs == {"hint_a": "Yes.", "final": "42"}
+
+
+@pytest.mark.parametrize(("reply", "parsed"), [
+    ("Yes.\n</output>", ("Yes.", "no opening <output> tag: used the text before </output>")),
+    ("<output>No", ("No", "unclosed <output> tag: used the text after it")),
+    ("<output></output>\n42 </output>", ("42", "unclosed <output> tag: used the text after it")),
+    ("<output>Paris</output>", ("Paris", None)),
+])
+def test_parse_output_drops_a_dangling_output_tag(reply, parsed):
+    assert P.parse_output(reply) == parsed
 
 
 def test_unsplittable_backward_reply_gives_no_input_another_inputs_text(tmp_path):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import struct
 import sys
 
+import duckdb
 import pytest
 
 from engine.llm.base import LLMError
@@ -117,3 +120,210 @@ def test_fit_messages_keeps_the_end_of_the_last_message():
     last = fitted[1]["content"]
     assert last.startswith(ELLIPSIS) and last.endswith(" FINAL QUESTION")
     assert sum(len(m["content"].encode()) for m in fitted) + 2 * 8 <= 120
+
+
+# --- a GGUF file given by its path --------------------------------------------------------
+
+ONE_NODE = """name: copy-word
+dataset: data.jsonl
+input_fields: [text]
+target_field: word
+metric: exact_match
+splits: {train: 1, val: 1, test: 0}
+nodes:
+  - id: answer
+    prompt: Copy the first word of the text.
+    inputs: [text]
+    output: true
+    max_tokens: 4
+"""
+
+
+def one_node_graph(tmp_path):
+    rows = [{"id": f"w{i}", "text": f"{word} is the first word here.", "word": word}
+            for i, word in enumerate(("Apple", "River"))]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "g.yaml").write_text(ONE_NODE)
+    return tmp_path / "g.yaml"
+
+
+def gguf_header(path, keys: dict[str, str]):
+    """A GGUF v3 header with string metadata and no tensors: enough for the checks that
+    run before a model is loaded."""
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, len(keys))
+    for key, value in keys.items():
+        data += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", 8)
+        data += struct.pack("<Q", len(value)) + value.encode()
+    path.write_bytes(data)
+    return path
+
+
+def error_lines(capsys) -> list[str]:
+    return [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+def test_a_gguf_file_given_by_path_runs_and_its_file_name_is_logged(tmp_path, capsys):
+    reason = _local_model_missing()
+    if reason:
+        pytest.skip(reason)
+    from engine.cli import main
+
+    path = local_model_path()
+    db = tmp_path / "runs.duckdb"
+    assert main(["run", str(one_node_graph(tmp_path)), "--backend", "local", "--model",
+                 str(path), "--steps", "0", "--db", str(db), "--run-id", "mine"]) == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT model, backend FROM runs").fetchone() == (path.name, "local")
+        assert con.execute("SELECT DISTINCT model FROM llm_calls").fetchall() == [(path.name,)]
+        assert con.execute("SELECT count(*) FROM node_outputs WHERE output_text <> ''"
+                           ).fetchone() == (2,)
+
+
+def test_the_api_runs_a_gguf_file_given_by_path(tmp_path):
+    reason = _local_model_missing()
+    if reason:
+        pytest.skip(reason)
+    from engine import Graph, optimize
+
+    graph_file = one_node_graph(tmp_path)
+    rows = [json.loads(r) for r in (tmp_path / "data.jsonl").read_text().splitlines()]
+    result = optimize(Graph.from_yaml(graph_file), train=rows[:1], val=rows[1:],
+                      backend="local", model=str(local_model_path()), steps=0,
+                      db=tmp_path / "api.duckdb")
+    assert result.status == "finished"
+    with duckdb.connect(str(tmp_path / "api.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT model FROM runs").fetchone() == (local_model_path().name,)
+
+
+@pytest.mark.parametrize("content", [b"not a model at all\n", b"GGUF"])
+def test_a_file_that_is_not_a_gguf_model_gets_one_error_line(tmp_path, capsys, content):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    from engine.cli import main
+
+    notes = tmp_path / "notes.gguf"
+    notes.write_bytes(content)
+    db = tmp_path / "runs.duckdb"
+    code = main(["run", str(one_node_graph(tmp_path)), "--backend", "local", "--model",
+                 str(notes), "--db", str(db)])
+    lines = error_lines(capsys)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert "not a" in lines[0] and "GGUF" in lines[0]
+    if db.exists():
+        with duckdb.connect(str(db), read_only=True) as con:
+            tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema."
+                                                "tables").fetchall()}
+            assert "runs" not in tables or con.execute("SELECT count(*) FROM runs"
+                                                       ).fetchone() == (0,)
+
+
+def test_a_gguf_file_without_a_chat_template_names_chat_format(tmp_path, capsys):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    from engine.cli import main
+
+    bare = gguf_header(tmp_path / "bare.gguf", {"general.name": "bare"})
+    code = main(["run", str(one_node_graph(tmp_path)), "--backend", "local", "--model",
+                 str(bare), "--db", str(tmp_path / "runs.duckdb")])
+    lines = error_lines(capsys)
+    assert code == 2 and len(lines) == 1
+    assert "bare.gguf has no chat template" in lines[0] and "--chat-format" in lines[0]
+    # named, the format replaces the template: the header check is skipped
+    templated = gguf_header(tmp_path / "t.gguf", {"tokenizer.chat_template": "{{ x }}"})
+    assert LocalBackend(model_path=templated).model_name == "t.gguf"
+    assert LocalBackend(model_path=bare, chat_format="chatml").chat_format == "chatml"
+
+
+def test_the_saved_state_cap_counts_the_saved_logits():
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    import llama_cpp
+    import numpy as np
+
+    from engine.llm.local import _ram_cache, state_bytes
+
+    def state(tokens: int, vocab: int = 262_144):
+        return llama_cpp.llama.LlamaState(
+            input_ids=np.zeros(tokens, dtype=np.intc),
+            scores=np.zeros((tokens, vocab), dtype=np.single), n_tokens=tokens,
+            llama_state=b"x" * 1000, llama_state_size=1000, seed=0)
+
+    one = state(100)  # 100 tokens x 262k vocabulary x 4 bytes: about 105 MB of logits
+    assert state_bytes(one) == 1000 + 100 * 262_144 * 4 + 100 * 4
+    cache = _ram_cache(llama_cpp, capacity_bytes=250 << 20)
+    for i in range(5):
+        cache[(i, 1, 2)] = state(100)
+    assert len(cache.cache_state) == 2  # llama-cpp-python's own count would keep all five
+    assert cache.cache_size <= 250 << 20
+
+
+def test_concurrent_calls_run_on_separate_contexts(monkeypatch):
+    if importlib.util.find_spec("llama_cpp") is None or local_model_path() is None:
+        pytest.skip("the embedded model is not installed")
+    import threading
+    import time
+
+    from engine.llm.base import LLMReply, LLMRequest
+
+    def busy(backend):
+        seen, running, peak = [], [0], [0]
+        guard = threading.Lock()
+
+        def generate(context, request):
+            with guard:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+                seen.append(id(context))
+            time.sleep(0.2)
+            with guard:
+                running[0] -= 1
+            return LLMReply(text="ok")
+
+        monkeypatch.setattr(backend, "_generate", generate)
+        request = LLMRequest(messages=(("user", "hi"),), model=MODEL_NAME, purpose="forward",
+                             max_tokens=1)
+
+        async def go():
+            await asyncio.gather(*(backend.complete(request) for _ in range(6)))
+
+        asyncio.run(go())
+        return peak[0], len(set(seen))
+
+    two = LocalBackend(contexts=2)
+    assert two.n_threads == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
+    assert busy(two) == (2, 2)
+    assert busy(LocalBackend(contexts=1)) == (1, 1)
+
+
+LOAD_TOGETHER = """
+import asyncio, sys
+from engine.llm.base import LLMRequest
+from engine.llm.local import MODEL_NAME, LocalBackend
+
+async def first_calls():
+    backend = LocalBackend(contexts=2, n_ctx=256)
+    request = LLMRequest(messages=(("user", "Hi"),), model=MODEL_NAME, purpose="forward",
+                         max_tokens=1)
+    await asyncio.gather(backend.complete(request), backend.complete(request))
+    await backend.aclose()
+
+for i in range(4):
+    asyncio.run(first_calls())
+    print(f"still visible {i}", flush=True)
+"""
+
+
+def test_contexts_loading_together_leave_standard_output_alone():
+    """Two contexts load at once on the first concurrent calls; the process's standard
+    output must still reach its reader afterwards."""
+    reason = _local_model_missing()
+    if reason:
+        pytest.skip(reason)
+    import subprocess
+
+    from tests.support.graphs import REPO
+
+    done = subprocess.run([sys.executable, "-c", LOAD_TOGETHER], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"still visible {i}" for i in range(4)]

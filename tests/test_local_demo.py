@@ -34,8 +34,8 @@ def test_demo_graph_runs_end_to_end_on_the_embedded_model(tmp_path):
             return con.execute(sql).fetchone()
 
         assert one("SELECT model, backend FROM runs") == ("smollm2-135m-instruct", "local")
-        # 8 train + 8 validation examples x 2 nodes at step 0
-        assert one("SELECT count(*) FROM node_outputs WHERE step = 0") == (32,)
+        # 8 train + 24 validation examples x 2 nodes at step 0
+        assert one("SELECT count(*) FROM node_outputs WHERE step = 0") == (64,)
         assert one("SELECT count(*) FROM node_outputs WHERE output_text = ''") == (0,)
         # the failing examples sampled at step 1 were back-propagated to both nodes
         sampled = one("SELECT count(DISTINCT example_id) FROM gradients WHERE step = 1")[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -174,11 +175,15 @@ def test_demo_graph_is_tiny_and_marked():
     assert "demo" in graph.description.lower() and "SmolLM2-135M" in graph.description
     assert 2 <= len(graph.nodes) <= 3
     assert all(n.max_tokens is not None and n.max_tokens <= 64 for n in graph.nodes)
-    assert all(size <= 10 for size in graph.splits.values())
+    # validation large enough to show a fix (benchmarks/demo_prompts.py), training small
+    assert graph.splits["val"] >= 24 and graph.splits["train"] <= 10
     rows = _rows(graph)
-    assert all(len(r["review"]) < 80 for r in rows)
-    labels = [r[graph.target_field] for r in rows]
-    assert abs(labels.count("Yes") - labels.count("No")) <= 2
+    assert all(len(r["text"]) < 80 for r in rows)
+    # each sentence holds one number, the answer: a model that finds it and passes it on
+    # is right, one that writes anything else is not
+    for r in rows:
+        assert re.findall(r"\d+", r["text"]) == [r[graph.target_field]], r
+    assert len({r[graph.target_field] for r in rows}) >= 20
 
 
 @pytest.mark.parametrize("path", GRAPH_FILES, ids=lambda p: p.stem)
@@ -199,3 +204,19 @@ def test_every_sample_graph_runs_under_the_scripted_backend(path: Path, tmp_path
         assert con.execute("SELECT step FROM steps ORDER BY step").fetchall() == [(0,), (1,)]
         nodes = con.execute("SELECT count(DISTINCT node_id) FROM node_outputs").fetchone()[0]
     assert nodes == len(load_graph(path).nodes)
+
+
+def test_the_demo_fixed_prompts_fix_every_node_and_copy_no_example():
+    """sample_graphs/data/demo_fixed_prompts.yaml, the hand-fixed prompts that
+    benchmarks/demo_prompts.py measures (and the dashboard can offer), names every LLM
+    node of the demo, changes its prompt, and shows no example of the demo's own data."""
+    from engine.core.copies import find_copies
+
+    graph = _graph("demo")
+    fixed = yaml.safe_load((SAMPLES / "data" / "demo_fixed_prompts.yaml").read_text("utf-8"))
+    llm = {n.id: n.prompt for n in graph.nodes if n.kind == "llm"}
+    assert set(fixed) == set(llm)
+    assert all(fixed[n].strip() and fixed[n] != llm[n] for n in llm)
+    rows = _rows(graph)
+    examples = [({f: r[f] for f in graph.input_fields}, r[graph.target_field]) for r in rows]
+    assert find_copies({n: (fixed[n], llm[n]) for n in llm}, examples) == {}

@@ -75,7 +75,7 @@ def _non_default(name: str):
     if isinstance(value, float):
         return value + 1.5
     if isinstance(value, int) or value is None:
-        return 3 if name not in ("model", "optimizer_model", "db", "data_dir", "dataset",
+        return 3 if name not in ("model", "optimizer_model", "db", "data_dir", "dataset", "chat_format",
                                  "base_url", "run_id") else "x"
     return value + "x"
 

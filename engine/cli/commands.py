@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import traceback
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from engine.console import console, out
 from engine.core.graph import GraphError, load_graph
@@ -147,16 +148,29 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from engine.runlog.schema import check_readable, connect
+    from engine.runlog.reader import list_runs
+    from engine.runlog.schema import check_readable
 
     check_readable(args.db)
-    with connect(args.db, read_only=True) as con:
-        rows = con.execute("""
-            SELECT r.run_id, r.graph_name, r.method, r.model, r.status,
-                   (SELECT max(step) FROM steps s WHERE s.run_id = r.run_id),
-                   (SELECT max(val_score) FROM steps s WHERE s.run_id = r.run_id)
-            FROM runs r ORDER BY r.started_at""").fetchall()
-    table = Table("run", "graph", "method", "model", "status", "steps", "best val")
+    runs = list_runs(args.db).iloc[::-1]  # oldest first, as they were started
+
+    def value(v: Any) -> Any:
+        return None if v is None or v != v else v  # NULL and NaN read as None
+
+    rows = [(r.run_id, r.graph_name, r.method, value(r.model), r.status,
+             None if value(r.steps) is None else int(r.steps), value(r.best_val))
+            for r in runs.itertuples()]
+    if args.json:
+        keys = ("run_id", "graph", "method", "model", "status", "steps", "best_val")
+        sys.stdout.write(json.dumps([dict(zip(keys, row, strict=True)) for row in rows],
+                                    indent=2) + "\n")
+        return 0
+    # The id is what resume, blame, export and --fork take: its column is never cut, in a
+    # narrow terminal or piped to a file (80 columns); the other columns wrap instead.
+    widest = max((len(row[0]) for row in rows), default=3)
+    table = Table(Column("run", no_wrap=True, min_width=widest),
+                  *(Column(name, overflow="fold")
+                    for name in ("graph", "method", "model", "status", "steps", "best val")))
     for run_id, graph, method, model, status, steps, best in rows:
         table.add_row(run_id, graph, method, model or "", status,
                       "" if steps is None else str(steps), _fmt(best))
@@ -282,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="check a graph file")
-    p.add_argument("graph")
+    p.add_argument("graph", help="the graph file (YAML)")
     p.add_argument("--data-dir", help="where named datasets live")
     p.add_argument("--check-data", action="store_true", help="also load the graph's dataset")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
@@ -304,15 +318,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("resume", help="continue a run from its last complete step")
-    p.add_argument("run_id")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("run_id", help="the run to continue (python -m engine runs lists them)")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
     p.add_argument("--functions", metavar="FILE.py", help=FUNCTIONS_HELP)
     p.add_argument("--progress-file", metavar="FILE.jsonl", help=PROGRESS_FILE_HELP)
     add_run_flags(p, only=("max_calls", "max_cost"))
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("runs", help="list the runs in a run log")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--json", action="store_true",
+                   help="print the rows as a JSON list, for scripts")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
     p.set_defaults(func=cmd_runs)
 
     from engine import experiment
@@ -374,9 +390,11 @@ def _register_export(subparsers: Any) -> None:
 
     p = subparsers.add_parser("export", help="write a whole run as JSON, Parquet or "
                                              "OpenTelemetry spans")
-    p.add_argument("run_id")
-    p.add_argument("--db", default="runs.duckdb")
-    p.add_argument("--format", choices=export.FORMATS, default="json")
+    p.add_argument("run_id", help="the run (python -m engine runs lists the ids)")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
+    p.add_argument("--format", choices=export.FORMATS, default="json",
+                   help="json (one file, re-importable), parquet (one file per table) or "
+                        "otel (OpenTelemetry spans); default: json")
     p.add_argument("--out", help="file (json, otel) or folder (parquet); default: "
                                  "<run_id>.json, <run_id>_parquet/, <run_id>.otel.jsonl; "
                                  "with --endpoint, a file only when given")
@@ -391,8 +409,8 @@ def _register_export(subparsers: Any) -> None:
     p.set_defaults(func=cmd_export)
 
     p = subparsers.add_parser("import", help="read a JSON export into a run log")
-    p.add_argument("file")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("file", help="a JSON export (python -m engine export RUN_ID)")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
     p.add_argument("--as", dest="as_id", metavar="NEW_ID",
                    help="store the run under another id (when its id already exists)")
     p.set_defaults(func=cmd_import)

@@ -22,12 +22,14 @@ from engine.probes.diff import DEFAULT_BOUND, DiffReport
 def register_cli(sub: Any) -> None:
     p = sub.add_parser("diff", help="why do two runs (or two steps) differ? patch node "
                                     "outputs from A into B and find the change that matters")
-    p.add_argument("run_a")
+    p.add_argument("run_a", help="the run whose behaviour is reproduced (A)")
     p.add_argument("run_b", nargs="?", help="default: RUN_A (then --step-b is --step-a - 1)")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("--db", default="runs.duckdb",
+                   help="the run log, a DuckDB file (default: runs.duckdb)")
     p.add_argument("--step-a", type=int, help="A's prompts after this step (default: last)")
     p.add_argument("--step-b", type=int, help="B's prompts after this step (default: last)")
-    p.add_argument("--split", choices=("train", "val"), default="val")
+    p.add_argument("--split", choices=("train", "val"), default="val",
+                   help="which split's examples to compare (default: val)")
     p.add_argument("--examples", default="differing", metavar="differing|ID,ID",
                    help="examples to explain (default: every shared one whose score differs)")
     p.add_argument("--bound", type=int, default=DEFAULT_BOUND,

@@ -27,10 +27,11 @@ from engine.probes.probe import ProbeError
 def register_cli(sub: Any) -> None:
     p = sub.add_parser("probe", help="intervene on one node of a logged step and re-run "
                                      "what depends on it")
-    p.add_argument("run_id")
-    p.add_argument("--db", default="runs.duckdb")
-    p.add_argument("--step", type=int, required=True)
-    p.add_argument("--node", required=True)
+    p.add_argument("run_id", help="the run (python -m engine runs lists the ids)")
+    p.add_argument("--db", default="runs.duckdb", help="the run log, a DuckDB file (default: runs.duckdb)")
+    p.add_argument("--step", type=int, required=True,
+                   help="the logged step whose calls are re-run (1 for the first update)")
+    p.add_argument("--node", required=True, help="the node to intervene on")
     p.add_argument("--example", help="the example (output and gradient probes)")
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--output", metavar="TEXT|@FILE", help="replace the node's output")
@@ -46,8 +47,9 @@ def register_cli(sub: Any) -> None:
 
     p = sub.add_parser("blame", help="follow every node's gradient on the failing examples "
                                      "of a step and see which one fixes them")
-    p.add_argument("run_id")
-    p.add_argument("--db", default="runs.duckdb")
+    p.add_argument("run_id", help="the run (python -m engine runs lists the ids)")
+    p.add_argument("--db", default="runs.duckdb",
+                   help="the run log, a DuckDB file (default: runs.duckdb)")
     p.add_argument("--step", type=int, help="one step (default: every backward step, pooled)")
     p.add_argument("--examples", default="failing", metavar="sampled|failing|val|all|ID,ID",
                    help="failing (default): every failing training example; sampled: those "

@@ -21,9 +21,13 @@ _DEFAULT_MODELS = {
 
 def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None = None,
                  timeout: float = 120.0,
-                 scripted_options: dict[str, Any] | None = None) -> Backend:
+                 scripted_options: dict[str, Any] | None = None, model: str | None = None,
+                 chat_format: str | None = None, contexts: int | None = None) -> Backend:
     """A new backend of `kind`; raises LLMError when it cannot be set up (no key, a
-    missing package) and ValueError for an unknown kind."""
+    missing package, a local model file that is not a GGUF model) and ValueError for an
+    unknown kind. For "local", `model` is a GGUF file's path (default: the packaged model),
+    `chat_format` overrides the file's chat template and `contexts` caps the llama contexts
+    serving calls at once."""
     if kind == "openai":
         from engine.llm.openai_backend import OpenAIBackend
 
@@ -31,7 +35,8 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
     if kind == "local":
         from engine.llm.local import LocalBackend
 
-        return LocalBackend()
+        path = model if model and model != _DEFAULT_MODELS["local"] else None
+        return LocalBackend(model_path=path, chat_format=chat_format, contexts=contexts)
     if kind == "scripted":
         from engine.llm.scripted import ScriptedBackend
 

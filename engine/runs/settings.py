@@ -117,23 +117,31 @@ class RunConfig:
     backend: str = setting("scripted", choices=_backends,
                            help="model backend (default: openai if OPENAI_API_KEY or "
                                 "OPENAI_BASE_URL is set, else the embedded local model)")
-    model: str | None = setting(None, help="model for forward calls")
+    model: str | None = setting(None, help="model for forward calls; with --backend local, a "
+                                           "GGUF file's path (default: the packaged "
+                                           "SmolLM2-135M)")
+    chat_format: str | None = setting(None, metavar="NAME",
+                                      help="with --backend local: the chat format "
+                                           "(llama-cpp-python's names, e.g. chatml) of a GGUF "
+                                           "file that has no chat template")
     optimizer_backend: str | None = setting(None, choices=_backends,
                                             help="backend for loss, backward and update calls "
                                                  "(default: --backend)")
     optimizer_model: str | None = setting(None, help="model for loss, backward and update calls")
-    steps: int = setting(4, type=non_negative_int, help="optimization steps")
+    steps: int = setting(4, type=non_negative_int,
+                         help="optimization steps (0 only scores the starting prompts)")
     train: int | None = setting(None, type=non_negative_int,
                                 help="training examples (default: graph's)")
     val: int | None = setting(None, type=non_negative_int,
                               help="validation examples (default: graph's)")
     test: int | None = setting(None, type=non_negative_int, help="test examples (default: graph's)")
-    seed: int = setting(0, type=int, help="seed for the splits, sampling and the model")
+    seed: int = setting(0, type=int,
+                        help="seed of the splits, the sampled failures and the model")
     db: str = setting("runs.duckdb", help="the run log (a DuckDB file)")
     data_dir: str | None = setting(None, help="where named datasets live")
     dataset: str | None = setting(None, help="override the graph's dataset")
     cache: str = setting("readwrite", choices=("off", "read", "readwrite"),
-                         help="the content-addressed call cache in the run log")
+                         help="reuse identical calls from the run log's cache")
     concurrency: int | None = setting(None, type=positive_int,
                                       help="the most calls in flight at once, across all "
                                            "backends (default: adaptive, from 64 up to 256, "
@@ -150,14 +158,17 @@ class RunConfig:
                               help="also score each changed prompt alone on validation (auto: "
                                    "after a rejected step that changed 2 to 4 prompts; on: "
                                    "every step)")
-    temperature: float = setting(0.0, type=float, help="sampling temperature")
+    temperature: float = setting(0.0, type=float,
+                                 help="sampling temperature of every call (0: greedy)")
     max_tokens: int | None = setting(None, type=positive_int, help="forward generation limit")
     optimizer_max_tokens: int | None = setting(None, type=positive_int,
-                                               help="generation limit of optimizer calls")
+                                               help="generation limit of loss, backward and "
+                                                    "update calls")
     base_url: str | None = setting(None, help="OpenAI-compatible server URL "
                                               "(default: OPENAI_BASE_URL)")
     timeout: float = setting(120.0, type=float, help="seconds per call")
-    max_retries: int = setting(4, type=non_negative_int, help="retries of a failed call")
+    max_retries: int = setting(4, type=non_negative_int,
+                               help="retries of a call that fails or times out")
     run_id: str | None = setting(None, help="name the run (default: generated)")
     method_options: dict[str, Any] = setting(
         flag="--option", repeat=parse_options, metavar="KEY=VALUE", factory=dict,

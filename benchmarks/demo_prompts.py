@@ -1,0 +1,88 @@
+"""How much the demo's score depends on its prompts, on the embedded SmolLM2-135M.
+
+Scores sample_graphs/demo.yaml's forward pass (the engine's own forward calls, parser and
+grader; no optimizer calls) on every example of its dataset, twice: with the graph's
+starting prompts, and with the hand-fixed prompts in sample_graphs/data/demo_fixed_prompts.yaml
+(what a person writes in the What-if and Fork panels). Goal: starting prompts at most
+0.35, fixed prompts at least 0.75, on at least 24 examples, so that the demo has a fix to
+find. Prints exactly
+
+    starting prompts X, fixed prompts Y on N examples
+
+then each score's 95% Wilson interval and the wall time.
+
+    .venv/bin/python benchmarks/demo_prompts.py [--examples N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.core.forward import Prompts, RunContext  # noqa: E402
+from engine.core.graph import load_graph  # noqa: E402
+from engine.core.optimizer import evaluate  # noqa: E402
+from engine.data.datasets import load_examples, with_target  # noqa: E402
+
+GRAPH = ROOT / "sample_graphs" / "demo.yaml"
+FIXED = ROOT / "sample_graphs" / "data" / "demo_fixed_prompts.yaml"
+
+
+def fixed_prompts() -> dict[str, str]:
+    """The hand-fixed prompt of every LLM node of the demo graph."""
+    return {str(k): str(v) for k, v in yaml.safe_load(FIXED.read_text()).items()}
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+async def score(prompts: dict[str, str], limit: int | None) -> tuple[float, int]:
+    from engine.llm.client import LLMClient
+    from engine.llm.local import LocalBackend
+
+    graph = load_graph(str(GRAPH))
+    examples = with_target(load_examples(graph.dataset, graph_dir=str(GRAPH.parent)),
+                           graph.target_field)[:limit]
+    backend = LocalBackend()
+    client = LLMClient(forward_backend=backend, forward_model=backend.model_name)
+    ctx = RunContext(graph, client, lambda event: None, "demo-prompts", 0, max_tokens=128)
+    initial = Prompts.initial(graph)
+    try:
+        value, _, _ = await evaluate(ctx, Prompts({**initial.text, **prompts},
+                                                  initial.version), examples, "val")
+    finally:
+        await client.aclose()
+    return float(value or 0.0), len(examples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=None,
+                        help="score only the first N examples (default: all)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    start, n = asyncio.run(score({}, args.examples))
+    fixed, _ = asyncio.run(score(fixed_prompts(), args.examples))
+    print(f"starting prompts {start:.2f}, fixed prompts {fixed:.2f} on {n} examples")
+    (a, b), (c, d) = wilson(start * n, n), wilson(fixed * n, n)
+    print(f"95% intervals: starting [{a:.2f}, {b:.2f}], fixed [{c:.2f}, {d:.2f}]; "
+          f"wall {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""`./dev setup` and `./dev test` install Debian's chromium for the browser tests when it is
+missing and apt-get may run as root; otherwise one line says what to install. Run here on
+stand-ins for id, sudo and apt-get, so nothing is installed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.graphs import REPO
+
+
+def stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def browser_step(tmp_path, *, uid: int, sudo: str | None, apt: str | None,
+                 chromium_exists: bool = False) -> tuple[int, str, list[str]]:
+    """(status, output, apt-get command lines) of `./dev browser` on stand-in commands."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "apt.log"
+    bin_dir.mkdir(exist_ok=True)
+    stub(bin_dir, "id", f"echo {uid}")
+    if sudo is not None:
+        stub(bin_dir, "sudo", sudo)
+    if apt is not None:
+        stub(bin_dir, "apt-get", f'echo "$@" >> {log}\n{apt}')
+    chromium = tmp_path / "chromium"
+    if chromium_exists:
+        stub(tmp_path, "chromium", "true")
+    # only the stand-ins and the shell's basics: no real sudo or apt-get is reachable
+    basics = tmp_path / "basics"
+    basics.mkdir(exist_ok=True)
+    for tool in ("env", "cat", "sed", "dirname", "sha256sum", "cut"):
+        real = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
+                              text=True).stdout.strip()
+        if real and not (basics / tool).exists():
+            (basics / tool).symlink_to(real)
+    env = {"PATH": f"{bin_dir}:{basics}", "SEMBACK_CHROMIUM": str(chromium),
+           "HOME": str(tmp_path)}
+    bash = subprocess.run(["sh", "-c", "command -v bash"], capture_output=True,
+                          text=True).stdout.strip()
+    done = subprocess.run([bash, str(REPO / "dev"), "browser"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines() if log.exists() else []
+    return done.returncode, done.stdout + done.stderr, calls
+
+
+def test_as_root_chromium_is_installed_with_apt_get(tmp_path):
+    code, output, calls = browser_step(tmp_path, uid=0, sudo=None, apt="exit 0")
+    assert code == 0
+    assert calls == ["update -qq", "install -y -qq chromium"]
+    assert "installing Debian's chromium" in output
+
+
+def test_with_passwordless_sudo_apt_get_runs_under_sudo(tmp_path):
+    code, output, calls = browser_step(
+        tmp_path, uid=1000, sudo='[ "$1" = -n ] && shift; [ "$#" -eq 1 ] && exit 0; exec "$@"',
+        apt="exit 0")
+    assert code == 0 and calls == ["update -qq", "install -y -qq chromium"]
+
+
+@pytest.mark.parametrize(("uid", "sudo", "apt"), [
+    (1000, "exit 1", "exit 0"),  # sudo asks for a password
+    (1000, None, "exit 0"),  # no sudo at all
+    (0, None, None),  # root, but not Debian: no apt-get
+])
+def test_without_permission_one_line_says_what_to_install(tmp_path, uid, sudo, apt):
+    code, output, calls = browser_step(tmp_path, uid=uid, sudo=sudo, apt=apt)
+    assert code == 0 and calls == []
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    assert len(lines) == 1
+    assert "browser tests will be skipped" in lines[0]
+    assert "apt-get install chromium" in lines[0]
+
+
+def test_a_failed_install_says_so_in_one_line(tmp_path):
+    code, output, calls = browser_step(tmp_path, uid=0, sudo=None, apt="exit 100")
+    assert code == 0 and calls == ["update -qq"]
+    assert output.splitlines()[-1].startswith("note: apt-get could not install chromium")
+
+
+def test_an_installed_browser_is_left_alone(tmp_path):
+    code, output, calls = browser_step(tmp_path, uid=0, sudo=None, apt="exit 0",
+                                       chromium_exists=True)
+    assert code == 0 and calls == [] and output == ""
+
+
+def test_ci_runs_the_readme_command_which_sets_up_the_browser():
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "./dev test" in ci and "apt-get" not in ci
+    assert os.access(REPO / "dev", os.X_OK)
+    dev = (REPO / "dev").read_text()
+    for command in ("setup", "test"):  # both README commands take the browser step
+        assert re.search(rf"\n  {command}\)\n    setup\n    setup_browser( ;;)?\n", dev), command
