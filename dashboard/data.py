@@ -401,23 +401,20 @@ def validation_at(db: str, run_id: str, step: int) -> Score:
 
 
 def fixed_prompts(db: str, run_id: str) -> dict[str, str]:
-    """Hand-fixed prompts for a graph (its top-level `fixed_prompts:` mapping, node id ->
-    prompt): from the graph the run logged, else from the demo graph file on disk when the
-    run is of the demo; {} when neither has one."""
+    """Hand-fixed prompts for a run's graph, node id -> prompt: for the demo, the measured
+    ones beside it (sample_graphs/data/demo_fixed_prompts.yaml, which
+    benchmarks/demo_prompts.py scores); {} for other graphs."""
     import yaml
 
-    from dashboard.jobs import DEMO_GRAPH
+    from dashboard.jobs import DEMO_FIXED_PROMPTS
 
     record = run(db, run_id) or {}
-    texts = [record.get("graph_yaml") or ""]
-    if record.get("graph_name") == "demo" and DEMO_GRAPH.is_file():
-        texts.append(DEMO_GRAPH.read_text(encoding="utf-8"))
-    for text in texts:
-        try:
-            spec = yaml.safe_load(text) if text else None
-        except yaml.YAMLError:
-            continue
-        found = spec.get("fixed_prompts") if isinstance(spec, dict) else None
-        if isinstance(found, dict) and found:
-            return {str(k): str(v) for k, v in found.items() if isinstance(v, str | int)}
-    return {}
+    if record.get("graph_name") != "demo" or not DEMO_FIXED_PROMPTS.is_file():
+        return {}
+    try:
+        found = yaml.safe_load(DEMO_FIXED_PROMPTS.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): str(v) for k, v in found.items() if isinstance(v, str | int)}

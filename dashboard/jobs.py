@@ -25,6 +25,8 @@ from engine.runs.settings import DEFAULTS, as_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_GRAPH = ROOT / "sample_graphs" / "demo.yaml"
+# the demo's measured hand-fixed prompts (benchmarks/demo_prompts.py)
+DEMO_FIXED_PROMPTS = ROOT / "sample_graphs" / "data" / "demo_fixed_prompts.yaml"
 # One step on the graph's own splits (8/8/8): about a minute on two cores with the
 # embedded model, and its first edit usually passes the validation gate.
 # $SEMBACK_DEMO_BACKEND picks another backend for the demo buttons (the Runs page's demo,

@@ -231,9 +231,9 @@ def test_fix_it_yourself_writes_a_prompt_forks_and_compares(log, tmp_path, monke
     db = tmp_path / "fix.duckdb"
     shutil.copy(log.db, db)
     fixed = "Read the review. Reply Yes if it praises the product, else No."
-    demo = tmp_path / "demo.yaml"  # the demo graph file, with its hand-fixed prompt
-    demo.write_text(f"name: demo\nfixed_prompts:\n  answer: {fixed}\n")
-    monkeypatch.setattr(jobs, "DEMO_GRAPH", demo)
+    demo = tmp_path / "demo_fixed_prompts.yaml"  # the demo's hand-fixed prompts
+    demo.write_text(f"answer: {fixed}\n")
+    monkeypatch.setattr(jobs, "DEMO_FIXED_PROMPTS", demo)
     with duckdb.connect(str(db)) as con:
         val_before, n_val = con.execute("""SELECT s.val_score, (SELECT count(*) FROM losses
             WHERE run_id = s.run_id AND step = 1 AND split = 'val') FROM steps s
@@ -267,7 +267,7 @@ def test_fix_it_yourself_writes_a_prompt_forks_and_compares(log, tmp_path, monke
 
 
 def test_fix_it_yourself_without_a_hand_fixed_prompt_asks_for_one(log, monkeypatch):
-    monkeypatch.setattr(jobs, "DEMO_GRAPH", Path("/nonexistent/demo.yaml"))
+    monkeypatch.setattr(jobs, "DEMO_FIXED_PROMPTS", Path("/nonexistent/demo_fixed_prompts.yaml"))
     at = learn(log.db, "Fix it yourself", run=log.demo, step=1)
     assert not [b for b in at.button if b.key == "learn_fix_use"]
     assert "Say exactly what the node should produce" in text(at)
