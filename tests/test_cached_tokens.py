@@ -5,7 +5,6 @@ model's cached price where one is known; a version-2 run log gains the column in
 from __future__ import annotations
 
 import asyncio
-import os
 
 import duckdb
 import pytest
@@ -68,17 +67,3 @@ def test_a_version_2_log_gains_the_column_in_place(tmp_path):
             SCHEMA_VERSION == 4
         assert con.execute("SELECT call_id, cached_tokens FROM llm_calls").fetchall() == \
             [("c1", None)]
-
-
-def test_forward_prompts_put_the_fixed_parts_first_and_the_example_last():
-    from engine.prompts import templates as P
-
-    one = P.forward_messages("Solve it.", {"question": "one"}, "Give a number only.")
-    two = P.forward_messages("Solve it.", {"question": "two"}, "Give a number only.")
-    assert one[0] == two[0]  # the system message
-    first, second = one[1][1], two[1][1]
-    shared = os.path.commonprefix([first, second])
-    # the task, the output instruction and the answer format are all in the shared prefix:
-    # a prefix cache serves them; only the example's own text follows
-    assert "Solve it." in shared and "</output>" in shared and "Give a number only." in shared
-    assert first[len(shared):] == "one\n</input>"

@@ -18,16 +18,13 @@ FORWARD_SYSTEM = (
     "given, using the inputs provided."
 )
 
-# Fixed parts first, the example last: every call of a node (and, up to the task, every
-# call of the run) starts with the same text, so providers' prefix caches (OpenAI's
-# cached_tokens, llama.cpp's KV reuse) serve it; only the inputs are new per example.
 FORWARD_USER = """## Task
 {prompt}
 
-Think briefly, then write the result of this step between <output> and </output>.{answer_format}
-
 ## Inputs
-{inputs}"""
+{inputs}
+
+Think briefly, then write the result of this step between <output> and </output>.{answer_format}"""
 
 INPUT_BLOCK = '<input name="{name}">\n{value}\n</input>'
 
