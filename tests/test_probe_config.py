@@ -11,7 +11,7 @@ import pytest
 
 from engine.llm.scripted import ScriptedBackend
 from engine.probes.blame import probe
-from engine.prompts.templates import PROMPT_SET_NAMES
+from engine.prompts.sets import PROMPT_SETS
 from engine.runs.execute import RunConfig, execute
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("graph, prompts, structured", [
     ("blame_fault", "default", "auto"), *[("blame_fault", name, "auto")
-                                          for name in PROMPT_SET_NAMES if name != "default"],
+                                          for name in PROMPT_SETS if name != "default"],
     ("diamond", "paper", "off")])
 def test_identity_patch_changes_no_answer(tmp_path, graph, prompts, structured):
     db = str(tmp_path / "runs.duckdb")

@@ -14,8 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from engine.runs.execute import RunConfig, execute
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPH = str(ROOT / "sample_graphs" / "diamond.yaml")

@@ -114,22 +114,10 @@ def save_diff(db: str | Path, calls: list[dict], diffs: list[dict], patches: lis
         for name, columns in DIFF_TABLES.items():
             con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
         insert_rows(con, "llm_calls", calls)
-        _insert(con, "diffs", diffs)
-        _insert(con, "diff_patches", patches)
+        insert_rows(con, "diffs", diffs, _columns("diffs"))
+        insert_rows(con, "diff_patches", patches, _columns("diff_patches"))
         insert_rows(con, "llm_cache", cache_rows)
         con.execute("COMMIT")
-
-
-def _insert(con: Any, table: str, rows: list[dict]) -> None:
-    if not rows:
-        return
-    columns = _columns(table)
-    frame = pd.DataFrame([{c: row.get(c) for c in columns} for row in rows], columns=columns)
-    con.register("_diff_rows", frame)
-    try:
-        con.execute(f"INSERT INTO {table} SELECT {', '.join(columns)} FROM _diff_rows")
-    finally:
-        con.unregister("_diff_rows")
 
 
 def _has_diffs(con: Any) -> bool:

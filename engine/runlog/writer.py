@@ -56,11 +56,13 @@ def open_for_writing(path: str | Path) -> None:
         ensure_schema(con, str(path))
 
 
-def insert_rows(con: Any, table: str, rows: list[dict]) -> None:
-    """Bulk insert through a DataFrame; columns missing from a row are NULL."""
+def insert_rows(con: Any, table: str, rows: list[dict], columns: list[str] | None = None
+                ) -> None:
+    """Bulk insert through a DataFrame; columns missing from a row are NULL. `columns`: for
+    a table outside the schema's TABLES (default: that table's columns there)."""
     if not rows:
         return
-    columns = column_names(table)
+    columns = columns or column_names(table)
     frame = pd.DataFrame([{c: row.get(c) for c in columns} for row in rows], columns=columns)
     con.register("_rows", frame)
     try:
