@@ -72,10 +72,6 @@ def shape_for(role: str) -> ReplyShape | None:
 
 def text_field(max_chars: int, min_chars: int = 0) -> dict[str, Any]:
     """A string field bounded by maxLength (and minLength)."""
-    return _text(max_chars, min_chars)
-
-
-def _text(max_chars: int, min_chars: int = 0) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "string", "maxLength": max_chars}
     if min_chars:
         schema["minLength"] = min_chars
@@ -99,7 +95,7 @@ def schema_for(role: str, names: list[str] | None = None) -> dict[str, Any] | No
     fields = shape.fields(names) if shape else []
     if not fields:
         return None
-    why = {reasoning_key(names): _text(REASONING_CHARS, REASONING_MIN)}
+    why = {reasoning_key(names): text_field(REASONING_CHARS, REASONING_MIN)}
     return _object({**why, **{key: schema for key, schema, _ in fields}})
 
 
@@ -192,7 +188,7 @@ def reply_text(reply: str, role: str, names: list[str] | None = None) -> str:
 # --- the shapes of the roles every method shares ------------------------------------------
 
 register_shape("backward", ReplyShape(
-    fields=lambda names: [(n, _text(GRADIENT_CHARS, 1), f"your feedback on {n}")
+    fields=lambda names: [(n, text_field(GRADIENT_CHARS, 1), f"your feedback on {n}")
                           for n in names],
     to_text=lambda field, data, names, why: "\n".join(
         f'<gradient input="{n}">{field(n)}</gradient>' for n in names if field(n)),
@@ -201,7 +197,7 @@ register_shape("backward", ReplyShape(
           "Write the missing block(s) now, one per input, about that input only, in this "
           "form:")))
 register_shape("update", ReplyShape(
-    fields=lambda names: [("prompt", _text(PROMPT_CHARS, 1), "the complete new prompt")],
+    fields=lambda names: [("prompt", text_field(PROMPT_CHARS, 1), "the complete new prompt")],
     to_text=lambda field, data, names, why: (
         f"{why}\n<prompt>{field('prompt')}</prompt>" if field("prompt") else None),
     asks=("Explain your reasoning in a few sentences, then give the complete new prompt "

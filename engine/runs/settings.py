@@ -239,7 +239,7 @@ def add_run_flags(parser: argparse.ArgumentParser, only: Iterable[str] | None = 
         if meta["negate"]:
             parser.add_argument(meta["negate"], action="store_false", **kwargs)
             continue
-        if f.type in ("bool", bool) or isinstance(f.default, bool):
+        if isinstance(f.default, bool):
             parser.add_argument(flag_of(f.name), action="store_true", **kwargs)
             continue
         if meta["repeat"]:
