@@ -47,6 +47,7 @@ from engine.runlog.probing import (
     aggregate_gradients,
     backpropagated_rows,
     backward_steps,
+    recorded_claims,
     step_proposal,
 )
 
@@ -505,6 +506,8 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
              for e in failing for n in nodes if (e, n) in grads]
     return {"run": run, "failing": failing, "nodes": nodes, "edits": edits, "copied": copied,
             "gradients": gradients, "by_method": by_method, "jobs": jobs,
+            "recorded": {k: v for k, v in recorded_claims(run.db, run.run_id, run.step).items()
+                         if k in logged and k in gradients and gradients[k] == logged[k]},
             "run_method": run_method}
 
 
@@ -553,6 +556,8 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
     names = list(plans[0]["by_method"]) if plans else []
     per_method = {(m, n): Evidence(n, "gradient", m) for m in names for n in nodes}
     texts = {(p["run"].step, e, n): t for p in plans for (e, n), t in p["gradients"].items()}
+    recorded = {(p["run"].step, e, n): c for p in plans
+                for (e, n), c in p.get("recorded", {}).items()}
     claims = []
     for key, draws in _group(results).items():
         kind, method, node, step, example = key
@@ -561,7 +566,9 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
         elif method:
             _tally(per_method[(method, node)], draws)
         else:
-            asks, reading = gradient_claim(texts.get((step, example, node), ""))
+            # the claim recorded at backward time; a log without one: read from the text
+            asks, reading = recorded.get((step, example, node)) or gradient_claim(
+                texts.get((step, example, node), ""))
             _tally(grads[node], draws, asks)
             claims.append({"step": step, "example": example, "node": node, "asks_change": asks,
                            "reading": reading, "flipped": any(r.flipped and not r.leaks_target
