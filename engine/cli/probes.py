@@ -8,7 +8,7 @@
                                   [--method M1,M2] [--repeats R] [--json]
 
 `probe --json` prints the probe rows (with their re-computed outputs) for machines such as
-the dashboard's background jobs; `blame --json` prints one object (nodes, verdict, methods).
+the dashboard's background jobs; `blame --json` prints one object (nodes, verdict, methods, edges).
 """
 
 from __future__ import annotations
@@ -237,6 +237,16 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                        str(row.leaks), _change(row.mean_score_change),
                        "<- blamed" if named else "")
         out.print(mt)
+    if report.edges:
+        et = Table(Column("method", no_wrap=True), Column("edge", no_wrap=True), "probed",
+                   "flips", Column("90%", no_wrap=True), "errors", "leaks", "claimed",
+                   title="gradient efficacy per edge: the gradient a node received from one "
+                         "successor, followed alone (one successor: the node's row)")
+        for row in report.edges:
+            et.add_row(row.method, f"{row.node_id} -> {row.edge}", str(row.probed),
+                       *_rate(row), str(row.errors), str(row.leaks),
+                       f"{row.claimed}/{row.probed}")
+        out.print(et)
     evidence = "gradient probes" if report.evidence == "gradient" else \
         "edit probes (the run has no gradients)"
     if report.verdict.node:

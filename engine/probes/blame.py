@@ -18,7 +18,10 @@ Definitions (docs/probes.md):
   interval lies above every other node's, else the evidence is insufficient and the
   report says about how many examples per node would separate the two leading nodes;
 - the gradients *claim* a node when the gradient it received asks it to change
-  (`gradient_claim`); claims are set beside the probes per node and per example.
+  (`gradient_claim`); claims are set beside the probes per node and per example;
+- per edge (a node and one successor, with `methods`): the gradient the node received
+  from that successor alone, before aggregation, is followed the same way; a node with
+  one successor acted on that gradient only, so its edge row is its node row.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.core.claims import gradient_claim
 from engine.core.copies import COPY_REASON
+from engine.events import Gradient
 from engine.llm.base import Backend
 from engine.probes.probe import (
     KINDS,
@@ -213,6 +217,7 @@ class Evidence:
     copy_rejected: int = 0  # steps whose proposal was a copy: not probed
     claimed: int = 0  # gradients that asked the node to change (gradient kind)
     claim_agree: int = 0  # ... claim == flipped, per example
+    edge: str = ""  # the successor whose gradient alone was followed (edge rows)
 
     @property
     def counted(self) -> int:
@@ -239,7 +244,7 @@ class Evidence:
                 "regressions": self.regressions, "guarded": self.guarded}
         if self.kind == "edit":
             data.update(in_sample=self.in_sample, copy_rejected=self.copy_rejected)
-        elif not self.method:  # the run's own gradients: their claims were read
+        else:  # what the followed gradients asked
             data.update(claimed=self.claimed, claim_agreement=self.claim_agree)
         if self.repeat_groups:
             data["repeat_agreement"] = [self.repeat_agree, self.repeat_groups]
@@ -314,6 +319,8 @@ class BlameReport:
     seconds: float = 0.0
     results: list[ProbeResult] = field(default_factory=list)
 
+    edges: list[Evidence] = field(default_factory=list)  # per (method, node, successor)
+
     @property
     def step(self) -> int | None:
         return self.steps[0] if len(self.steps) == 1 else None
@@ -337,12 +344,22 @@ class BlameReport:
             **({"methods": [{**m.as_json(), "method": m.method,
                              "verdict": self.method_verdicts[m.method].node}
                             for m in self.methods]} if self.methods else {}),
+            **({"edges": [edge_json(e) for e in self.edges]} if self.methods else {}),
             "repeats": self.repeats, "repeats_note": self.repeats_note,
             "confounds": {"rewriter_model": self.rewriter, "forward_model": self.forward_model,
                           "rewriter_is_optimizer_model": True},
             "cost": {"calls": self.calls, "model_calls": self.model_calls,
                      "tokens": self.tokens, "seconds": round(self.seconds, 3)},
         }
+
+
+def edge_json(row: Evidence) -> dict[str, Any]:
+    """One edge row: the gradient `source` received from `target` alone, followed."""
+    low, high = row.interval
+    return {"method": row.method, "source": row.node_id, "target": row.edge,
+            "probed": row.probed, "flips": row.flips, "errors": row.errors,
+            "leaks": row.leaks, "interval": [round(low, 4), round(high, 4)],
+            "claimed": row.claimed, "mean_score_change": row.mean_score_change}
 
 
 def parse_methods(text: str | None) -> list[str]:
@@ -469,24 +486,40 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
     logged = received_gradients(run)
     run_method = run.config.get("method", "semantic")
 
-    async def backprop(name: str, ids: list[str]) -> dict[tuple[str, str], str]:
+    graph = run.graph
+
+    async def backprop(name: str, ids: list[str]) -> tuple[dict, dict, dict]:
+        """(aggregated gradient per (example, node); per (example, node, successor) the
+        gradient that successor sent, before aggregation, and its claim; per (example,
+        node) whether any gradient it received asks it to change)."""
         options = run.config.get("method_options", {}) if name == run_method else {}
         method = make_method(name, **options)
         if not method.uses_gradients or not ids:
-            return {}
+            return {}, {}, {}
+        sent: list[Gradient] = []  # the backward pass's gradient events, one per edge
+        ctx = replace(prober.ctx, emit=lambda event: sent.append(event)
+                      if isinstance(event, Gradient) and event.kind == "gradient" else None)
         losses = await asyncio.gather(*(example_loss(prober.ctx, bases[e].trace,
                                                      bases[e].split) for e in ids))
-        feedback = await asyncio.gather(*(method.backward(prober.ctx, run.prompts,
-                                                          bases[e].trace, loss)
+        feedback = await asyncio.gather(*(method.backward(ctx, run.prompts, bases[e].trace,
+                                                          loss)
                                           for e, loss in zip(ids, losses)))
-        return {(e, n): text for e, fb in zip(ids, feedback) for n, text in fb.items()}
+        edges = {(g.example_id, g.node_id, g.from_node_id): (g.content or "",
+                                                              bool(g.asks_change))
+                 for g in sent if g.from_node_id in graph.successors(g.node_id)}
+        claims: dict[tuple[str, str], bool] = {}
+        for g in sent:
+            key = (g.example_id, g.node_id)
+            claims[key] = claims.get(key, False) or bool(g.asks_change)
+        return ({(e, n): text for e, fb in zip(ids, feedback) for n, text in fb.items()},
+                edges, claims)
 
     missing = [e for e in failing if e not in sampled or not any(k[0] == e for k in logged)]
     gradients = {k: v for k, v in logged.items() if k[0] in failing and k[0] in sampled}
-    gradients.update(await backprop(run_method, missing))
-    by_method = {}
+    gradients.update((await backprop(run_method, missing))[0])
+    by_method, by_edge, method_claims = {}, {}, {}
     for name in methods:
-        by_method[name] = await backprop(name, failing)
+        by_method[name], by_edge[name], method_claims[name] = await backprop(name, failing)
     nodes = [n for n in run.graph.topological_order() if run.graph.node(n).kind == "llm"]
     edits, copied = {}, set()
     for n in nodes:
@@ -504,8 +537,16 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
     jobs += [dict(kind="gradient", example_id=e, node_id=n, feedback=grads[(e, n)], method=name)
              for name, grads in by_method.items()
              for e in failing for n in nodes if (e, n) in grads]
+    # a node with several successors: each one's gradient alone (with one, the edge's
+    # gradient is the node's, already followed above)
+    jobs += [dict(kind="gradient", example_id=e, node_id=n, feedback=edges[(e, n, t)][0],
+                  method=name, edge=t)
+             for name, edges in by_edge.items() for e in failing for n in nodes
+             if len(graph.successors(n)) > 1 for t in graph.successors(n)
+             if edges.get((e, n, t), ("",))[0].strip()]
     return {"run": run, "failing": failing, "nodes": nodes, "edits": edits, "copied": copied,
-            "gradients": gradients, "by_method": by_method, "jobs": jobs,
+            "gradients": gradients, "by_method": by_method, "by_edge": by_edge,
+            "method_claims": method_claims, "jobs": jobs,
             "recorded": {k: v for k, v in recorded_claims(run.db, run.run_id, run.step).items()
                          if k in logged and k in gradients and gradients[k] == logged[k]},
             "run_method": run_method}
@@ -515,7 +556,7 @@ def _group(results: list[ProbeResult]) -> dict[tuple, list[ProbeResult]]:
     groups: dict[tuple, list[ProbeResult]] = {}
     for r in results:
         groups.setdefault((r.kind, r.method if r.kind == "gradient" else "", r.node_id,
-                           r.step, r.example_id), []).append(r)
+                           r.step, r.example_id, r.edge), []).append(r)
     return groups
 
 
@@ -555,16 +596,28 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
     edits = {n: Evidence(n, "edit") for n in nodes}
     names = list(plans[0]["by_method"]) if plans else []
     per_method = {(m, n): Evidence(n, "gradient", m) for m in names for n in nodes}
+    graph = plans[0]["run"].graph if plans else None
+    per_edge = {(m, n, t): Evidence(n, "gradient", m, edge=t) for m in names for n in nodes
+                for t in graph.successors(n)}
+    method_claims = {(m, p["run"].step, e, n): c for p in plans
+                     for m, cl in p.get("method_claims", {}).items() for (e, n), c in cl.items()}
+    edge_claims = {(m, p["run"].step, e, n, t): c for p in plans
+                   for m, edges in p.get("by_edge", {}).items()
+                   for (e, n, t), (_, c) in edges.items()}
     texts = {(p["run"].step, e, n): t for p in plans for (e, n), t in p["gradients"].items()}
     recorded = {(p["run"].step, e, n): c for p in plans
                 for (e, n), c in p.get("recorded", {}).items()}
     claims = []
     for key, draws in _group(results).items():
-        kind, method, node, step, example = key
+        kind, method, node, step, example, edge = key
         if kind == "edit":
             _tally(edits[node], draws)
+        elif method and edge:
+            _tally(per_edge[(method, node, edge)], draws,
+                   edge_claims.get((method, step, example, node, edge), False))
         elif method:
-            _tally(per_method[(method, node)], draws)
+            _tally(per_method[(method, node)], draws,
+                   method_claims.get((method, step, example, node), False))
         else:
             # the claim recorded at backward time; a log without one: read from the text
             asks, reading = recorded.get((step, example, node)) or gradient_claim(
@@ -586,7 +639,6 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
     for c in claims:
         if c["asks_change"]:
             asked.setdefault((c["step"], c["example"]), set()).add(c["node"])
-    graph = plans[0]["run"].graph if plans else None
     pointed: dict[tuple[int, str], str] = {}
     for key, asking in asked.items():
         roots = [n for n in asking
@@ -602,5 +654,9 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
                          verdict(weighed), leaders[0] if len(leaders) == 1 else None, claims,
                          list(per_method.values()), results=results)
     report.method_verdicts = {m: verdict([per_method[(m, n)] for n in nodes]) for m in names}
+    for m, n, t in list(per_edge):  # one successor: the edge's gradient is the node's
+        if len(graph.successors(n)) == 1:
+            per_edge[(m, n, t)] = replace(per_method[(m, n)], edge=t)
+    report.edges = list(per_edge.values())
     return report
 

@@ -96,6 +96,7 @@ class ProbeResult:
     in_sample: bool = False
     sample_index: int = 0
     method: str = ""
+    edge: str = ""  # the successor whose gradient alone was followed ("" for the node's)
 
     @property
     def flipped(self) -> bool:
@@ -117,7 +118,7 @@ class ProbeResult:
 
     def row(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items()
-                if k not in ("outputs", "in_sample", "sample_index", "method")}
+                if k not in ("outputs", "in_sample", "sample_index", "method", "edge")}
         data["call_ids"] = json.dumps(self.call_ids)
         return data
 
@@ -285,11 +286,13 @@ class Prober:
     async def intervene(self, kind: str, example_id: str, node_id: str, *,
                         text: str | None = None, feedback: str | None = None,
                         prompt: str | None = None, sample_index: int = 0,
-                        in_sample: bool = False, method: str = "") -> ProbeResult:
+                        in_sample: bool = False, method: str = "", edge: str = ""
+                        ) -> ProbeResult:
         """One probe. output: `text` replaces the node's output; gradient: the optimizer
         model rewrites the output following `feedback`; edit: the node runs with `prompt`.
-        `sample_index` > 0 draws its calls again (repeats at temperature > 0); `in_sample`
-        and `method` are carried to the result for the report."""
+        `sample_index` > 0 draws its calls again (repeats at temperature > 0); `in_sample`,
+        `method` and `edge` (the successor whose gradient alone `feedback` is) are carried
+        to the result for the report."""
         ctx = self.ctx if not sample_index else replace(
             self.ctx, client=_Resampled(self.ctx.client, sample_index))
         base = await self.baseline(example_id)
@@ -308,7 +311,8 @@ class Prober:
             result = ProbeResult(self.run.run_id, self.run.step, example_id, node_id, kind, "",
                                  base.prediction, "", base.score, None,
                                  [replaced[node_id].call_id or ""], False, error,
-                                 in_sample=in_sample, sample_index=sample_index, method=method)
+                                 in_sample=in_sample, sample_index=sample_index, method=method,
+            edge=edge)
             self.results.append(result)
             return result
         outputs = await self._rerun(trace, prompts, [node_id, *later], replaced, ctx)
@@ -319,7 +323,8 @@ class Prober:
             self.run.run_id, self.run.step, example_id, node_id, kind, intervention,
             base.prediction, loss.prediction, base.score, loss.score, call_ids,
             leaks_target(intervention, example.target, graph.metric), loss.error, outputs,
-            in_sample=in_sample, sample_index=sample_index, method=method)
+            in_sample=in_sample, sample_index=sample_index, method=method,
+            edge=edge)
         self.results.append(result)
         return result
 
