@@ -65,6 +65,8 @@ def test_the_edge_table_in_the_text_output(db, capsys):
     assert set(rows) == {"fault -> add", "fault -> check", "add -> total", "check -> total"}
     assert "4/4" in rows["fault -> add"] and "[0.60, 1.00]" in rows["fault -> add"]
     assert "0/4" in rows["fault -> check"]
+    fault = next(ln for ln in lines if ln.startswith("│ semantic │ fault ") and "->" not in ln)
+    assert fault.split("│")[9].strip() == "4/4"  # claimed: both gradients asked
 
 
 def test_no_edges_without_methods(db, capsys):

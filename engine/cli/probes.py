@@ -229,13 +229,13 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     if report.methods:
         mt = Table(Column("method", no_wrap=True), Column("node", no_wrap=True), "probed",
                    "flips", Column("90%", no_wrap=True), "errors", "leaks", "Δscore",
-                   Column("", no_wrap=True),
+                   "claimed", Column("", no_wrap=True),
                    title="gradient efficacy per method, on the same traces")
         for row in report.methods:
             named = report.method_verdicts[row.method].node == row.node_id
             mt.add_row(row.method, row.node_id, str(row.probed), *_rate(row), str(row.errors),
                        str(row.leaks), _change(row.mean_score_change),
-                       "<- blamed" if named else "")
+                       f"{row.claimed}/{row.probed}", "<- blamed" if named else "")
         out.print(mt)
     if report.edges:
         et = Table(Column("method", no_wrap=True), Column("edge", no_wrap=True), "probed",
