@@ -386,3 +386,43 @@ def start_fork(spec: ForkSpec, graph_name: str = "fork", method: str = "semantic
 def probe_jobs(db: str | Path, run_id: str) -> list[Job]:
     """Probe and blame jobs started for a run, newest first."""
     return [j for j in list_jobs(db, kinds=("probe", "blame")) if j.run_id == run_id]
+
+
+COMPARE_METHODS = ("semantic", "textgrad", "semantic-nosibling")
+
+
+def compare_command(run_id: str, db: str, step: int) -> list[str]:
+    """`python -m engine blame RUN_ID --db DB --step S --method M1,M2,.. --json`: each
+    method's backward pass re-run on the same traces, its gradients followed."""
+    return [*blame_command(run_id, db, step), "--method", ",".join(COMPARE_METHODS), "--json"]
+
+
+def start_compare(run_id: str, db: str, step: int) -> Job:
+    """Compare the methods' gradients on the step's failing examples, in the background."""
+    db = str(Path(db).resolve())
+    return launch(compare_command(run_id, db, step), run_id, db, 0,
+                  _job_name("compare", run_id, step), "compare")
+
+
+def compare_jobs(db: str | Path, run_id: str, step: int) -> list[Job]:
+    """Method-comparison jobs of a run's step, newest first."""
+    return [j for j in list_jobs(db, kinds=("compare",))
+            if j.run_id == run_id and "--step" in j.command
+            and j.command[j.command.index("--step") + 1] == str(int(step))]
+
+
+def job_report(job: Job) -> dict | None:
+    """The JSON object a finished `--json` job printed (its log holds it), or None."""
+    try:
+        text = Path(job.log).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    decoder = json.JSONDecoder()
+    for start in (i for i, ch in enumerate(text) if ch == "{" and (i == 0 or text[i - 1] == "\n")):
+        try:
+            found, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        if isinstance(found, dict):
+            return found
+    return None

@@ -10,6 +10,7 @@ from dashboard.state import need_run, need_step, selection
 from dashboard.views.blame import blame_button, just_finished
 from dashboard.views.colors import QUANTITIES, color_nodes
 from dashboard.views.graph_view import draw_graph, node_rows
+from dashboard.views.method_compare import compare_section, latest_report
 from dashboard.views.text import md, round_chars, show_text
 
 FLOWS = {"example": "this example", "all": "all sampled examples"}
@@ -93,6 +94,9 @@ if not has_probes:
                "gradient on every failing example and records which one fixes the answer.")
 blame_button(sel.db, sel.run, step, key="graph_blame", primary=not has_probes)
 graph_panel(sel, graph, quantity)
+with st.expander("Compare methods: each method's gradient efficacy per node",
+                 expanded=bool(latest_report(sel.db, sel.run, step)[1])):
+    compare_section(sel.db, sel.run, step, key="graph_compare", label="Compare methods")
 node_summary(sel, graph)
 st.subheader(f"Nodes at step {step}")
 table = pd.DataFrame(node_rows(sel)).drop(columns=["fail_share"], errors="ignore")

@@ -22,6 +22,7 @@ from dashboard.views.learn_stages import (
     loss_text,
     without_siblings,
 )
+from dashboard.views.method_compare import compare_section
 from dashboard.views.panes import forward_pane, gradients_received, loss_pane, update_pane
 from dashboard.views.quality import NOISE_NOTE
 from dashboard.views.text import md
@@ -142,6 +143,9 @@ def live(stage: str, tour: Selection, graph) -> None:
             st.info(NOISE_NOTE, icon=":material/info:")
     elif stage == "Without siblings":
         without_siblings(tour, graph)
+        st.markdown("**Which method's gradients fix more?** Re-run each method's backward "
+                    "pass on this step's failing examples and follow its gradients.")
+        compare_section(tour.db, tour.run, tour.step, key="learn_compare")
     elif stage == "Update":
         for update in data.updates(tour.db, tour.run, tour.step).to_dict("records"):
             with st.container(border=True):
