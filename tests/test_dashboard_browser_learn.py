@@ -6,10 +6,13 @@ buttons use the scripted backend so a paired run takes seconds):
 - Learn "Check the blame": the stage shows the probes' verdict once the job has ended;
 - Learn "Without siblings" → "Start the paired run": the stage fills in with the new run;
 - Learn "Fix it yourself": a written prompt is forked and compared with its parent;
-- Graph "Check the blame": the job ends on the page and the nodes are coloured by blame.
+- Graph "Check the blame": the job ends on the page and the nodes are coloured by blame;
+- Learn "Without siblings" → "Compare the methods on these traces": each method's
+  gradient efficacy per node, with its interval, once the job has ended.
 
 A marker set on `window` before each click must still be there when the result shows: a
-reload would have dropped it. Screenshots: learn-blame, learn-pair, learn-fix, graph-blame
+reload would have dropped it. Screenshots: learn-blame, learn-pair, learn-fix, graph-blame,
+learn-compare
 (test-artifacts/screenshots/)."""
 
 from __future__ import annotations
@@ -132,4 +135,27 @@ def test_graph_check_the_blame_colours_the_nodes_without_a_reload(server, page):
     not_reloaded(page)
     assert not page.locator("[data-testid='stException']").count()
     shoot(page, "graph-blame")
+    no_script_ran(page)
+
+
+def test_learn_compare_the_methods_fills_in_without_a_reload(server, page):
+    base, log = server
+    page.goto(f"{base}/learn?run={log.demo}&step=1&tour=Without+siblings")
+    settle(page)
+    main = page.locator("[data-testid='stMain']")
+    sentence = main.get_by_text("At mood")
+    expect(sentence).to_have_count(0)
+    mark_page(page)
+    main.get_by_role("button", name="Compare the methods on these traces").click()
+    expect(main.get_by_text(f"compare {log.demo} running").or_(
+        main.get_by_text(f"compare {log.demo} finished in")).first).to_be_visible(
+        timeout=30_000)
+    expect(main.get_by_text("Gradient efficacy per method")).to_be_visible(
+        timeout=JOB_TIMEOUT)
+    expect(sentence.first).to_be_visible()
+    expect(main.get_by_text("n = 3").first).to_be_visible()  # the scripted run's 3 failing
+    not_reloaded(page)
+    assert not page.locator("[data-testid='stException']").count()
+    main.get_by_text("Gradient efficacy per method").scroll_into_view_if_needed()
+    shoot(page, "learn-compare")
     no_script_ran(page)

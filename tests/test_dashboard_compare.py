@@ -62,9 +62,9 @@ def page(db: Path, screen: str, **query) -> AppTest:
 
 
 def comparison(at: AppTest):
-    tables = [d.value for d in at.dataframe if "semantic-nosibling" in d.value.columns]
+    tables = [t.value for t in at.table if "semantic-nosibling" in t.value.columns]
     assert tables, "no method comparison shown"
-    return tables[0].set_index("node")
+    return tables[0]
 
 
 def expected(printed: str) -> dict[tuple[str, str], str]:
@@ -104,7 +104,7 @@ def test_without_a_finished_comparison_the_button_starts_one(log, tmp_path, monk
                                  str(tmp_path / "c.log"), cmd, time.time(), 0, returncode=0,
                                  kind="compare"))
     at = page(built.db, "screens/learn.py", run=built.demo, step=STEP, tour="Without siblings")
-    assert not [d for d in at.dataframe if "semantic-nosibling" in d.value.columns]
+    assert not [t for t in at.table if "semantic-nosibling" in t.value.columns]
     at.button(key="learn_compare").click().run()
     assert commands[-1][2:5] == ["engine", "blame", built.demo]
     assert commands[-1][-3:] == ["--method", ",".join(jobs.COMPARE_METHODS), "--json"]

@@ -117,14 +117,14 @@ def show_comparison(report: dict | None, *, key: str) -> None:
         return
     st.markdown("**Gradient efficacy per method**: failing examples fixed by following the "
                 "method's gradient / failing examples probed, [90% interval].")
-    st.dataframe(by_node(rows), hide_index=True, key=f"{key}_table")
+    st.table(by_node(rows).set_index("node"))
     for node in dict.fromkeys(rows["node"]):
         st.markdown(md(verdict(rows, node)))
     edges = edge_rows(report)
     if not edges.empty:
         st.markdown("**Per edge** (a successor's gradient followed alone):")
-        st.dataframe(edges.pivot(index="edge", columns="method", values="efficacy")
-                     .reset_index(), hide_index=True, key=f"{key}_edges")
+        st.table(edges.pivot(index="edge", columns="method", values="efficacy")
+                 .reindex(columns=list(dict.fromkeys(edges["method"]))))
 
 
 def compare_section(db: str, run: str, step: int, *, key: str, label: str = LABEL) -> None:
@@ -132,5 +132,6 @@ def compare_section(db: str, run: str, step: int, *, key: str, label: str = LABE
     running = compare_button(db, run, step, key=key, label=label)
     job, report = latest_report(db, run, step)
     if report is not None and not running:
-        st.caption(f"Comparison of step {step} ({md(job_watch.describe(job))}).")
+        if not job_watch.watched(slot(run, step)):  # started elsewhere: say which job
+            st.caption(f"Comparison of step {step} ({md(job_watch.describe(job))}).")
         show_comparison(report, key=key)
