@@ -294,5 +294,6 @@ def cmd_fork(args: argparse.Namespace, with_progress: Any) -> int:
             raise ProbeError(f"--set-prompt expects NODE=TEXT or NODE=@FILE, not {item!r}")
         prompts[node] = _text(value)
     plan = plan_fork(db, args.fork, args.from_step, prompts, overrides)
+    # the bar counts the steps the fork logs: its starting step S again, then S+1, ...
     return with_progress(lambda listeners: run_fork(plan, listeners=listeners),
-                         plan.config.steps, args.from_step + 1, progress_file=args.progress_file)
+                         plan.config.steps, args.from_step, progress_file=args.progress_file)
