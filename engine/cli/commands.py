@@ -104,13 +104,8 @@ def _print_estimate(config: Any, graph: Any, dry_run: bool) -> bool:
 
     graph = graph or load_graph(config.graph)
     estimate = estimate_for(config, graph, load_splits(config, graph))
-    if dry_run:
-        for line in estimate.breakdown():
-            out.print(line, markup=False, highlight=False)
-    out.print(estimate.line(), markup=False, highlight=False)
-    if dry_run:
-        out.print("dry run: no model call made, no run log written", markup=False,
-                  highlight=False)
+    for line in estimate.printed(dry_run):
+        out.print(line, markup=False, highlight=False)
     return not dry_run
 
 
