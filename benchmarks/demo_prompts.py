@@ -9,9 +9,11 @@ find. Prints exactly
 
     starting prompts X, fixed prompts Y on N examples
 
-then each score's 95% Wilson interval and the wall time.
+then each score's 95% Wilson interval and the wall time. `--backend scripted` scores the
+same prompts on sample_graphs/demo_responder.py, the scripted model that plays the demo in
+the browser tests (starting prompts 0, fixed prompts 1: a check of that model, in seconds).
 
-    .venv/bin/python benchmarks/demo_prompts.py [--examples N]
+    .venv/bin/python benchmarks/demo_prompts.py [--examples N] [--backend local|scripted]
 """
 
 from __future__ import annotations
@@ -51,15 +53,27 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-async def score(prompts: dict[str, str], limit: int | None) -> tuple[float, int]:
-    from engine.llm.client import LLMClient
+def make_backend(kind: str):
+    if kind == "scripted":
+        from engine.llm.scripted import ScriptedBackend
+        from sample_graphs.demo_responder import demo_responder
+
+        return ScriptedBackend(responder=demo_responder())
     from engine.llm.local import LocalBackend
+
+    return LocalBackend()
+
+
+async def score(prompts: dict[str, str], limit: int | None, backend_kind: str = "local"
+                ) -> tuple[float, int]:
+    from engine.llm.client import LLMClient
 
     graph = load_graph(str(GRAPH))
     examples = with_target(load_examples(graph.dataset, graph_dir=str(GRAPH.parent)),
                            graph.target_field)[:limit]
-    backend = LocalBackend()
-    client = LLMClient(forward_backend=backend, forward_model=backend.model_name)
+    backend = make_backend(backend_kind)
+    client = LLMClient(forward_backend=backend,
+                       forward_model=getattr(backend, "model_name", backend_kind))
     ctx = RunContext(graph, client, lambda event: None, "demo-prompts", 0, max_tokens=128)
     initial = Prompts.initial(graph)
     try:
@@ -74,10 +88,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=None,
                         help="score only the first N examples (default: all)")
+    parser.add_argument("--backend", choices=("local", "scripted"), default="local",
+                        help="the embedded model (default), or the demo's scripted model")
     args = parser.parse_args()
     started = time.perf_counter()
-    start, n = asyncio.run(score({}, args.examples))
-    fixed, _ = asyncio.run(score(fixed_prompts(), args.examples))
+    start, n = asyncio.run(score({}, args.examples, args.backend))
+    fixed, _ = asyncio.run(score(fixed_prompts(), args.examples, args.backend))
     print(f"starting prompts {start:.2f}, fixed prompts {fixed:.2f} on {n} examples")
     (a, b), (c, d) = wilson(start * n, n), wilson(fixed * n, n)
     print(f"95% intervals: starting [{a:.2f}, {b:.2f}], fixed [{c:.2f}, {d:.2f}]; "

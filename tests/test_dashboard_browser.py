@@ -47,10 +47,10 @@ def server(tmp_path_factory):
     yield from serve(tmp_path_factory.mktemp("browser"))
 
 
-def serve(folder: Path, env: dict[str, str] | None = None):
-    """Build the run log in `folder`, start the dashboard on it (with `env` added), yield
-    (base URL, run log), stop the server."""
-    log = build_run_log(folder)
+def serve(folder: Path, env: dict[str, str] | None = None, build=build_run_log):
+    """Build the run log in `folder` (`build(folder)`, whose result has `.db`), start the
+    dashboard on it (with `env` added), yield (base URL, that result), stop the server."""
+    log = build(folder)
     port = free_port()
     streamlit = Path(sys.executable).with_name("streamlit")
     cmd = [str(streamlit)] if streamlit.exists() else [sys.executable, "-m", "streamlit"]

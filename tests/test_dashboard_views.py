@@ -240,3 +240,19 @@ def test_counts_agree_with_their_noun():
 
     assert plural(1, "proposal") == "1 proposal" and plural(2, "proposal") == "2 proposals"
     assert plural(0, "prompt edit") == "0 prompt edits"
+
+
+def test_a_validation_change_says_whether_its_examples_can_tell_it_apart():
+    from dashboard.data import Score
+    from dashboard.views.validation import change_sentence
+
+    verdict, said = change_sentence(Score(0.0, 24), Score(1.0, 24))
+    assert verdict == "rose" and said == (
+        "Validation rose (0.000 → 1.000) on 24 examples; 95% intervals 0.00–0.14 and "
+        "0.86–1.00, which do not overlap.")
+    verdict, said = change_sentence(Score(0.5, 4), Score(0.75, 4))  # the Learn tour's size
+    assert verdict == "rose" and said.endswith(
+        "which overlap: these examples cannot tell the two apart.")
+    assert change_sentence(Score(0.5, 8), Score(0.25, 9))[1].startswith(
+        "Validation fell (0.500 → 0.250) on 8 and 9 examples")
+    assert change_sentence(Score(None, 0), Score(1.0, 4))[0] == ""

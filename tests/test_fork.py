@@ -4,6 +4,7 @@ lineage is recorded and its steps continue from S+1."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -96,3 +97,33 @@ def test_bad_fork_requests_get_one_error_line(parent, capsys, args, message):
     assert main(["run", *args, "--db", parent]) == 2
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], errors
+
+
+ESTIMATE = re.compile(r"^estimate: ~(\d+) model calls \(.*; at most (\d+) with no cache hits\)")
+
+
+def test_a_fork_prints_its_estimate_before_its_first_call(parent, capsys, monkeypatch):
+    monkeypatch.setattr("engine.llm.factory.make_backend", lambda *a, **k: backend())
+    fork_args = ["run", "--fork", "bf", "--from-step", "1", "--set-prompt",
+                 f"numbers={EDITED}", "--steps", "1", "--db", parent, "--cache", "off"]
+    assert main([*fork_args, "--run-id", "dry", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    phases = [line.split("  ")[0] for line in lines[1:]]
+    # the fork's own phases: step 1 re-measured with the edit, then its one step, 2
+    assert phases[0] == "step 1: train and validation"
+    assert "step 2: backward" in phases and not any(p.startswith("step 0") for p in phases)
+    dry = next(ESTIMATE.match(line) for line in lines if ESTIMATE.match(line))
+    assert lines[-1].startswith("dry run:")
+    assert rows(parent, "SELECT count(*) FROM runs WHERE run_id = 'dry'") == [(0,)]
+
+    assert main([*fork_args, "--run-id", "real"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    estimate = ESTIMATE.match(first)  # the first line, before the run's summary
+    assert estimate and estimate.groups() == dry.groups()
+    made = rows(parent, "SELECT count(*) FROM llm_calls WHERE run_id = 'real' AND NOT "
+                        "cache_hit")[0][0]
+    assert 0 < made <= int(estimate[2])  # the bound holds for what the fork did
+    # without an edit the fork re-measures nothing: no train-and-validation pass to count
+    assert main(["run", "--fork", "bf", "--from-step", "1", "--steps", "1", "--db", parent,
+                 "--run-id", "plain", "--dry-run"]) == 0
+    assert "train and validation" not in capsys.readouterr().out

@@ -3,6 +3,8 @@ lines the CLI writes into a job's log for the dashboard's live view."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from itertools import groupby
@@ -11,6 +13,7 @@ from pathlib import Path
 from engine.events import CallRecord, Progress
 from engine.runs.progress import progress_line
 from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.support.runlog import rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,3 +68,76 @@ def test_the_cli_writes_progress_events_that_the_live_view_reads(tmp_path):
 def test_progress_line_format():
     assert progress_line(Progress("r", 1, "backward", 12, 40, 96)) == \
         "step 1 backward: 12/40 calls (96 in all)"
+
+
+DEMO = ROOT / "sample_graphs" / "demo.yaml"
+DEMO_MODEL = f"{ROOT / 'sample_graphs' / 'demo_responder.py'}:demo_responder"
+COUNT_LINE = re.compile(r"^step (\d+) (\w+): (\d+)/(\d+) calls \((\d+) in all\)$")
+DONE_LINE = re.compile(r"^step (\d+) done: .*?(?:, (\d+) edits? accepted)?"
+                       r"(?:, (\d+) prompts? set by hand)?; (\d+) calls so far$")
+
+
+def _engine(*args: str) -> tuple[str, str]:
+    """Run `python -m engine ARGS` with its output in files (no terminal: one line per
+    progress event worth a line, as in a dashboard job's log); (stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT,
+                          capture_output=True, text=True, check=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
+    return done.stdout, done.stderr
+
+
+def _checked_counts(log: str) -> dict[int, int]:
+    """Assert every progress line's calls stay within its expected count and the running
+    total climbs; return each step's accepted edits as its 'done' line says them."""
+    counts = [COUNT_LINE.match(line) for line in log.splitlines()]
+    counts = [m for m in counts if m]
+    assert counts
+    for m in counts:
+        step, phase, done, expected = int(m[1]), m[2], int(m[3]), int(m[4])
+        assert 0 < done <= expected, f"step {step} {phase}: {done}/{expected}"
+    assert [int(m[5]) for m in counts] == sorted(int(m[5]) for m in counts)
+    said = {}
+    for line in log.splitlines():
+        m = DONE_LINE.match(line)
+        if m:
+            said[int(m[1])] = int(m[2] or 0)
+            if m[3]:
+                said[("by hand", int(m[1]))] = int(m[3])
+    return said
+
+
+def _summary_accepted(stdout: str) -> dict[int, int]:
+    """The summary table's 'accepted edits' column, by step."""
+    found = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if len(cells) == 8 and cells[0].isdigit():
+            found[int(cells[0])] = int(cells[3])
+    return found
+
+
+def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_path):
+    db = str(tmp_path / "runs.duckdb")
+    # the parent: one gated step whose two edits are rejected, then scored alone
+    # (per-node gates under auto): the gate's count must still bound its calls
+    stdout, log = _engine("run", str(DEMO), "--backend", "scripted", "--scripted-responder",
+                          DEMO_MODEL, "--steps", "1", "--db", db, "--run-id", "parent")
+    said = _checked_counts(log)
+    assert said == {0: 0, 1: 0} and _summary_accepted(stdout) == {0: 0, 1: 0}
+    assert "step 1 gate: 95/144 calls" in log  # 48 for the candidate, then each edit alone
+    prompt = tmp_path / "answer.txt"
+    prompt.write_text("Write the number you are given.", encoding="utf-8")
+    # the fork re-measures its hand-set prompt on train and validation at step 1, then runs
+    # step 2 with the gate off, so every proposal is accepted
+    stdout, log = _engine("run", "--fork", "parent", "--from-step", "1", "--set-prompt",
+                          f"answer=@{prompt}", "--steps", "1", "--no-gate", "--db", db,
+                          "--run-id", "fork")
+    said = _checked_counts(log)
+    assert "step 1 forward: 64/64 calls" in log  # (8 train + 24 val) x 2 nodes
+    accepted = dict(rows(db, "SELECT step, count(*) FILTER (WHERE accepted) FROM updates "
+                             "WHERE run_id = 'fork' GROUP BY step"))
+    assert accepted == {2: 2}
+    assert said == {1: 0, ("by hand", 1): 1, 2: 2}
+    assert _summary_accepted(stdout) == {1: 0, 2: 2}
+    assert "edit accepted" not in log.split("step 2 ")[0]  # step 1 was set by hand
+    assert "step 1: the fork's starting state, 1 prompt set by hand" in stdout

@@ -76,7 +76,7 @@ def _non_default(name: str):
         return value + 1.5
     if isinstance(value, int) or value is None:
         return 3 if name not in ("model", "optimizer_model", "db", "data_dir", "dataset", "chat_format",
-                                 "base_url", "run_id") else "x"
+                                 "base_url", "run_id", "scripted_responder") else "x"
     return value + "x"
 
 
@@ -136,3 +136,47 @@ def test_the_new_run_form_writes_its_settings_as_the_engine_reads_them():
     given = given_settings(args)
     assert given["method_options"] == {"m0": 3} and given["gate"] is False
     assert (given["method"], given["steps"], given["data_dir"]) == ("gtbp", 2, "/d")
+
+
+def test_a_scripted_responder_is_recorded_and_answers_the_runs_forks_too(tmp_path, capsys):
+    from tests.support.runlog import rows
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    db = str(tmp_path / "r.duckdb")
+    model = "sample_graphs/demo_responder.py:demo_responder"  # relative to the repository
+    common = ["--db", db, "--steps", "0", "--val", "6", "--train", "2", "--test", "0"]
+    assert main(["run", str(root / "sample_graphs" / "demo.yaml"), "--backend", "scripted",
+                 "--scripted-responder", str(root / model), "--run-id", "parent",
+                 *common[:2], *common[2:]]) == 0
+    assert stored_config(db, "parent")["scripted_responder"] == str(root / model)
+    # the demo's model: the starting prompts get every answer wrong, a note that asks for
+    # the number gets them right, in the fork that the stored responder answers
+    assert rows(db, "SELECT val_score FROM steps WHERE run_id = 'parent'") == [(0.0,)]
+    assert main(["run", "--fork", "parent", "--from-step", "0", "--db", db, "--run-id",
+                 "fork", "--steps", "0", "--set-prompt",
+                 "note=The text says how many. Write that number."]) == 0
+    assert rows(db, "SELECT val_score FROM steps WHERE run_id = 'fork'") == [(1.0,)]
+    assert rows(db, "SELECT DISTINCT output_text FROM node_outputs WHERE run_id = 'fork' AND "
+                    "node_id = 'answer' AND example_id = 'ct-00'") == [("7",)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--scripted-responder", "no_colon"], "expects FILE.py:NAME"),
+    (["--scripted-responder", "missing.py:fn"], "functions file not found"),
+    (["--scripted-responder", "sample_graphs/demo_responder.py:nothing"],
+     "has no function 'nothing'"),
+    (["--scripted-responder", "sample_graphs/demo_responder.py:demo_responder",
+      "--backend", "openai"], "only the scripted backend"),
+])
+def test_a_bad_scripted_responder_is_one_error_line(tmp_path, capsys, monkeypatch, args,
+                                                    message):
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    db = tmp_path / "r.duckdb"
+    argv = ["run", "sample_graphs/demo.yaml", "--db", str(db), "--steps", "0", *args]
+    if "--backend" not in args:
+        argv += ["--backend", "scripted"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
+    assert not db.exists()  # refused before the run log

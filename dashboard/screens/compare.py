@@ -12,6 +12,7 @@ from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.figures import compare_curves
 from dashboard.views.text import fmt, md, show_diff, show_side_by_side
+from dashboard.views.validation import best_validation, fork_validation
 
 OTHER_KEY = "other"
 PAIR_KEY = "pair"  # the example whose gradients are paired (a row picked in the table)
@@ -33,6 +34,19 @@ def default_other(runs: pd.DataFrame, run: str, db: str = "") -> str | None:
     others["rank"] = [(g != me["graph_name"], s != me["seed"], m == me["method"])
                       for g, s, m in zip(others["graph_name"], others["seed"], others["method"])]
     return others.sort_values("rank", kind="stable").iloc[0]["run_id"]
+
+
+def fork_pair(db: str, a: str, b: str) -> tuple[str, str, int] | None:
+    """(parent, fork, the step the fork starts from) when one run is a fork of the other
+    and both logged that step; None otherwise."""
+    for parent, fork in ((a, b), (b, a)):
+        record = data.run(db, fork) or {}
+        start = record.get("fork_step")
+        if record.get("parent_run_id") == parent and start is not None and start == start:
+            logged = [set(data.steps(db, r)["step"]) for r in (parent, fork)]
+            if all(int(start) in steps for steps in logged):
+                return parent, fork, int(start)
+    return None
 
 
 def summary(runs: pd.DataFrame, a: str, b: str, tests: dict[str, float]) -> None:
@@ -306,6 +320,12 @@ other = st.selectbox("Compare with", choices, index=None, key=OTHER_KEY, bind="q
 if other is None:
     st.stop()
 summary(runs, sel.run, other, data.test_scores(sel.db))
+lineage = fork_pair(sel.db, sel.run, other)
+if lineage is not None:
+    parent, fork, start = lineage
+    fork_validation(sel.db, parent, fork, start,
+                    labels=(f"parent {'A' if parent == sel.run else 'B'} ({md(parent)})",
+                            f"fork {'A' if fork == sel.run else 'B'} ({md(fork)})"))
 sa, sb = data.steps(sel.db, sel.run), data.steps(sel.db, other)
 st.plotly_chart(compare_curves(sa, sb, "A", "B"), key="compare_curves")
 st.caption(f"A = {md(sel.run)} (solid) · B = {md(other)} (dashed)")
@@ -329,4 +349,5 @@ else:
 
 st.subheader("Prompts: latest accepted versions", divider="gray")
 prompts_diff(sel, other)
-st.caption(f"Best validation: A {fmt(sa['val_score'].max())}, B {fmt(sb['val_score'].max())}")
+st.caption(f"Best validation: A {best_validation(sel.db, sel.run)}; "
+           f"B {best_validation(sel.db, other)}.")

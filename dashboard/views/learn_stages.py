@@ -14,6 +14,7 @@ from dashboard.views.blame import blame_button
 from dashboard.views.panes import update_pane
 from dashboard.views.quality import mark
 from dashboard.views.text import fmt, md, plural, show_messages, show_text
+from dashboard.views.validation import fork_validation
 from dashboard.views.whatif import flip_label, prompt_after
 from engine.methods import METHODS
 
@@ -341,15 +342,8 @@ def fix_stage(tour: Selection, graph: data.RunGraph) -> None:
         st.caption(f"No fork of this run from step {tour.step} yet.")
         return
     fork = forks[0]
-    mine, theirs = (data.validation_at(tour.db, tour.run, tour.step),
-                    data.validation_at(tour.db, fork, tour.step))
-    st.markdown(f"Validation at step {tour.step}: this run {mine.text()}; fork "
-                f"{code(fork)} with the new prompt {theirs.text()}.")
-    if mine.value is not None and theirs.value is not None:
-        verdict = ("rose" if theirs.value > mine.value else
-                   "fell" if theirs.value < mine.value else "did not change")
-        (st.success if verdict == "rose" else st.info)(
-            f"Validation {verdict} ({mine.value:.3f} → {theirs.value:.3f}).")
+    fork_validation(tour.db, tour.run, fork, tour.step,
+                    labels=("this run", f"fork {code(fork)} with the new prompt"))
     st.page_link("screens/compare.py", label="Open the fork beside this run on Compare",
                  icon=":material/compare_arrows:",
                  query_params={"run": fork, "other": tour.run, "step": str(tour.step)})

@@ -13,6 +13,7 @@ from dashboard import data, jobs, probe_data
 from dashboard.state import Selection
 from dashboard.views import job_watch
 from dashboard.views.text import fmt, md, show_text
+from dashboard.views.validation import fork_validation
 
 KINDS = {"output": "Edit the output", "gradient": "Follow the gradient",
          "edit": "Apply a prompt"}
@@ -162,9 +163,12 @@ def fork_panel(sel: Selection, view: dict[str, pd.DataFrame], is_function: bool,
     watch = f"fork|{sel.run}"
     listed = job_watch.follow(watch)
     if listed and listed[0].returncode == 0:
-        st.page_link("screens/compare.py", label=f"Compare {listed[0].run_id} with this run",
+        fork = listed[0].run_id
+        fork_validation(sel.db, sel.run, fork, int(sel.step),
+                        labels=("this run", f"fork {md(fork)}"))
+        st.page_link("screens/compare.py", label=f"Compare {fork} with this run",
                      icon=":material/compare_arrows:",
-                     query_params={"run": listed[0].run_id, "other": sel.run})
+                     query_params={"run": fork, "other": sel.run, "step": str(sel.step)})
     if any(job.returncode is None for job in listed):
         return
     if st.button("Fork from here", key=f"fork_run|{slot}"):

@@ -104,13 +104,8 @@ def _print_estimate(config: Any, graph: Any, dry_run: bool) -> bool:
 
     graph = graph or load_graph(config.graph)
     estimate = estimate_for(config, graph, load_splits(config, graph))
-    if dry_run:
-        for line in estimate.breakdown():
-            out.print(line, markup=False, highlight=False)
-    out.print(estimate.line(), markup=False, highlight=False)
-    if dry_run:
-        out.print("dry run: no model call made, no run log written", markup=False,
-                  highlight=False)
+    for line in estimate.printed(dry_run):
+        out.print(line, markup=False, highlight=False)
     return not dry_run
 
 
@@ -187,6 +182,7 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
     before the run starts prints only its one error line. With `progress_file`, the
     progress events also go there as JSON lines (what the dashboard follows)."""
     calls = {"n": 0}
+    accepted: dict[int, int] = defaultdict(int)  # accepted proposals per step
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[calls]} calls"),
                         TimeElapsedColumn(), console=console)
@@ -204,12 +200,14 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
                                               f"{event.calls_done}{of}")
             if not console.is_terminal and _progress_worth_a_line(event, calls):
                 console.print(progress_line(event), markup=False, highlight=False)
+        elif isinstance(event, Proposal):
+            accepted[event.step] += int(event.accepted)
         elif isinstance(event, StepFinished):
             progress.update(task, advance=1, description=f"step {event.step} done")
             if not console.is_terminal:  # a log file (e.g. a dashboard job): one line a step
                 console.print(f"step {event.step} done: train {_fmt(event.train_score)}, "
                               f"val {_fmt(event.val_score)}"
-                              f"{', edit accepted' if event.accepted else ''}; "
+                              f"{_changes(accepted[event.step], event)}; "
                               f"{calls['n']} calls so far", markup=False, highlight=False)
 
     listeners: tuple = (listener,)
@@ -224,6 +222,24 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
             progress.stop()
     print_summary(result)
     return 0 if result.status == "finished" else 1
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _hand_set(step: StepFinished) -> int:
+    """Prompts a fork set by hand at the step it starts from (0 for any other step)."""
+    return int(step.metrics.get("forked_prompts_edited", 0))
+
+
+def _changes(accepted: int, step: StepFinished) -> str:
+    """', 2 edits accepted' (the step's accepted proposals, as the summary counts them)
+    and ', 1 prompt set by hand' (a fork's starting step); '' when neither."""
+    parts = [f"{_plural(accepted, 'edit')} accepted"] if accepted else []
+    if _hand_set(step):
+        parts.append(f"{_plural(_hand_set(step), 'prompt')} set by hand")
+    return "".join(f", {part}" for part in parts)
 
 
 def _progress_worth_a_line(event: Any, state: dict) -> bool:
@@ -257,6 +273,11 @@ def print_summary(result: Any) -> None:
         table.add_row(str(s.step), _fmt(s.train_score), _fmt(s.val_score), str(edits[s.step]),
                       str(calls), str(tokens), _money(cost, unknown), str(hits))
     out.print(table)
+    for s in result.events.of(StepFinished):
+        if _hand_set(s):
+            out.print(f"step {s.step}: the fork's starting state, "
+                      f"{_plural(_hand_set(s), 'prompt')} set by hand (not counted as "
+                      "accepted edits)", markup=False, highlight=False)
     phases = ", ".join(f"{phase} {calls} calls {tokens} tokens {_money(cost, unknown)}"
                        + (f" ({hits} cache hits)" if hits else "")
                        for phase, (calls, tokens, hits, cost, unknown) in per_phase.items())

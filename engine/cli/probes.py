@@ -275,6 +275,19 @@ def blame_lines(report: Any, out: Any) -> list[str]:
 # --- forks (python -m engine run --fork RUN_ID --from-step S ...) ------------------------
 
 
+def _print_fork_estimate(plan: Any, dry_run: bool) -> bool:
+    """The fork's estimate, as `run` prints a run's (one line; with --dry-run, by phase,
+    and False: do not run): its own steps, and its starting step's re-measure if any."""
+    from engine.console import out
+    from engine.runs.estimate import estimate_for
+
+    estimate = estimate_for(plan.config, plan.graph, plan.splits, start=plan.from_step,
+                            baseline=plan.rescore)
+    for line in estimate.printed(dry_run):
+        out.print(line, markup=False, highlight=False)
+    return not dry_run
+
+
 def cmd_fork(args: argparse.Namespace, with_progress: Any) -> int:
     """Fork a run: every run setting typed on the command line replaces the parent's, also
     one equal to the command line's default (`--temperature 0` on a run made at 0.5)."""
@@ -294,5 +307,8 @@ def cmd_fork(args: argparse.Namespace, with_progress: Any) -> int:
             raise ProbeError(f"--set-prompt expects NODE=TEXT or NODE=@FILE, not {item!r}")
         prompts[node] = _text(value)
     plan = plan_fork(db, args.fork, args.from_step, prompts, overrides)
+    if not _print_fork_estimate(plan, getattr(args, "dry_run", False)):
+        return 0
+    # the bar counts the steps the fork logs: its starting step S again, then S+1, ...
     return with_progress(lambda listeners: run_fork(plan, listeners=listeners),
-                         plan.config.steps, args.from_step + 1, progress_file=args.progress_file)
+                         plan.config.steps, args.from_step, progress_file=args.progress_file)

@@ -111,3 +111,41 @@ def bind_logged_graph(text: str, where: str, code: Mapping[str, Any] | None,
         placeholder = yaml.safe_dump({**doc, "metric": "exact_match"}, sort_keys=False)
         return replace(parse_graph(placeholder, where, bound), metric=metric, metric_fn=fn)
     return parse_graph(text, where, bound)
+
+
+def _responder_parts(spec: str) -> tuple[str, str]:
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise CodeMissing(f"--scripted-responder expects FILE.py:NAME or MODULE:NAME, not "
+                          f"{spec!r}")
+    return where, name
+
+
+def resolved_responder(spec: str) -> str:
+    """`spec` with its file made absolute, as a run records it (a fork started from another
+    folder, or by the dashboard, finds the same file)."""
+    where, name = _responder_parts(spec)
+    return f"{Path(where).resolve()}:{name}" if where.endswith(".py") else spec
+
+
+def load_responder(spec: str) -> Callable[..., Any]:
+    """The scripted backend's responder named by `FILE.py:NAME` or `MODULE:NAME`: NAME is
+    called with no arguments and returns `responder(request) -> str | None`
+    (engine/llm/scripted.py). Raises CodeMissing (one line) when it cannot be had."""
+    where, name = _responder_parts(spec)
+    if where.endswith(".py"):
+        namespace: Mapping[str, Any] = load_functions(where)
+    else:
+        try:
+            namespace = vars(importlib.import_module(where))
+        except Exception as exc:  # noqa: BLE001 - whatever the import raises, one line
+            raise CodeMissing(f"--scripted-responder: cannot import module '{where}': "
+                              f"{exc.__class__.__name__}: {exc}") from None
+    factory = namespace.get(name)
+    if not callable(factory):
+        raise CodeMissing(f"--scripted-responder: {where} has no function '{name}'")
+    responder = factory()
+    if not callable(responder):
+        raise CodeMissing(f"--scripted-responder: {name}() must return a function of the "
+                          "request")
+    return responder

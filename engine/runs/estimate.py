@@ -81,6 +81,14 @@ class RunEstimate:
         return [f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]:>{width[2]}}  "
                 f"{r[3]:>{width[3]}}" for r in rows]
 
+    def printed(self, dry_run: bool) -> list[str]:
+        """What `run` prints before its first call: the one line; with --dry-run, the
+        breakdown first and a last line saying nothing ran."""
+        if not dry_run:
+            return [self.line()]
+        return [*self.breakdown(), self.line(), "dry run: no model call made, no run log "
+                "written"]
+
     def _unpriced(self) -> str:
         return ", ".join(dict.fromkeys(m for m in self.models if m not in self.prices))
 
@@ -135,11 +143,16 @@ def node_gate_calls(graph: GraphSpec, changed: list[str], cached: bool) -> int:
 
 
 def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int,
-                   models: tuple[str, str] = ("", ""), prices: dict | None = None
-                   ) -> RunEstimate:
-    """The run's model calls by phase (see the module docstring); `config` is a RunConfig."""
+                   models: tuple[str, str] = ("", ""), prices: dict | None = None,
+                   start: int = 0, baseline: bool = True) -> RunEstimate:
+    """The run's model calls by phase (see the module docstring); `config` is a RunConfig.
+    A fork starts at step `start` (its optimization steps are start+1..config.steps) and
+    scores train and validation there only when `baseline` (it re-measures edited
+    prompts)."""
     llm = [n.id for n in graph.nodes if n.kind == "llm"]
-    nodes, steps = len(llm), config.steps
+    nodes, steps = len(llm), config.steps - start
+    first, last = start + 1, config.steps
+    span = f"step {first}" if first == last else f"steps {first}-{last}"
     cached = config.cache != "off"
     judge = graph.metric == "judge"
     trainable = graph.trainable_nodes
@@ -153,36 +166,39 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     gates_expected = node_gates_apply(mode, k)
     gate_nodes = node_gate_calls(graph, changed, cached), node_gate_calls(graph, changed, False)
 
-    phases = [Phase("step 0: train and validation", "forward", (n_train + n_val) * initial,
-                    (n_train + n_val) * nodes)]
-    if judge:
-        phases.append(Phase("step 0: judge", "optimizer", n_train + n_val, n_train + n_val))
+    phases = []
+    if baseline:
+        phases.append(Phase(f"step {start}: train and validation", "forward",
+                            (n_train + n_val) * initial, (n_train + n_val) * nodes))
+        if judge:
+            phases.append(Phase(f"step {start}: judge", "optimizer", n_train + n_val,
+                                n_train + n_val))
     if steps:
         # step 1 repeats step 0's train pass; a later one, only after a rejection
         after_accept = (steps - 1) * ACCEPTED_SHARE
         train = round(after_accept * n_train * reached) if cached else steps * n_train * nodes
-        phases.append(Phase(f"steps 1-{steps}: forward on train", "forward", train,
+        phases.append(Phase(f"{span}: forward on train", "forward", train,
                             steps * n_train * nodes))
         if judge:
-            phases.append(Phase(f"steps 1-{steps}: judge on train", "optimizer",
+            phases.append(Phase(f"{span}: judge on train", "optimizer",
                                 round(after_accept * n_train) if cached else steps * n_train,
                                 steps * n_train))
-        phases += [Phase(f"steps 1-{steps}: backward", "optimizer", steps * backward,
+        phases += [Phase(f"{span}: backward", "optimizer", steps * backward,
                          steps * backward),
-                   Phase(f"steps 1-{steps}: repairs", "optimizer", 0, steps * backward),
-                   Phase(f"steps 1-{steps}: update", "optimizer", steps * k, steps * k),
-                   Phase(f"steps 1-{steps}: validation candidate", "forward",
+                   Phase(f"{span}: repairs", "optimizer", 0, steps * backward),
+                   Phase(f"{span}: update", "optimizer", steps * k, steps * k),
+                   Phase(f"{span}: validation candidate", "forward",
                          steps * n_val * (reached if cached else nodes), steps * n_val * nodes)]
         if judge:
-            phases.append(Phase(f"steps 1-{steps}: judge on validation", "optimizer",
+            phases.append(Phase(f"{span}: judge on validation", "optimizer",
                                 steps * n_val, steps * n_val))
         if mode != "off" and k >= 2:
             gated = steps * (1.0 if mode == "on" else 1 - ACCEPTED_SHARE)  # auto: rejections
-            phases.append(Phase(f"steps 1-{steps}: per-node gates ({mode})", "forward",
+            phases.append(Phase(f"{span}: per-node gates ({mode})", "forward",
                                 round(gated * n_val * gate_nodes[0]) if gates_expected else 0,
                                 steps * n_val * gate_nodes[1] if gates_expected else 0))
             if judge and gates_expected:
-                phases.append(Phase(f"steps 1-{steps}: judge per-node gates", "optimizer",
+                phases.append(Phase(f"{span}: judge per-node gates", "optimizer",
                                     round(gated * n_val * k), steps * n_val * k))
     if n_test:
         # identical initial prompts stay shared unless some step was accepted
@@ -195,9 +211,11 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     return RunEstimate(phases, models, dict(prices or {}))
 
 
-def estimate_for(config: Any, graph: GraphSpec, splits: Any) -> RunEstimate:
+def estimate_for(config: Any, graph: GraphSpec, splits: Any, start: int = 0,
+                 baseline: bool = True) -> RunEstimate:
     """The estimate of a run with `config` (a RunConfig) over `splits`, priced with the
-    models it will use (as engine.runs.execute.make_client resolves them)."""
+    models it will use (as engine.runs.execute.make_client resolves them); `start` and
+    `baseline` as in `estimate_calls` (a fork: engine.runs.fork.ForkPlan)."""
     from engine.llm.factory import default_model
     from engine.llm.pricing import load_prices
 
@@ -206,4 +224,4 @@ def estimate_for(config: Any, graph: GraphSpec, splits: Any) -> RunEstimate:
     optimizer = config.optimizer_model or (
         model if opt_kind == config.backend else default_model(opt_kind))
     return estimate_calls(graph, config, len(splits.train), len(splits.val), len(splits.test),
-                          (model, optimizer), load_prices())
+                          (model, optimizer), load_prices(), start=start, baseline=baseline)

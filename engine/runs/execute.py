@@ -128,9 +128,13 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
     # --concurrency 1 keeps the embedded model to one llama context (with every core)
     local = {"model": config.model, "chat_format": config.chat_format,
              "contexts": config.concurrency}
+    options = local if config.backend == "local" else {}
+    if forward_backend is None and config.backend == "scripted" and config.scripted_responder:
+        from engine.runs.code import load_responder
+
+        options = {"scripted_options": {"responder": load_responder(config.scripted_responder)}}
     forward = forward_backend or make_backend(
-        config.backend, base_url=config.base_url, timeout=config.timeout,
-        **(local if config.backend == "local" else {}))
+        config.backend, base_url=config.base_url, timeout=config.timeout, **options)
     opt_kind = config.optimizer_backend or config.backend
     optimizer = optimizer_backend or (
         forward if opt_kind == config.backend else
@@ -187,6 +191,14 @@ async def execute(config: RunConfig, *, forward_backend: Backend | None = None,
     if config.gate and config.steps > 0 and not splits.val:
         raise ValueError("the validation gate needs validation examples: set --val above 0 "
                          "or pass --no-gate")
+    if config.scripted_responder:
+        from engine.runs.code import load_responder, resolved_responder
+
+        if config.backend != "scripted":
+            raise ValueError("--scripted-responder: only the scripted backend takes a "
+                             f"responder, not --backend {config.backend}")
+        config.scripted_responder = resolved_responder(config.scripted_responder)
+        load_responder(config.scripted_responder)  # fail fast, before the run log
     open_for_writing(config.db)
     if config.run_id and run_exists(config.db, config.run_id):
         raise RunLogError(f"{config.db}: a run '{config.run_id}' already exists; choose "
@@ -235,7 +247,12 @@ def examples_of(rows: list[dict], split: str) -> list[Example]:
 async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
                  state: OptimizerState | None, forward_backend, optimizer_backend, listeners,
                  *, new: bool, test_done: bool = False, run_extra: dict | None = None,
-                 prologue: Callable[[RunContext], Any] | None = None) -> RunResult:
+                 prologue: Callable[[RunContext], Any] | None = None,
+                 baseline_step: int | None = 0) -> RunResult:
+    """Run `config.steps` from `state` (None: from step 0). `prologue` runs first (a fork
+    logs the state it starts from); `baseline_step` is the step whose forward pass scores
+    validation too (step 0; a fork's first step when it re-measures; None: none), for the
+    progress counts."""
     method = method_from_config(config)
     cache = load_cache(config.db, config.cache)
     client = make_client(config, cache, forward_backend, optimizer_backend)
@@ -247,7 +264,7 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
         graph, {name: len(part) for name, part in splits.by_name().items()},
         failures=config.failures_per_step, method=type(method), run_id=config.run_id,
         updates=1 if config.update_mode == "one" else len(graph.trainable_nodes),
-        node_gates=config.node_gates, emit=bus.emit))
+        node_gates=config.node_gates, emit=bus.emit, baseline_step=baseline_step))
     if new:
         writer.start_run({**run_row(config.run_id, graph, config.to_json(),
                                     client.forward_backend.name, client.forward_model,

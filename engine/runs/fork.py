@@ -123,7 +123,8 @@ async def run_fork(plan: ForkPlan, *, forward_backend: Backend | None = None,
     return await drive_run(plan.config, plan.graph, plan.splits, plan.state, forward_backend,
                         optimizer_backend, listeners, new=True, prologue=log_start,
                         run_extra={"parent_run_id": plan.parent_id,
-                                   "fork_step": plan.from_step})
+                                   "fork_step": plan.from_step},
+                        baseline_step=plan.from_step if plan.rescore else None)
 
 
 async def fork(db: str, parent_id: str, from_step: int, *,

@@ -2,16 +2,18 @@
 `Progress` events (step, phase, calls done against calls expected).
 
 The phase of a call follows from the order of a step's calls, so the core emits nothing
-extra: forward calls before the step's first backward call are `forward` (step 0 scores
-train and validation together), then `loss` (judge calls), `backward` and `update`; forward
-calls after the step's update calls are the validation `gate`; forward calls of the last
-step after its StepFinished are the `test` split.
+extra: forward calls before the step's first backward call are `forward` (the baseline
+step scores train and validation together: step 0, or the step a fork starts from when it
+re-measures its edited prompts), then `loss` (judge calls), `backward` and `update`;
+forward calls after the step's update calls are the validation `gate`; forward calls of
+the last step after its StepFinished are the `test` split.
 
 Calls expected are an estimate from the graph and the split sizes: exact for forward,
 gate and test (one call per LLM node per example; cached replies count as calls), an
 upper bound for backward (k sampled examples times the method's `backward_calls`; repairs
 can add a few), update and the gate under per-node gates (every proposal counted as a
-change).
+change; under `auto` they are counted once the gate makes more calls than the candidate
+alone needs, which is when they run).
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ class ProgressTracker:
 
     def __init__(self, graph: Any, sizes: dict[str, int], *, failures: int, updates: int,
                  method: type[Method], run_id: str, emit: Callable[[Any], None],
-                 node_gates: str = "auto"):
+                 node_gates: str = "auto", baseline_step: int | None = 0):
         llm = [n.id for n in graph.nodes if n.kind != "function"]
         self.per_example = len(llm)
         self.sizes, self.run_id, self.emit = sizes, run_id, emit
+        self.baseline_step = baseline_step  # its forward pass also scores validation
         self.updates, self.node_gates = updates, node_gates
         self.backward = failures * method.backward_calls(graph)
         self.step, self.phase, self.done, self.total = -1, "", 0, 0
@@ -59,7 +62,7 @@ class ProgressTracker:
         self.done += 1
         self.total += 1
         self.emit(Progress(self.run_id, call.step, phase, self.done,
-                           self.expected(phase, call.step), self.total))
+                           self.expected(phase, call.step, self.done), self.total))
 
     def _phase(self, call: CallRecord) -> str:
         if call.step in self.finished:
@@ -73,17 +76,21 @@ class ProgressTracker:
             return "gate"
         return "loss" if call.purpose == "loss" else "forward"
 
-    def expected(self, phase: str, step: int) -> int:
-        """Calls the phase should make (0: unknown)."""
+    def expected(self, phase: str, step: int, done: int = 0) -> int:
+        """Calls the phase should make (0: unknown), `done` calls into it."""
         n = self.per_example
         if phase == "forward":
-            examples = self.sizes["train"] + (self.sizes["val"] if step == 0 else 0)
-            return examples * n
+            baseline = step == self.baseline_step
+            return (self.sizes["train"] + (self.sizes["val"] if baseline else 0)) * n
         if phase == "gate":  # the candidate, and each edit alone under per-node gates
-            # (under auto they run only once the candidate is rejected: not counted ahead)
-            alone = self.seen_update if self.node_gates == "on" and \
+            candidate = self.sizes["val"] * n
+            # under auto they run only once the candidate is rejected: counted from the
+            # first call past the candidate's
+            gates_on = self.node_gates == "on" or (self.node_gates == "auto"
+                                                    and done > candidate)
+            alone = self.seen_update if gates_on and \
                 node_gates_apply("on", self.seen_update) else 0
-            return self.sizes["val"] * n * (1 + alone)
+            return candidate * (1 + alone)
         return {"test": self.sizes["test"] * n,
                 "backward": self.backward, "update": self.updates}.get(phase, 0)
 

@@ -128,6 +128,12 @@ class RunConfig:
                                             help="backend for loss, backward and update calls "
                                                  "(default: --backend)")
     optimizer_model: str | None = setting(None, help="model for loss, backward and update calls")
+    scripted_responder: str | None = setting(
+        None, metavar="FILE.py:NAME",
+        help="with --backend scripted: NAME() in FILE.py (or MODULE:NAME) returns the "
+             "scripted model's responder (request -> reply, or None for the default "
+             "reply), e.g. sample_graphs/demo_responder.py:demo_responder; forks, resumes "
+             "and probes of the run use it too")
     steps: int = setting(4, type=non_negative_int,
                          help="optimization steps (0 only scores the starting prompts)")
     train: int | None = setting(None, type=non_negative_int,
