@@ -90,6 +90,8 @@ class Gradient:
     call_id: str | None = None
     kind: str = "gradient"
     parse_error: str | None = None
+    asks_change: bool | None = None  # the gradient asks its input to change (kind 'gradient')
+    claim_source: str | None = None  # 'schema' (the reply's field) or 'text:<reading>'
 
 
 @dataclass

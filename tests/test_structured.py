@@ -26,13 +26,18 @@ from tests.support.json_schema import assert_follows
 NAMES = ["hint_a", "hint_b"]
 
 
+def with_claims(names):
+    """Each input's gradient, then its boolean `asks_change` field."""
+    return [f for n in names for f in (n, f"asks_change_{n}")]
+
+
 @pytest.mark.parametrize("role, names, answer", [
-    ("backward_joint", NAMES, NAMES),
-    ("backward_evaluative", NAMES, NAMES),
-    ("backward_single", ["hint_a"], ["hint_a"]),
-    ("backward_nosibling", ["hint_a"], ["hint_a"]),
-    ("backward_textgrad_lib", ["hint_a"], ["hint_a"]),
-    ("backward_joint_repair", ["hint_b"], ["hint_b"]),
+    ("backward_joint", NAMES, with_claims(NAMES)),
+    ("backward_evaluative", NAMES, with_claims(NAMES)),
+    ("backward_single", ["hint_a"], with_claims(["hint_a"])),
+    ("backward_nosibling", ["hint_a"], with_claims(["hint_a"])),
+    ("backward_textgrad_lib", ["hint_a"], with_claims(["hint_a"])),
+    ("backward_joint_repair", ["hint_b"], with_claims(["hint_b"])),
     ("update", [], ["prompt"]),
     ("gtbp_combine", [], ["target"]),
     ("gtbp_input", ["question", "hint_a"], ["question", "hint_a"]),
@@ -46,6 +51,8 @@ def test_each_role_has_a_schema_with_reasoning_first_then_its_answer_fields(role
     for key, field in schema["properties"].items():
         if field["type"] == "string":
             assert 1 <= field.get("minLength", 1) <= field["maxLength"], key
+        elif key.startswith("asks_change_"):
+            assert field == {"type": "boolean"}
         else:
             assert field["type"] == "array" and field["items"]["maxLength"] > 0
     assert token_budget(schema) > 0
@@ -58,7 +65,8 @@ def test_roles_that_stay_text_have_no_schema():
 
 def test_an_input_called_reasoning_keeps_its_own_field():
     schema = S.schema_for("backward_joint", ["reasoning", "hint"])
-    assert list(schema["properties"]) == ["reasoning_", "reasoning", "hint"]
+    assert list(schema["properties"]) == ["reasoning_", "reasoning", "asks_change_reasoning",
+                                          "hint", "asks_change_hint"]
     text = S.reply_text(json.dumps({"reasoning_": "why", "reasoning": "R", "hint": "H"}),
                         "backward_joint", ["reasoning", "hint"])
     assert P.parse_gradients(text, ["reasoning", "hint"]) == (
@@ -221,3 +229,11 @@ def test_every_method_declares_reply_roles_that_have_a_json_shape():
             assert S.shape_for(role) is not None, (name, role)
             assert S.schema_for(role, ["a", "b"]) is not None, (name, role)
     assert set(METHODS["gtbp"].reply_roles()) == {"gtbp_combine", "gtbp_input", "gtbp_update"}
+
+
+def test_a_backward_reply_states_per_input_whether_it_should_change():
+    reply = json.dumps({"reasoning": "why", "hint_a": "Fine.", "asks_change_hint_a": False,
+                        "hint_b": "Add units.", "asks_change_hint_b": True})
+    assert S.reply_claims(reply, NAMES) == {"hint_a": False, "hint_b": True}
+    assert S.reply_claims('<gradient input="hint_a">x</gradient>', NAMES) == {}
+    assert "asks_change_hint_a" in S.example_reply("backward_joint", NAMES)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
+from engine.core.claims import gradient_claim
 from engine.core.forward import ExampleTrace, Prompts, RunContext
 from engine.core.functions import function_backward
 from engine.events import Gradient, LossRecord
@@ -24,6 +26,18 @@ class NodeGradient:
     content: str
     call_id: str | None = None
     parse_error: str | None = None
+    asks_change: bool | None = None  # as the structured reply states it; None: read the text
+
+
+def claim_of(grad: NodeGradient, kind: str) -> dict[str, Any]:
+    """What a gradient (kind 'gradient') claims and where that was read: the structured
+    reply's `asks_change` field ('schema'), else its text ('text:<reading>')."""
+    if kind != "gradient":
+        return {}
+    if grad.asks_change is not None:
+        return {"asks_change": grad.asks_change, "claim_source": "schema"}
+    asks, reading = gradient_claim(grad.content)
+    return {"asks_change": asks, "claim_source": f"text:{reading}"}
 
 
 @dataclass
@@ -125,7 +139,7 @@ class Method:
         return Gradient(run_id=ctx.run_id, step=ctx.step, example_id=trace.example.id,
                         node_id=node_id, from_node_id=from_node, method=self.name,
                         content=grad.content, call_id=grad.call_id or call_id, kind=kind,
-                        parse_error=grad.parse_error)
+                        parse_error=grad.parse_error, **claim_of(grad, kind))
 
     async def propose_update(self, ctx: RunContext, prompts: Prompts, node_id: str,
                              samples: list[UpdateSample], rejected: list[str]) -> UpdateProposal:
@@ -162,9 +176,11 @@ def function_messages(function: str, message: str, values: dict[str, str],
 
 
 async def ask_backward(ctx: RunContext, node_id: str, example_id: str, view: P.BackwardView,
-                       role: str) -> tuple[dict[str, str], str | None, str | None]:
+                       role: str
+                       ) -> tuple[dict[str, str], str | None, str | None, dict[str, bool]]:
     """One backward call showing `view` in the run's prompt set; returns (gradient per
-    asked input, call_id, parse or call error)."""
+    asked input, call_id, parse or call error, asks_change per input as the structured
+    reply states it)."""
     names = view.asked
     request = ctx.client.request("backward", ctx.prompt_set.backward(view),
                                  max_tokens=ctx.optimizer_max_tokens,
@@ -172,12 +188,14 @@ async def ask_backward(ctx: RunContext, node_id: str, example_id: str, view: P.B
     record = await ctx.client.call(request, step=ctx.step, node_id=node_id,
                                    example_id=example_id)
     if record.error:
-        return {n: "" for n in names}, record.call_id, f"backward call failed: {record.error}"
+        return ({n: "" for n in names}, record.call_id, f"backward call failed: {record.error}",
+                {})
     grads, problem = P.parse_gradients(S.reply_text(record.response, role, names), names)
+    claims = {n: c for n, c in S.reply_claims(record.response, names).items() if grads.get(n)}
     if len(names) > 1 and P.missing_gradients(grads):
         grads, problem = await repair_gradients(ctx, request, record.response, grads, problem,
                                                 node_id, example_id, role)
-    return grads, record.call_id, problem
+    return grads, record.call_id, problem, claims
 
 
 async def repair_gradients(ctx: RunContext, request, reply: str, grads: dict[str, str],

@@ -185,8 +185,11 @@ def structured_reply(request: LLMRequest, text: str) -> str:
 def _fit(schema: dict, values: dict[str, object]) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, field in schema.get("properties", {}).items():
-        value = values.get(key) or FILLER
-        if field.get("type") == "array":
+        value = values.get(key, FILLER) if field.get("type") == "boolean" else (
+            values.get(key) or FILLER)
+        if field.get("type") == "boolean":  # the scripted gradients all ask for a change
+            out[key] = value if isinstance(value, bool) else True
+        elif field.get("type") == "array":
             items = value if isinstance(value, list) else [str(value)]
             out[key] = [_sized(str(v), field["items"]) for v in items][
                 : field.get("maxItems", len(items))]

@@ -24,6 +24,6 @@ class SemanticBackprop(Method):
         view = P.BackwardView(prompts.text[node_id], dict(trace.inputs[node_id]),
                               frozenset(ctx.graph.input_fields), trace.output(node_id),
                               feedback, predecessors, self.mode)
-        grads, call_id, problem = await ask_backward(ctx, node_id, trace.example.id, view,
-                                                     self.role)
-        return {p: NodeGradient(grads[p], call_id, problem) for p in predecessors}
+        grads, call_id, problem, claims = await ask_backward(ctx, node_id, trace.example.id,
+                                                             view, self.role)
+        return {p: NodeGradient(grads[p], call_id, problem, claims.get(p)) for p in predecessors}

@@ -43,9 +43,9 @@ class TextGrad(Method):
             view = P.BackwardView(prompts.text[node_id], self.shown_inputs(ctx, values, pred),
                                   frozenset(ctx.graph.input_fields), trace.output(node_id),
                                   feedback, [pred])
-            grads, call_id, problem = await ask_backward(ctx, node_id, trace.example.id, view,
-                                                         self.role)
-            return NodeGradient(grads[pred], call_id, problem)
+            grads, call_id, problem, claims = await ask_backward(
+                ctx, node_id, trace.example.id, view, self.role)
+            return NodeGradient(grads[pred], call_id, problem, claims.get(pred))
 
         results = await asyncio.gather(*(one(p) for p in predecessors))
         return dict(zip(predecessors, results))

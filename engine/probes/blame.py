@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.claims import gradient_claim
 from engine.core.copies import COPY_REASON
 from engine.llm.base import Backend
 from engine.probes.probe import (
@@ -47,6 +47,7 @@ from engine.runlog.probing import (
     aggregate_gradients,
     backpropagated_rows,
     backward_steps,
+    recorded_claims,
     step_proposal,
 )
 
@@ -162,29 +163,6 @@ def select_examples(run: LoggedRun, which: str) -> list[str]:
 
 
 # --- what the gradients claim -----------------------------------------------------------
-
-_KEEP = re.compile(
-    r"\b(no (further |other )?changes? (is |are )?(needed|required|necessary)|no change"
-    r"|needs? no changes?|need not (be )?change|(does not|doesn't|do not|don't) need to "
-    r"(be )?change|(should|can) (stay|remain) (as it is|as is|unchanged)|nothing to change"
-    r"|is (already )?(fine|correct|right|good)( as (it is|is))?|keep (it|this( input)?) "
-    r"(as it is|as is|unchanged))\b", re.I)
-_BUT = re.compile(r"\b(but|however|instead|although|though|except)\b", re.I)
-
-
-def gradient_claim(text: str) -> tuple[bool, str]:
-    """(asks its input to change, how that was read). Empty: no change. A no-change phrase
-    with no contrast after it ("but", "however", ...): no change. Otherwise a change."""
-    text = (text or "").strip()
-    if not text:
-        return False, "empty gradient"
-    keep = _KEEP.search(text)
-    if keep and not _BUT.search(text, keep.end()) and not _BUT.search(text[:keep.start()]):
-        return False, f"no-change phrase {keep.group(0)!r}"
-    if keep:
-        return True, f"no-change phrase {keep.group(0)!r} with a contrast"
-    return True, "asks for a change (no no-change phrase)"
-
 
 # --- the interval and the verdict -------------------------------------------------------
 
@@ -528,6 +506,8 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
              for e in failing for n in nodes if (e, n) in grads]
     return {"run": run, "failing": failing, "nodes": nodes, "edits": edits, "copied": copied,
             "gradients": gradients, "by_method": by_method, "jobs": jobs,
+            "recorded": {k: v for k, v in recorded_claims(run.db, run.run_id, run.step).items()
+                         if k in logged and k in gradients and gradients[k] == logged[k]},
             "run_method": run_method}
 
 
@@ -576,6 +556,8 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
     names = list(plans[0]["by_method"]) if plans else []
     per_method = {(m, n): Evidence(n, "gradient", m) for m in names for n in nodes}
     texts = {(p["run"].step, e, n): t for p in plans for (e, n), t in p["gradients"].items()}
+    recorded = {(p["run"].step, e, n): c for p in plans
+                for (e, n), c in p.get("recorded", {}).items()}
     claims = []
     for key, draws in _group(results).items():
         kind, method, node, step, example = key
@@ -584,7 +566,9 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
         elif method:
             _tally(per_method[(method, node)], draws)
         else:
-            asks, reading = gradient_claim(texts.get((step, example, node), ""))
+            # the claim recorded at backward time; a log without one: read from the text
+            asks, reading = recorded.get((step, example, node)) or gradient_claim(
+                texts.get((step, example, node), ""))
             _tally(grads[node], draws, asks)
             claims.append({"step": step, "example": example, "node": node, "asks_change": asks,
                            "reading": reading, "flipped": any(r.flipped and not r.leaks_target

@@ -187,9 +187,23 @@ def reply_text(reply: str, role: str, names: list[str] | None = None) -> str:
 
 # --- the shapes of the roles every method shares ------------------------------------------
 
+def claim_key(name: str) -> str:
+    """The backward reply's boolean field saying whether input `name` should change."""
+    return f"asks_change_{name}"
+
+
+def reply_claims(reply: str, names: list[str]) -> dict[str, bool]:
+    """Per input, the `asks_change` field of a JSON backward reply; inputs without a
+    boolean there (and every input of a text reply) are left out."""
+    data = decode(reply) or {}
+    return {n: data[claim_key(n)] for n in names if isinstance(data.get(claim_key(n)), bool)}
+
+
 register_shape("backward", ReplyShape(
-    fields=lambda names: [(n, text_field(GRADIENT_CHARS, 1), f"your feedback on {n}")
-                          for n in names],
+    fields=lambda names: [f for n in names for f in (
+        (n, text_field(GRADIENT_CHARS, 1), f"your feedback on {n}"),
+        (claim_key(n), {"type": "boolean"},
+         f"true if {n} should change, false if it is fine as it is"))],
     to_text=lambda field, data, names, why: "\n".join(
         f'<gradient input="{n}">{field(n)}</gradient>' for n in names if field(n)),
     text_form=P.gradient_blocks,

@@ -100,6 +100,21 @@ def aggregate_gradients(db: str | Path, run_id: str, step: int) -> dict[tuple[st
     return {(e, n): c or "" for e, n, c in rows}
 
 
+def recorded_claims(db: str | Path, run_id: str, step: int
+                    ) -> dict[tuple[str, str], tuple[bool, str]]:
+    """(example, node) -> (the node's received gradients ask it to change, where that was
+    read), from the claims recorded at backward time; logs older than the claim columns
+    (and rows without a claim) are left out. A node is asked to change when any one of its
+    successors' gradients asks."""
+    with connect(db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT example_id, node_id, bool_or(asks_change), "
+            "string_agg(DISTINCT claim_source, '; ' ORDER BY claim_source) FROM gradients "
+            "WHERE run_id = ? AND step = ? AND kind = 'gradient' AND asks_change IS NOT NULL "
+            "GROUP BY example_id, node_id", [run_id, step]).fetchall()
+    return {(e, n): (bool(a), f"recorded ({s})") for e, n, a, s in rows}
+
+
 def backpropagated_rows(db: str | Path, run_id: str, step: int
                         ) -> tuple[list[str], list[tuple[str, float, str | None]]]:
     """(examples that received gradients at the step, in dataset order; when there are none,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 TABLES: dict[str, str] = {
     "schema_version": "version INTEGER, applied_at DOUBLE",
@@ -39,7 +39,7 @@ TABLES: dict[str, str] = {
         call_id VARCHAR""",
     "gradients": """run_id VARCHAR, step INTEGER, example_id VARCHAR, node_id VARCHAR,
         from_node_id VARCHAR, method VARCHAR, content VARCHAR, call_id VARCHAR,
-        kind VARCHAR, parse_error VARCHAR""",
+        kind VARCHAR, parse_error VARCHAR, asks_change BOOLEAN, claim_source VARCHAR""",
     "updates": """run_id VARCHAR, step INTEGER, node_id VARCHAR, old_prompt VARCHAR,
         new_prompt VARCHAR, accepted BOOLEAN, val_before DOUBLE, val_after DOUBLE,
         call_id VARCHAR, parse_error VARCHAR, reasoning VARCHAR, val_alone DOUBLE,
@@ -84,6 +84,12 @@ MIGRATIONS: dict[int, list[str]] = {
     # usage.prompt_tokens_details.cached_tokens), priced apart.
     4: [
         "ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS cached_tokens INTEGER",
+    ],
+    # 5: what each gradient claims (asks its input to change or not) and where that was
+    # read: the structured reply's field, or the gradient's text. Older rows stay NULL.
+    5: [
+        "ALTER TABLE gradients ADD COLUMN IF NOT EXISTS asks_change BOOLEAN",
+        "ALTER TABLE gradients ADD COLUMN IF NOT EXISTS claim_source VARCHAR",
     ],
 }
 
