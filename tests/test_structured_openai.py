@@ -72,7 +72,8 @@ def test_the_fake_server_replies_with_schema_valid_json():
             "response_format": {"type": "json_schema", "json_schema": {"name": "b",
                                                                       "schema": schema}}}
     value = assert_follows(schema, default_responder(body))
-    assert set(value) == {"reasoning", "hint_a", "hint_b"}
+    assert set(value) == {"reasoning", "hint_a", "hint_b", "asks_change_hint_a",
+                          "asks_change_hint_b"}
 
 
 def test_a_server_that_refuses_response_format_falls_back_to_text_once(tmp_path):

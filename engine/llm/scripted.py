@@ -47,6 +47,20 @@ def _digest(*parts: Any) -> int:
     return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:12], 16)
 
 
+def _seed(request: LLMRequest) -> int:
+    """A digest of the request that ignores the order of the prompt's parts.
+
+    Every sampling-relevant field counts, but the messages enter as the sorted list of
+    their non-empty lines (each with its role), so moving a block of a template leaves
+    every scripted reply as it was, while changing any line still changes it.
+    """
+    fields = request.key_fields()
+    fields["messages"] = sorted([role, line.strip()] for role, content in request.messages
+                                for line in content.splitlines() if line.strip())
+    return _digest(json.dumps(fields, sort_keys=True, ensure_ascii=False,
+                              separators=(",", ":")))
+
+
 class ScriptedBackend:
     name = "scripted"
     supports_schema = True
@@ -98,7 +112,7 @@ class ScriptedBackend:
 
     def _default(self, request: LLMRequest) -> str:
         meta = request.meta
-        seed = _digest(request.cache_key())
+        seed = _seed(request)
         if request.purpose == "forward":
             return self._forward(request, seed)
         if request.purpose == "loss":

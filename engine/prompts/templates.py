@@ -18,13 +18,16 @@ FORWARD_SYSTEM = (
     "given, using the inputs provided."
 )
 
+# Fixed parts first, the example last (here and in every template): all calls of a node
+# at a step start with the same text, so providers' prefix caches (OpenAI's cached_tokens,
+# llama.cpp's KV reuse) serve it; only the example's own text is new per call.
 FORWARD_USER = """## Task
 {prompt}
 
-## Inputs
-{inputs}
+Think briefly, then write the result of this step between <output> and </output>.{answer_format}
 
-Think briefly, then write the result of this step between <output> and </output>.{answer_format}"""
+## Inputs
+{inputs}"""
 
 INPUT_BLOCK = '<input name="{name}">\n{value}\n</input>'
 
@@ -80,6 +83,8 @@ JUDGE_USER = """Grade the answer against the rubric.
 {rubric}
 </rubric>
 
+Write a short critique saying what the answer should change, then a score from 0 to 10 as <score>N</score>.
+
 {inputs}
 
 <answer>
@@ -88,9 +93,7 @@ JUDGE_USER = """Grade the answer against the rubric.
 
 <reference>
 {target}
-</reference>
-
-Write a short critique saying what the answer should change, then a score from 0 to 10 as <score>N</score>."""
+</reference>"""
 
 
 def parse_judge(reply: str) -> tuple[float, str, str | None]:
@@ -117,10 +120,14 @@ BACKWARD_SYSTEM = (
 # every method, so `semantic`, `semantic-nosibling` and `textgrad` differ ONLY in which
 # inputs they show, and `semantic-evaluative` only in its question.
 
-BACKWARD_CONTEXT = """A step of the pipeline has this task:
+BACKWARD_TASK = """A step of the pipeline has this task:
 <task>
 {prompt}
 </task>
+
+"""
+
+BACKWARD_EXAMPLE = """
 
 For one example it read these inputs:
 {inputs}
@@ -133,9 +140,7 @@ It produced this output:
 Feedback on this output:
 <feedback>
 {feedback}
-</feedback>
-
-"""
+</feedback>"""
 
 BACKWARD_QUESTION = {
     "directional": "For each input produced by an earlier step ({names}), explain how that "
@@ -166,10 +171,11 @@ class BackwardView:
 
 
 def backward_messages(view: BackwardView) -> list[tuple[str, str]]:
-    user = (BACKWARD_CONTEXT.format(prompt=view.task, inputs=render_inputs(view.inputs),
-                                    output=view.output, feedback=view.feedback)
+    user = (BACKWARD_TASK.format(prompt=view.task)
             + BACKWARD_QUESTION[view.mode].format(names=", ".join(view.asked))
-            + BACKWARD_ANSWER.format(blocks=gradient_blocks(view.asked)))
+            + BACKWARD_ANSWER.format(blocks=gradient_blocks(view.asked))
+            + BACKWARD_EXAMPLE.format(inputs=render_inputs(view.inputs), output=view.output,
+                                      feedback=view.feedback))
     return [("system", BACKWARD_SYSTEM), ("user", user)]
 
 
@@ -338,9 +344,10 @@ DEFAULT = PromptSet("default", forward_messages, backward_messages, repair_messa
                     update_messages)
 # --- probes (engine/probes/probe.py) -----------------------------------------------------------
 
-# The gradient probe's call: the backward call's context, then the optimizer model follows
-# the gradient by rewriting the node's output (parsed like a forward reply, parse_output).
-PROBE_REWRITE = BACKWARD_CONTEXT + (
+# The gradient probe's call: the backward call's task and the instruction, then the
+# example; the optimizer model follows the gradient by rewriting the node's output (parsed
+# like a forward reply, parse_output).
+PROBE_REWRITE = BACKWARD_TASK + (
     "Rewrite the output as the feedback says it should have been. Change only what the "
     "feedback asks for and keep the output's form. Write the rewritten output between "
-    "<output> and </output>.")
+    "<output> and </output>.") + BACKWARD_EXAMPLE

@@ -67,8 +67,8 @@ def blame_fault_responder(misleading: bool = False) -> Callable[[LLMRequest], st
             if quoted:
                 return f"<output>{quoted.group(1)}</output>"
             if "number" in feedback.lower():
-                return f"<output>{_text_numbers(request.user_text.split('<output>')[0])}" \
-                       "</output>"
+                shown = request.user_text.split("It produced this output:")[0]  # its inputs
+                return f"<output>{_text_numbers(shown)}</output>"
             return f"<output>{request.meta.get('output', '')}, described in full</output>"
         if request.purpose == "update":
             prompt = request.meta.get("prompt", "")

@@ -6,6 +6,13 @@ node) and its data, then runs it with the scripted backend and methods `gtbp`,
 graph named "demo" for the Learn page. A canned reply puts an HTML payload into every
 output of `hint_a`, and a canned update reply gives `hint_a` a known prompt edit, so tests
 can check escaping and the diff's added words.
+
+The wording of hint_b's and final's prompts is chosen so that the scripted replies give
+the scenario the tests read: the semantic run accepts hint_a's edit at step 1 and rejects
+it at step 2, q01 and q09 fail at step 1 and are back-propagated there (q09 by textgrad
+too), some example flips between steps 0 and 1, and gtbp back-propagates the same first
+example. A change to the scripted backend or the templates can break that; then pick
+another wording that gives it back.
 """
 
 from __future__ import annotations
@@ -39,10 +46,10 @@ nodes:
     prompt: Work out an intermediate step.
     inputs: [question]
   - id: hint_b
-    prompt: Work out another intermediate step.
+    prompt: Work out a second intermediate step.
     inputs: [question]
   - id: final
-    prompt: Solve the problem.
+    prompt: Solve the problem carefully.
     inputs: [question, hint_a, hint_b]
     output: true
 """
