@@ -137,7 +137,7 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
             if quoted:
                 return f"<output>{quoted.group(1)}</output>"
             if "number" in feedback.lower() and "no change" not in feedback.lower():
-                inputs = request.user_text.split("<output>")[0]
+                inputs = request.user_text.split("It produced this output:")[0]
                 return f"<output>{' and '.join(_numbers(inputs))}</output>"
             return f"<output>{request.meta.get('output', '')}</output>"
         if request.purpose == "update":

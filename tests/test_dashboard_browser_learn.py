@@ -153,7 +153,7 @@ def test_learn_compare_the_methods_fills_in_without_a_reload(server, page):
     expect(main.get_by_text("Gradient efficacy per method")).to_be_visible(
         timeout=JOB_TIMEOUT)
     expect(sentence.first).to_be_visible()
-    expect(main.get_by_text("n = 3").first).to_be_visible()  # the scripted run's 3 failing
+    expect(main.get_by_text("n = 2").first).to_be_visible()  # the scripted run's 2 failing
     not_reloaded(page)
     assert not page.locator("[data-testid='stException']").count()
     main.get_by_text("Gradient efficacy per method").scroll_into_view_if_needed()

@@ -76,7 +76,7 @@ def two_successors_responder() -> Callable[[LLMRequest], str | None]:
         if request.purpose == "probe" and role == "probe_rewrite":
             feedback = request.meta.get("feedback", "")
             if "number" in feedback.lower() and "no change" not in feedback.lower():
-                inputs = request.user_text.split("<output>")[0]
+                inputs = request.user_text.split("It produced this output:")[0]
                 return f"<output>{' and '.join(re.findall(r'[0-9]+', inputs))}</output>"
             return f"<output>{request.meta.get('output', '').upper()}</output>"
         if request.purpose == "update":
