@@ -10,11 +10,12 @@ import duckdb
 import pytest
 
 from engine.llm.pricing import DEFAULT_PRICES, cost_usd
-from engine.runlog.schema import SCHEMA_VERSION, TABLES
+from engine.runlog.schema import SCHEMA_VERSION
 from engine.runlog.writer import open_for_writing
 from engine.runs.execute import RunConfig, execute
 from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph
+from tests.support.runlog import log_at_version
 
 
 def test_cached_prompt_tokens_are_recorded_and_priced_at_the_cached_price(tmp_path,
@@ -54,13 +55,8 @@ def test_without_a_cached_price_cached_tokens_cost_the_input_price():
 
 def test_a_version_2_log_gains_the_column_in_place(tmp_path):
     db = tmp_path / "v2.duckdb"
-    with duckdb.connect(str(db)) as con:
-        for table, columns in TABLES.items():
-            if table == "llm_calls":
-                columns = columns.replace(", cached_tokens INTEGER", "")
-            con.execute(f"CREATE TABLE {table} ({columns})")
-        con.execute("INSERT INTO schema_version VALUES (2, 0)")
-        con.execute("INSERT INTO llm_calls (call_id, run_id) VALUES ('c1', 'r')")
+    log_at_version(db, 2, "llm_calls", ", cached_tokens INTEGER",
+                   ("llm_calls", {"call_id": "c1", "run_id": "r"}))
     open_for_writing(db)
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == \

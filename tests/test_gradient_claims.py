@@ -8,8 +8,9 @@ from __future__ import annotations
 import duckdb
 
 from engine.core.claims import gradient_claim
-from engine.runlog.schema import SCHEMA_VERSION, TABLES
+from engine.runlog.schema import SCHEMA_VERSION
 from engine.runlog.writer import open_for_writing
+from tests.support.runlog import log_at_version
 from tests.test_blame import logged_run, run_blame
 from tests.test_structured import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 
@@ -47,13 +48,8 @@ def test_a_text_run_records_the_reading_of_each_gradients_text(tmp_path):
 
 def test_a_version_4_log_gains_the_claim_columns_in_place(tmp_path):
     db = tmp_path / "v4.duckdb"
-    with duckdb.connect(str(db)) as con:
-        for table, columns in TABLES.items():
-            if table == "gradients":
-                columns = columns.replace(", asks_change BOOLEAN, claim_source VARCHAR", "")
-            con.execute(f"CREATE TABLE {table} ({columns})")
-        con.execute("INSERT INTO schema_version VALUES (4, 0)")
-        con.execute("INSERT INTO gradients (run_id, node_id, content) VALUES ('r', 'a', 'x')")
+    log_at_version(db, 4, "gradients", ", asks_change BOOLEAN, claim_source VARCHAR",
+                   ("gradients", {"run_id": "r", "node_id": "a", "content": "x"}))
     open_for_writing(db)
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == \
