@@ -17,6 +17,8 @@ learn-compare
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import test_dashboard_browser as shared
 from test_dashboard_browser import SHOTS, no_script_ran, serve, settle
@@ -143,7 +145,8 @@ def test_learn_compare_the_methods_fills_in_without_a_reload(server, page):
     page.goto(f"{base}/learn?run={log.demo}&step=1&tour=Without+siblings")
     settle(page)
     main = page.locator("[data-testid='stMain']")
-    sentence = main.get_by_text("At mood")
+    # the comparison's own sentence (get_by_text alone would match "...that mood..." too)
+    sentence = main.get_by_text(re.compile(r"^At mood the 90% intervals"))
     expect(sentence).to_have_count(0)
     mark_page(page)
     main.get_by_role("button", name="Compare the methods on these traces").click()
