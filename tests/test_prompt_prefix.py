@@ -17,13 +17,16 @@ def _shared_user(one, two):
     return first, os.path.commonprefix([first, second])
 
 
-def test_forward_puts_the_task_and_format_before_the_inputs():
+def test_forward_shares_its_task_and_keeps_the_output_instruction_last():
+    """The task leads; the output instruction follows the inputs (a small model follows
+    it there: see FORWARD_USER), so the shared prefix ends inside the inputs."""
     one = P.forward_messages("Solve it.", {"question": "one"}, "Give a number only.")
     two = P.forward_messages("Solve it.", {"question": "two"}, "Give a number only.")
     first, shared = _shared_user(one, two)
-    for fixed in ("Solve it.", "</output>", "Give a number only.", "## Inputs"):
+    for fixed in ("## Task\nSolve it.", "## Inputs"):
         assert fixed in shared
-    assert first[len(shared):] == "one\n</input>"
+    assert first.index("one") < first.index("</output>") and \
+        first.rstrip().endswith("Give a number only.")
 
 
 @pytest.mark.parametrize("mode", ["directional", "evaluative"])

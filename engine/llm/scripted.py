@@ -134,7 +134,8 @@ class ScriptedBackend:
         if not request.meta.get("output_node"):
             word = NOTE_WORDS[seed % len(NOTE_WORDS)]
             return f"Looking at the inputs. <output>Step: {word} the relevant items.</output>"
-        inputs = request.user_text.split("## Inputs", 1)[-1]
+        inputs = "\n".join(re.findall(r'<input name="[^"]*">(.*?)</input>', request.user_text,
+                                      flags=re.S))  # the inputs only, wherever they stand
         labels = sorted(set(re.findall(r"\([A-Z]\)", inputs)))
         numbers = sorted(set(re.findall(r"-?\d+(?:\.\d+)?", inputs)), key=lambda s: (len(s), s))
         if labels:
