@@ -9,7 +9,7 @@ import json
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
 from engine.probes.diff import diff
-from tests.support.diff_script import CHAIN, PAIR, backend, forked, responder
+from tests.support.diff_script import CHAIN, PAIR, backend, careful_model, forked
 from tests.support.graphs import arithmetic_rows, run_engine, write_graph
 from tests.support.runlog import rows
 
@@ -49,16 +49,6 @@ def test_one_edited_middle_prompt_explains_every_differing_example(tmp_path):
     assert {r[0] for r in rows(db, "SELECT DISTINCT purpose FROM llm_calls WHERE call_id IN "
                                    "(SELECT unnest(call_ids::VARCHAR[]) FROM diff_patches)")
             } <= {"diff"}
-
-
-def careful_model(request):
-    """The diff script's model, except that the model named 'careful' checks every number
-    whatever its prompt says (its middle nodes always say ok)."""
-    node = request.meta.get("node")
-    if request.model == "careful" and request.purpose == "forward" and node != "final":
-        if node in ("plan", "left", "right"):
-            return f"<output>{node} ok</output>"
-    return responder(request)
 
 
 def test_a_model_change_is_a_source_change_at_every_llm_node_and_never_patched(tmp_path,

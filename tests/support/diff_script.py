@@ -58,6 +58,16 @@ def responder(request: LLMRequest) -> str | None:
     return f"<output>{2 * i + 3 if 'bad' not in text else i}</output>"
 
 
+def careful_model(request):
+    """The diff script's model, except that the model named 'careful' checks every number
+    whatever its prompt says (its middle nodes always say ok)."""
+    node = request.meta.get("node")
+    if request.model == "careful" and request.purpose == "forward" and node != "final":
+        if node in ("plan", "left", "right"):
+            return f"<output>{node} ok</output>"
+    return responder(request)
+
+
 def backend() -> ScriptedBackend:
     return ScriptedBackend(responder=responder)
 
