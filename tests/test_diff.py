@@ -9,8 +9,15 @@ import json
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
 from engine.probes.diff import diff
-from tests.support.diff_script import CHAIN, PAIR, backend, careful_model, forked
-from tests.support.graphs import arithmetic_rows, run_engine, write_graph
+from tests.support.diff_script import (
+    CHAIN,
+    PAIR,
+    backend,
+    careful_model,
+    forked,
+    on_two_models,
+)
+from tests.support.graphs import run_engine, write_graph
 from tests.support.runlog import rows
 
 
@@ -57,11 +64,7 @@ def test_a_model_change_is_a_source_change_at_every_llm_node_and_never_patched(t
     every LLM node's behaviour at once, so the diff says so, names each LLM node whose
     output differs as a source change ('model differs', the output node too, whose inputs
     also differ) and patches nothing across the two models."""
-    graph = write_graph(tmp_path, CHAIN, arithmetic_rows(24))
-    db = tmp_path / "runs.duckdb"
-    for run_id, model in (("plain", "plain"), ("careful", "careful")):
-        run_engine(graph, db, ScriptedBackend(responder=careful_model), steps=0,
-                   run_id=run_id, model=model)
+    db = on_two_models(tmp_path)
     assert rows(db, "SELECT DISTINCT backend FROM runs") == [("scripted",)]
     bk = ScriptedBackend(responder=careful_model)
     report = asyncio.run(diff(str(db), "careful", "plain", forward_backend=bk))
