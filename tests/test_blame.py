@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import duckdb
 import pytest
 
 from engine.cli import main
+from engine.llm.base import LLMError
 from engine.llm.scripted import ScriptedBackend
 from engine.probes.blame import (
     Evidence,
@@ -24,6 +26,7 @@ from engine.probes.blame import (
 from engine.probes.probe import ProbeResult
 from engine.runs.execute import RunConfig, execute
 from tests.support.blame_fault_script import blame_fault_responder
+from tests.support.runlog import rows
 from tests.test_probe import GRAPH
 
 
@@ -230,18 +233,76 @@ def test_copied_proposals_are_never_probed(tmp_path, capsys, monkeypatch):
     assert "copies training examples" in capsys.readouterr().err
 
 
-def test_repeats_draw_each_probe_again_at_temperature(tmp_path):
+# --repeats at temperature > 0: four draws of each probe. The gradient probe at 'numbers'
+# on a sentence whose first number is n: its first `fixing` draws follow the gradient
+# (and fix the example), the next ones do not, and its last `failing` draws fail. The
+# seeded split's eight training sentences start with these numbers (17 twice).
+DRAWS = 4
+PATTERNS = {  # n: (fixing, failing)
+    5: (0, 0),  # no draw fixes it
+    6: (1, 0),  # one lucky draw of four: not a flip
+    16: (2, 0),  # a tie, two of four: not a flip
+    17: (2, 1),  # two of the three that did not fail: a flip
+    3: (3, 0),  # three of four: a flip
+    15: (4, 0),  # every draw: a flip
+    13: (0, 4),  # every draw fails: an error, not evidence either way
+}
+
+
+def first_number(text: str) -> int:
+    return int(re.search(r"has (\d+)", text).group(1))
+
+
+def disagreeing_draws(request):
+    if request.purpose == "probe" and request.meta.get("role") == "probe_rewrite" \
+            and request.meta.get("node") == "numbers":
+        fixing, failing = PATTERNS[first_number(request.user_text)]
+        if request.sample_index >= DRAWS - failing:
+            raise LLMError("scripted: this draw fails")
+        if request.sample_index >= fixing:  # this draw ignores the gradient
+            return f"<output>{request.meta.get('output', '')}</output>"
+    return blame_fault_responder()(request)
+
+
+def test_repeated_draws_become_one_flip_by_strict_majority(tmp_path, capsys, monkeypatch):
+    """R draws of one (step, example, node) probe are one group: it flips when more than
+    half of its draws that did not fail flip (a tie does not); failed draws are left out;
+    the flips, the denominator (groups, not draws) and the interval count groups."""
     db = logged_run(tmp_path, temperature=0.7)
-    backend = ScriptedBackend(responder=blame_fault_responder())
-    report = asyncio.run(blame(db, "bf", 1, "sampled", repeats=3, forward_backend=backend))
-    assert report.repeats == 3
-    assert {r.sample_index for r in report.results} == {0, 1, 2}
-    assert {q.sample_index for q in backend.requests} >= {1, 2}
+    backend = ScriptedBackend(responder=disagreeing_draws)
+    report = asyncio.run(blame(db, "bf", 1, "failing", repeats=DRAWS,
+                               forward_backend=backend))
+    assert report.repeats == DRAWS
+    assert {r.sample_index for r in report.results} == set(range(DRAWS))
+    firsts = {e: first_number(json.loads(f)["text"]) for e, f in rows(
+        db, "SELECT example_id, fields FROM examples WHERE split = 'train'")}
+    assert sorted(firsts.values()) == [3, 5, 6, 13, 15, 16, 17, 17]
     numbers = next(r for r in report.nodes if r.node_id == "numbers")
-    assert (numbers.probed, numbers.repeat_groups, numbers.repeat_agree) == (3, 3, 3)
-    (tmp_path / "cold").mkdir()
-    cold = run_blame(logged_run(tmp_path / "cold"), examples="sampled", repeats=3)
+    # flips: 3 of 4, 4 of 4 and twice 2 of 3; not 1 of 4 nor 2 of 4; 13 is an error
+    assert (numbers.probed, numbers.errors, numbers.flips, numbers.leaks) == (8, 1, 4, 0)
+    assert numbers.counted == 7 and numbers.interval == wilson(4, 7)
+    # groups with a draw that did not fail, and those whose draws all agreed (5 and 15)
+    assert (numbers.repeat_groups, numbers.repeat_agree) == (7, 2)
+    flipped = {c["example"]: c["flipped"] for c in report.claims if c["node"] == "numbers"}
+    assert flipped == {e: n in (3, 15, 17) for e, n in firsts.items()}
+    # each draw is its own request to the model: one per sample index and example
+    rewrites = [q for q in backend.requests if q.meta.get("role") == "probe_rewrite"
+                and q.meta.get("node") == "numbers"]
+    assert sorted(q.sample_index for q in rewrites) == sorted(list(range(DRAWS)) * 8)
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=disagreeing_draws))
+    assert main(["blame", "bf", "--db", db, "--step", "1", "--repeats", str(DRAWS),
+                 "--json"]) == 0
+    data = {n["node"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}["numbers"]
+    low, high = wilson(4, 7)
+    assert (data["probed"], data["errors"], data["flips"], data["interval"],
+            data["repeat_agreement"]) == (8, 1, 4, [round(low, 4), round(high, 4)], [2, 7])
+
+
+def test_repeats_are_ignored_at_temperature_zero(tmp_path):
+    cold = run_blame(logged_run(tmp_path), examples="sampled", repeats=3)
     assert cold.repeats == 1 and "ignored" in cold.repeats_note
+    assert {r.sample_index for r in cold.results} == {0}
 
 
 def test_edit_probes_of_the_proposal_on_its_own_examples_are_in_sample(tmp_path, capsys,

@@ -115,6 +115,34 @@ def test_why_do_they_differ_runs_the_diff_and_explains_by_the_edited_node(open_p
     assert set(table["explained by"]) == {"plan"}
 
 
+def test_runs_on_two_models_are_not_patched_into_each_other(monkeypatch, tmp_path):
+    """Two runs of one backend on two models: every LLM node whose output differs is a
+    source change ('model differs'), and the diff says it patches nothing across them."""
+    from tests.support.diff_script import on_two_models
+
+    db = on_two_models(tmp_path)
+    example = next(e for e, a, b in duckdb.connect(str(db), read_only=True).execute(
+        "SELECT a.example_id, a.score, b.score FROM losses a JOIN losses b USING (split, "
+        "example_id, step) WHERE a.run_id = 'careful' AND b.run_id = 'plain' AND a.split "
+        "= 'val' ORDER BY a.example_id").fetchall() if a != b)
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("SEMBACK_DB", str(db))
+    with like_a_live_server():
+        at = AppTest.from_file(str(APP), default_timeout=90)
+        at.query_params.update(run="careful", other="plain", step="0", pair=example)
+        at.run()
+        at.switch_page("screens/compare.py").run()
+        shown = texts(at)
+        assert "**plan** :orange-badge[source change] · model differs: not patched" in shown
+        assert "**final** :orange-badge[source change] · model differs; its inputs differ" \
+            in shown
+        at.button(key="why_one").click().run()
+        assert not at.exception
+        shown = texts(at)
+    assert f"Example {example}: not explained: the two runs use different models" in shown
+    assert "explained by" not in shown and "within the bound" not in shown
+
+
 @pytest.fixture(scope="module")
 def gsm(tmp_path_factory):
     """GSM8K, scripted, seed 0 with 24 examples: step 1's edit passes the gate."""

@@ -7,8 +7,16 @@ import asyncio
 import json
 
 from engine.cli import main
+from engine.llm.scripted import ScriptedBackend
 from engine.probes.diff import diff
-from tests.support.diff_script import CHAIN, PAIR, backend, forked
+from tests.support.diff_script import (
+    CHAIN,
+    PAIR,
+    backend,
+    careful_model,
+    forked,
+    on_two_models,
+)
 from tests.support.graphs import run_engine, write_graph
 from tests.support.runlog import rows
 
@@ -22,8 +30,11 @@ def test_one_edited_middle_prompt_explains_every_differing_example(tmp_path):
     # the odd-numbered validation questions: right in the child, wrong in the parent
     assert differing and all((e.score_a, e.score_b) == (1.0, 0.0) for e in differing)
     assert len(differing) == sum(int(e.example[1:]) % 2 for e in report.examples)
+    assert report.model_change == ""  # one model: a prompt edit can explain
     for e in differing:
         assert e.sources == ["plan"]
+        assert [(c.why, c.patchable) for c in e.changes if c.node == "plan"] == [
+            ("prompt differs", True)]
         assert [c.node for c in e.changes if c.kind == "downstream"] == ["final"]
         assert e.explained_by == ["plan"] and e.patched_score == 1.0
     assert report.nodes() == [
@@ -45,6 +56,44 @@ def test_one_edited_middle_prompt_explains_every_differing_example(tmp_path):
     assert {r[0] for r in rows(db, "SELECT DISTINCT purpose FROM llm_calls WHERE call_id IN "
                                    "(SELECT unnest(call_ids::VARCHAR[]) FROM diff_patches)")
             } <= {"diff"}
+
+
+def test_a_model_change_is_a_source_change_at_every_llm_node_and_never_patched(tmp_path,
+                                                                              capsys):
+    """Two runs of one backend and one set of prompts on two models: the model changed
+    every LLM node's behaviour at once, so the diff says so, names each LLM node whose
+    output differs as a source change ('model differs', the output node too, whose inputs
+    also differ) and patches nothing across the two models."""
+    db = on_two_models(tmp_path)
+    assert rows(db, "SELECT DISTINCT backend FROM runs") == [("scripted",)]
+    bk = ScriptedBackend(responder=careful_model)
+    report = asyncio.run(diff(str(db), "careful", "plain", forward_backend=bk))
+    assert "different models" in report.model_change
+    assert "A: scripted 'careful'" in report.model_change
+    assert "B: scripted 'plain'" in report.model_change
+    differing = report.differing
+    assert differing and all((e.score_a, e.score_b) == (1.0, 0.0) for e in differing)
+    for e in differing:
+        kinds = {c.node: (c.kind, c.why, c.patchable) for c in e.changes}
+        assert kinds["parse"][0] == "unchanged"  # same output on both models
+        assert e.sources == ["plan", "final"]
+        assert kinds["plan"] == ("source", "model differs: not patched across models", False)
+        assert kinds["final"] == ("source", "model differs; its inputs differ too: not "
+                                  "patched across models", False)
+        assert e.explained_by is None and e.tried == 0 and e.patched_score is None
+    assert report.calls == 0 and bk.requests == []  # both traces are logged; no patch run
+    assert rows(db, "SELECT count(*) FROM diff_patches WHERE diff_id = ?",
+                report.diff_id)[0][0] == 0
+    assert main(["diff", "careful", "plain", "--db", str(db), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model_change"] == report.model_change
+    assert all(e["explained_by"] is None for e in data["examples"] if e["differs"])
+    assert main(["diff", "careful", "plain", "--db", str(db)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "not patched (models differ)" in printed
+    assert ("The runs use different models (A: scripted 'careful', B: scripted 'plain'): "
+            "every LLM node's behaviour differs") in printed
+    assert "within the bound" not in printed
 
 
 def test_two_edits_needed_together_give_a_set_of_two(tmp_path):

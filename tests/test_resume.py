@@ -10,13 +10,13 @@ import random
 import signal
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import duckdb
 import pytest
 
 from engine.runs.execute import RunConfig, execute
+from tests.support.runlog import CONTENT, run_content
 
 pytestmark = pytest.mark.slow
 
@@ -47,20 +47,6 @@ config = RunConfig(graph=graph, db=db, run_id=run_id, **{SIZES!r})
 asyncio.run(execute(config, forward_backend=ScriptedBackend(latency=0.002), listeners=(crash,)))
 """
 
-# Rows that identify a run's content; volatile columns (times, call ids) are left out.
-CONTENT = {
-    "steps": "step, train_score, val_score, accepted",
-    "prompt_versions": "node_id, version, prompt, step, accepted",
-    "updates": "step, node_id, old_prompt, new_prompt, accepted, val_before, val_after, "
-               "parse_error, reasoning",
-    "gradients": "step, example_id, node_id, from_node_id, method, kind, content, parse_error",
-    "losses": "step, split, example_id, prediction, target, score, feedback, error",
-    "node_outputs": "step, split, example_id, node_id, prompt_version, input_text, "
-                    "output_text, error, parse_error",
-    "metrics": "step, key, value",
-    "llm_calls": "step, purpose, node_id, example_id, cache_key, response",
-    "examples": "split, example_id, position, fields, target",
-}
 # What makes a row unique within a run.
 KEYS = {
     "runs": "run_id",
@@ -79,15 +65,6 @@ KEYS = {
 
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def run_content(db: Path) -> dict[str, Counter]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return {t: Counter(con.execute(f"SELECT {cols} FROM {t} WHERE run_id = ?", [RUN_ID]
-                                       ).fetchall()) for t, cols in CONTENT.items()}
-    finally:
-        con.close()
 
 
 def duplicates(db: Path) -> dict[str, list]:
@@ -124,7 +101,7 @@ def start_and_kill(tmp_path: Path, trial: int, kill_after: int) -> Path:
 def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_path):
     reference = tmp_path / "reference.duckdb"
     asyncio.run(execute(RunConfig(graph=GRAPH, db=str(reference), run_id=RUN_ID, **SIZES)))
-    expected = run_content(reference)
+    expected = run_content(reference, RUN_ID)
     assert len(expected["steps"]) == SIZES["steps"] + 1 and expected["gradients"]
 
     calls = sum(expected["llm_calls"].values())
@@ -143,7 +120,7 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_pa
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert status_and_steps(db) == ("finished", SIZES["steps"] + 1)
         assert duplicates(db) == {}
-        got = run_content(db)
+        got = run_content(db, RUN_ID)
         for table in CONTENT:
             assert got[table] == expected[table], f"trial {trial}: {table} differs"
     # The kills land at different points of the run.

@@ -262,6 +262,12 @@ def why_they_differ(sel, other: str, step: int, example: str, graph) -> None:
                        f"**{md(', '.join(explained))}** (B with "
                        f"{'that output' if len(explained) == 1 else 'those outputs'} from A "
                        f"scores {fmt(row['patched_score'])}).")
+        elif compared is not None and any(c.why.startswith("model differs")
+                                          for c in compared.diff.changes):
+            st.warning(f"Example {example}: not explained: the two runs use different "
+                       "models, which changes every LLM node at once, so no output is "
+                       "patched from one into the other (source changes: "
+                       f"{md(', '.join(row['sources']) or 'none')}).")
         else:
             st.warning(f"Example {example}: not explained within the bound (source changes "
                        f"tried: {md(', '.join(row['sources']) or 'none')}).")

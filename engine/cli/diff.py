@@ -66,6 +66,7 @@ def diff_lines(report: DiffReport, out: Any) -> list[str]:
                   "explained by", "patched", title=title)
     for e in report.differing:
         explained = ", ".join(e.explained_by) if e.explained_by is not None else \
+            "not patched (models differ)" if report.model_change else \
             f"none of <= {report.bound}"
         table.add_row(e.example, _score(e.score_a), _score(e.score_b),
                       ", ".join(e.sources) or "none", explained, _score(e.patched_score))
@@ -81,7 +82,11 @@ def diff_lines(report: DiffReport, out: Any) -> list[str]:
              "counted as an explanation); patched: B's score with the explaining set's "
              "outputs taken from A and their descendants re-run in B"]
     unexplained = [e.example for e in report.differing if e.explained_by is None]
-    if unexplained:
+    if report.model_change:
+        lines.append(f"{report.model_change[0].upper()}{report.model_change[1:]}; "
+                     f"{len(unexplained)} of {len(report.differing)} differing examples "
+                     "left unexplained")
+    elif unexplained:
         lines.append(f"{len(unexplained)} of {len(report.differing)} differing examples not "
                      f"explained within the bound ({report.bound} source changes together): "
                      f"{', '.join(unexplained)}")

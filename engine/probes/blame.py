@@ -560,18 +560,34 @@ def _group(results: list[ProbeResult]) -> dict[tuple, list[ProbeResult]]:
     return groups
 
 
+def majority(draws: list[ProbeResult], outcome: Callable[[ProbeResult], bool]) -> bool:
+    """The repeated-draws rule (docs/probes.md): a probe group has an outcome when more
+    than half of its draws that did not fail have it. Failed draws are left out (they are
+    not evidence either way); a tie is not the outcome; a group whose every draw failed
+    has none (it is an error)."""
+    ok = [r for r in draws if r.error is None]
+    return sum(outcome(r) for r in ok) * 2 > len(ok) > 0
+
+
+def fixed_by(draws: list[ProbeResult]) -> bool:
+    """The group flipped its example by the majority of its draws, without carrying the
+    answer: what counts as a flip, and what a claim is compared with."""
+    return majority(draws, lambda r: r.flipped) and not any(
+        r.leaks_target for r in draws if r.flipped)
+
+
 def _tally(row: Evidence, draws: list[ProbeResult], claim: bool | None = None) -> None:
     ok = [r for r in draws if r.error is None]
     before = draws[0].before_score
     if before is not None and before >= 1.0:
         row.guarded += 1
-        row.regressions += int(sum(r.regressed for r in ok) * 2 > len(ok) > 0)
+        row.regressions += int(majority(draws, lambda r: r.regressed))
         return
     row.probed += 1
     if not ok:
         row.errors += 1
         return
-    fixed = sum(r.flipped for r in ok) * 2 > len(ok)
+    fixed = majority(draws, lambda r: r.flipped)
     leaked = fixed and any(r.leaks_target for r in ok if r.flipped)
     inside = fixed and draws[0].in_sample
     row.flips += int(fixed and not leaked and not inside)
@@ -624,8 +640,7 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
                 texts.get((step, example, node), ""))
             _tally(grads[node], draws, asks)
             claims.append({"step": step, "example": example, "node": node, "asks_change": asks,
-                           "reading": reading, "flipped": any(r.flipped and not r.leaks_target
-                                                             for r in draws)})
+                           "reading": reading, "flipped": fixed_by(draws)})
     for p in plans:
         for n in p["copied"]:
             edits[n].copy_rejected += 1

@@ -5,7 +5,11 @@ example both evaluated:
 
 1. the two traces are compared node by node: a node is *unchanged* (same output), a
    *source change* (its own behaviour differs: another prompt or model, or the same inputs
-   gave another output) or a *downstream change* (same prompt and model, other inputs);
+   gave another output) or a *downstream change* (same prompt and model, other inputs).
+   Two runs on different models (backend or model name, as the runs rows record them)
+   differ at every LLM node: each whose output differs is a source change, and nothing
+   is patched, since B's client would re-run A's outputs on B's model as if the two were
+   one; the report says so (`model_change`) and leaves those examples unexplained;
 2. where the scores differ, source changes are patched from A into B, one at a time and
    then in the smallest combinations up to a bound; only their descendants are re-run, in
    B's configuration (backend, model, prompt set) through B's client and reply cache, and
@@ -113,6 +117,7 @@ class DiffReport:
     seconds: float = 0.0
     run_costs: dict[str, dict[str, float]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)  # the shared nodes, in B's order
+    model_change: str = ""  # the runs' models differ: why nothing was patched
 
     @property
     def differing(self) -> list[ExampleDiff]:
@@ -137,6 +142,7 @@ class DiffReport:
                 "differing": len(self.differing),
                 "examples": [e.to_json() for e in self.examples],
                 "nodes": self.nodes(), "not_compared": self.not_compared,
+                "model_change": self.model_change or None,
                 "cost": {"calls": self.calls, "model_calls": self.model_calls,
                          "tokens": self.tokens, "seconds": round(self.seconds, 3)},
                 "run_costs": self.run_costs}
@@ -169,7 +175,10 @@ class Side:
 
     @property
     def model(self) -> tuple[str, str]:
-        return (str(self.side.config.get("backend")), str(self.side.config.get("model")))
+        """The backend and model of the run's forward calls, as its runs row records them
+        (a log without them: the run's config)."""
+        return (self.side.backend or str(self.side.config.get("backend")),
+                self.side.model or str(self.side.config.get("model")))
 
     def read_log(self, example_ids: list[str]) -> None:
         self.logged = logged_traces(self.db, self.side.run_id, self.prompts.version,
@@ -212,6 +221,17 @@ class Side:
         return trace, loss.score, loss.prediction
 
 
+def model_change(a: Side, b: Side) -> str:
+    """One sentence when the two runs' forward calls ran on another backend or model, else
+    "". A model change changes every LLM node's own behaviour at once: no patch can carry
+    one node's share of it from A into B, so none is tried."""
+    if a.model == b.model:
+        return ""
+    return (f"the runs use different models (A: {a.model[0]} '{a.model[1]}', B: "
+            f"{b.model[0]} '{b.model[1]}'): every LLM node's behaviour differs, so no output "
+            "is patched from one model's run into the other's")
+
+
 def classify(a: Side, b: Side, ta: ExampleTrace, tb: ExampleTrace, order: list[str]
              ) -> list[NodeChange]:
     changes = []
@@ -222,22 +242,25 @@ def classify(a: Side, b: Side, ta: ExampleTrace, tb: ExampleTrace, order: list[s
             continue
         llm = b.graph.node(node_id).kind == "llm"
         prompt = llm and a.prompts.text.get(node_id) != b.prompts.text.get(node_id)
-        model = llm and a.model != b.model
+        inputs = act_a.input_text != act_b.input_text
         if (act_a.output_text, act_a.error) == (act_b.output_text, act_b.error):
             why = "same output" + (" (prompt differs)" if prompt else "")
             changes.append(NodeChange(node_id, "unchanged", why))
+        elif llm and a.model != b.model:  # its own behaviour changed, whatever its inputs
+            changes.append(NodeChange(node_id, "source", "model differs"
+                                      + (", and prompt" if prompt else "")
+                                      + ("; its inputs differ too" if inputs else "")
+                                      + ": not patched across models", False))
         elif node_id == b.graph.output_node.id and not prompt:
             # only a prompt is patched into the output node (see Differ.patch)
-            if act_a.input_text != act_b.input_text:
+            if inputs:
                 changes.append(NodeChange(node_id, "downstream", "its inputs differ"))
             else:
-                changes.append(NodeChange(node_id, "source", ("model differs" if model else
-                                          "same inputs, different output")
-                                          + ": not patched (the output node)", False))
-        elif prompt or model:
-            changes.append(NodeChange(node_id, "source",
-                                      "prompt differs" if prompt else "model differs"))
-        elif act_a.input_text != act_b.input_text:
+                changes.append(NodeChange(node_id, "source", "same inputs, different output"
+                                          ": not patched (the output node)", False))
+        elif prompt:
+            changes.append(NodeChange(node_id, "source", "prompt differs"))
+        elif inputs:
             changes.append(NodeChange(node_id, "downstream", "its inputs differ"))
         else:
             changes.append(NodeChange(node_id, "source", "same inputs, different output"))
@@ -360,7 +383,7 @@ async def diff(db: str, run_a: str, run_b: str | None = None, *, step_a: int | N
                         not_compared, len(calls), len(model),
                         sum(c.prompt_tokens + c.completion_tokens for c in model),
                         time.perf_counter() - started, run_costs(db, [run_a, run_b]),
-                        differ.order)
+                        differ.order, model_change(a, b))
     if save:
         now = time.time()
         rows = [{"diff_id": diff_id, "run_a": run_a, "step_a": side_a.step, "run_b": run_b,

@@ -51,14 +51,16 @@ class RunSide:
     graph_yaml: str
     examples: list[tuple[str, str, dict, str]]  # (split, example_id, fields, target)
     prompts: dict[str, tuple[int, str]]  # node_id -> (version, text), accepted through step
+    backend: str = ""  # the forward calls' backend and model, as the runs row records them
+    model: str = ""
 
 
 def load_side(db: str | Path, run_id: str, step: int | None) -> RunSide:
     """Run `run_id` after `step` (default: its last complete step)."""
     check_readable(db)
     with connect(db, read_only=True) as con:
-        run = con.execute("SELECT config, graph_yaml FROM runs WHERE run_id = ?",
-                          [run_id]).fetchone()
+        run = con.execute("SELECT config, graph_yaml, backend, model FROM runs "
+                          "WHERE run_id = ?", [run_id]).fetchone()
         if run is None:
             raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
         steps = [r[0] for r in con.execute("SELECT step FROM steps WHERE run_id = ? "
@@ -79,7 +81,8 @@ def load_side(db: str | Path, run_id: str, step: int | None) -> RunSide:
     for node_id, version, prompt in versions:
         prompts[node_id] = (version, prompt)
     return RunSide(run_id, step, json.loads(run[0]), run[1],
-                   [(r[0], r[1], json.loads(r[2]), r[3]) for r in rows], prompts)
+                   [(r[0], r[1], json.loads(r[2]), r[3]) for r in rows], prompts,
+                   run[2] or "", run[3] or "")
 
 
 def run_costs(db: str | Path, run_ids: list[str]) -> dict[str, dict[str, float]]:

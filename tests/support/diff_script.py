@@ -58,6 +58,16 @@ def responder(request: LLMRequest) -> str | None:
     return f"<output>{2 * i + 3 if 'bad' not in text else i}</output>"
 
 
+def careful_model(request: LLMRequest) -> str | None:
+    """The diff script's model, except that the model named 'careful' checks every number
+    whatever its prompt says (its middle nodes always say ok)."""
+    node = request.meta.get("node")
+    if request.model == "careful" and request.purpose == "forward" and node != "final":
+        if node in ("plan", "left", "right"):
+            return f"<output>{node} ok</output>"
+    return responder(request)
+
+
 def backend() -> ScriptedBackend:
     return ScriptedBackend(responder=responder)
 
@@ -68,4 +78,15 @@ def forked(tmp_path, graph_text: str, edits: dict[str, str]):
     run_engine(graph, db, backend(), steps=0, run_id="parent")
     asyncio.run(fork(str(db), "parent", 0, set_prompts=edits,
                      overrides={"run_id": "child", "steps": 0}, forward_backend=backend()))
+    return db
+
+
+def on_two_models(tmp_path):
+    """CHAIN run twice, with the same prompts, on the models 'plain' and 'careful' (runs
+    of those names, step 0 only) of one backend."""
+    graph = write_graph(tmp_path, CHAIN, arithmetic_rows(24))
+    db = tmp_path / "runs.duckdb"
+    for name in ("plain", "careful"):
+        run_engine(graph, db, ScriptedBackend(responder=careful_model), steps=0,
+                   run_id=name, model=name)
     return db

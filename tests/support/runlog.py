@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import duckdb
@@ -11,6 +12,29 @@ def rows(db: str | Path, sql: str, *params: object) -> list[tuple]:
     """The rows of `sql` on the run log `db` (read-only), with `params` bound in order."""
     with duckdb.connect(str(db), read_only=True) as con:
         return con.execute(sql, list(params)).fetchall()
+
+
+# Rows that identify a run's content; volatile columns (times, call ids) are left out.
+CONTENT = {
+    "steps": "step, train_score, val_score, accepted",
+    "prompt_versions": "node_id, version, prompt, step, accepted",
+    "updates": "step, node_id, old_prompt, new_prompt, accepted, val_before, val_after, "
+               "parse_error, reasoning",
+    "gradients": "step, example_id, node_id, from_node_id, method, kind, content, parse_error",
+    "losses": "step, split, example_id, prediction, target, score, feedback, error",
+    "node_outputs": "step, split, example_id, node_id, prompt_version, input_text, "
+                    "output_text, error, parse_error",
+    "metrics": "step, key, value",
+    "llm_calls": "step, purpose, node_id, example_id, cache_key, response",
+    "examples": "split, example_id, position, fields, target",
+}
+
+
+def run_content(db: str | Path, run_id: str) -> dict[str, Counter]:
+    """Per table of CONTENT, the run's rows (those columns) with how often each occurs."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        return {t: Counter(con.execute(f"SELECT {cols} FROM {t} WHERE run_id = ?", [run_id]
+                                       ).fetchall()) for t, cols in CONTENT.items()}
 
 
 def log_at_version(db: str | Path, version: int, table: str, added: str,
