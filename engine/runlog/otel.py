@@ -6,15 +6,19 @@ OpenInference attributes Phoenix reads (`openinference.span.kind`, `input.value`
 
     run <id>                                   CHAIN
       step <n>                                 CHAIN
-        forward on train | forward on val | backward | update | gate | test   CHAIN
+        forward on train | forward on val | backward | update | gate (joint) |
+        gate (per-node) | test                 CHAIN
           example <id>                         CHAIN (update calls have no example)
             forward hint_a | backward final → hint_a, hint_b | update hint_b   LLM
       probes                                   CHAIN
-        probe <kind> <node> on <example> (step <n>)                            CHAIN
+        probe <kind> <node> on <example> (step <n>) | probe baseline on <example> (step <n>)
           probe <node>                         LLM
+      diffs > diff on <example> (step <n>) > diff <node>
 
-Span ids derive from the run, step, phase, example and call ids, so a re-export after a
-resume only adds spans: the ones already sent keep their ids (docs/runlog.md).
+Spans are sent children first and the run span last: Phoenix shows a trace's first 1,000
+spans newest-stored first. Span ids derive from the run (and a --project other than the
+graph's name), step, phase, example and call ids, so a re-export after a resume only adds
+spans: the ones already sent keep their ids (docs/runlog.md).
 
 `export_otel` writes OTLP/JSON lines (the Collector's file format); `send_otel` posts the
 same spans as OTLP/HTTP protobuf. The `opentelemetry-proto` messages do the encoding; the
@@ -46,14 +50,19 @@ from engine.runlog.schema import RunLogError
 # messages, and receivers cap a request's size (Phoenix, the Collector: a few MB to tens).
 SPANS_PER_REQUEST = 200
 TRACES_PATH = "/v1/traces"
+# What is read of a receiver's answer, and quoted of a refusal in the one error line.
+MAX_ANSWER = 64 * 1024
+MAX_DETAIL = 120
 
 
 def export_otel(db: str | Path, run_id: str, out: str | Path | None = None,
-                project: str | None = None) -> Path:
+                project: str | None = None, content: bool = True) -> Path:
     """OTLP/JSON lines: one `TracesData` object per line (the OpenTelemetry Collector's
-    file format): the run span and probes first, then one line per step."""
+    file format), in the order a receiver should store them: each step's calls, the
+    probes' and diffs' calls, then the tree's own spans with the run span last.
+    `content=False` leaves out messages, replies and probe texts."""
     path = Path(out or f"{file_stem(run_id)}.otel.jsonl")
-    lines = otel_lines(read_run(db, run_id), project)
+    lines = otel_lines(read_run(db, run_id), project, content)
     write_atomically(path, "".join(json.dumps(line, ensure_ascii=False) + "\n"
                                    for line in lines))
     return path
@@ -61,12 +70,13 @@ def export_otel(db: str | Path, run_id: str, out: str | Path | None = None,
 
 def send_otel(db: str | Path, run_id: str, endpoint: str,
               headers: dict[str, str] | None = None, project: str | None = None,
-              timeout: float = 30.0) -> tuple[str, int, int]:
-    """POST the run's spans to an OTLP/HTTP receiver, batch by batch (the run span, each
-    step), at most SPANS_PER_REQUEST spans a request. Returns (url, spans, requests);
-    RunLogError when the receiver refuses or cannot be reached."""
+              timeout: float = 30.0, content: bool = True) -> tuple[str, int, int]:
+    """POST the run's spans to an OTLP/HTTP receiver in the export's order (children
+    first, the run span last), at most SPANS_PER_REQUEST spans a request. Returns (url,
+    spans, requests); RunLogError when the receiver refuses, cannot be reached or answers
+    with something that is not an OTLP response (an HTML page)."""
     url = traces_url(endpoint)
-    batches = [chunk for batch in trace_batches(read_run(db, run_id), project)
+    batches = [chunk for batch in trace_batches(read_run(db, run_id), project, content)
                for chunk in _chunks(batch, SPANS_PER_REQUEST)]
     for number, batch in enumerate(batches, start=1):
         body = ExportTraceServiceRequest(resource_spans=[batch]).SerializeToString()
@@ -75,16 +85,16 @@ def send_otel(db: str | Path, run_id: str, endpoint: str,
         where = f"{url}: request {number} of {len(batches)}"
         try:
             with urllib.request.urlopen(request, timeout=timeout) as reply:
-                answer = reply.read()
+                answer = reply.read(MAX_ANSWER)
                 kind = reply.headers.get("Content-Type", "")
         except urllib.error.HTTPError as exc:
-            detail = " ".join(exc.read(300).decode("utf-8", "replace").split())
+            detail = _detail(exc.read(MAX_ANSWER), exc.headers.get("Content-Type", ""))
             raise RunLogError(f"{where}: the receiver refused the spans (HTTP {exc.code} "
                               f"{exc.reason}{': ' + detail if detail else ''})") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise RunLogError(f"{where}: cannot reach the receiver ({reason})") from None
-        _check_partial_success(where, answer, kind)
+        _check_answer(where, answer, kind)
     return url, sum(len(b.scope_spans[0].spans) for b in batches), len(batches)
 
 
@@ -108,28 +118,54 @@ def traces_url(endpoint: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(path=path))
 
 
-def _check_partial_success(where: str, answer: bytes, kind: str) -> None:
-    if not answer or "protobuf" not in kind:
+def _is_html(answer: bytes, kind: str) -> bool:
+    return "html" in kind.lower() or answer.lstrip()[:15].lower().startswith(
+        (b"<!doctype", b"<html"))
+
+
+def _detail(answer: bytes, kind: str) -> str:
+    """What a refusal said, short: an HTML page is named, not quoted."""
+    if _is_html(answer, kind):
+        return "an HTML page"
+    text = " ".join(answer.decode("utf-8", "replace").split())
+    return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL - 1] + "…"
+
+
+def _check_answer(where: str, answer: bytes, kind: str) -> None:
+    """A 2xx is an acceptance when its answer is an OTLP response (or empty); an HTML
+    page (a web app's catch-all route, a proxy's login page) means the spans went
+    somewhere that is not a trace receiver."""
+    if _is_html(answer, kind):
+        raise RunLogError(f"{where}: the server answered with an HTML page, not an OTLP "
+                          "response: is this its OTLP/HTTP traces URL? (Phoenix: "
+                          "http://localhost:6006/v1/traces)")
+    if not answer:
         return
     response = ExportTraceServiceResponse()
     try:
-        response.ParseFromString(answer)
+        if "protobuf" in kind:
+            response.ParseFromString(answer)
+        elif "json" in kind:
+            json_format.Parse(answer, response, ignore_unknown_fields=True)
+        else:
+            return
     except Exception:  # noqa: BLE001 - an unreadable answer to a 2xx is still an acceptance
         return
     rejected = response.partial_success.rejected_spans
     if rejected:
         message = response.partial_success.error_message or "no reason given"
-        raise RunLogError(f"{where}: the receiver rejected {rejected} spans ({message})")
+        raise RunLogError(f"{where}: the receiver rejected {rejected} spans "
+                          f"({_detail(message.encode(), '')})")
 
 
 # --- OTLP/JSON ---------------------------------------------------------------------------
 
 
-def otel_lines(tables: dict[str, list[dict[str, Any]]], project: str | None = None
-               ) -> list[dict[str, Any]]:
+def otel_lines(tables: dict[str, list[dict[str, Any]]], project: str | None = None,
+               content: bool = True) -> list[dict[str, Any]]:
     """The batches as OTLP/JSON `TracesData` objects (ids as hex, enums as numbers)."""
     lines = []
-    for batch in trace_batches(tables, project):
+    for batch in trace_batches(tables, project, content):
         line = json_format.MessageToDict(TracesData(resource_spans=[batch]),
                                          use_integers_for_enums=True)
         for resource in line["resourceSpans"]:

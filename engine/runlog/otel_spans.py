@@ -1,77 +1,66 @@
 """The spans of a run's OpenTelemetry export (engine/runlog/otel.py sends and writes them):
 the tree of run, step, phase, example and call spans, with their GenAI and OpenInference
-attributes."""
+attributes, in the order a receiver should store them."""
 
 from __future__ import annotations
 
-import hashlib
 import json
+import re
+import urllib.parse
 from collections import defaultdict
 from typing import Any
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+from engine.runlog.otel_tree import SpanTree, make_span, ns, otlp_attributes
 
 SCOPE = "engine.runlog.otel"
 # GenAI's names for the reasons OpenAI-style servers give.
 FINISH_REASONS = {"tool_calls": "tool_call", "function_call": "tool_call"}
 # A call logged before the run log recorded finish reasons (schema version 2 and older).
 UNKNOWN_REASON = "unknown"
+# The gate's two kinds of validation pass: the joint candidate (its calls are the step's
+# logged validation activations and losses) and each changed prompt scored alone.
+GATE_JOINT, GATE_ALONE = "gate (joint)", "gate (per-node)"
+# error.type: a low-cardinality name for what went wrong, read from the logged error text
+# (GenAI conventions: the provider's error code or the error's class; `_OTHER` otherwise).
+ERROR_TYPES = (
+    (re.compile(r"\((\d{3})\)|HTTP (\d{3})"), None),  # None: the status code itself
+    (re.compile(r"timed out|timeout", re.I), "timeout"),
+    (re.compile(r"cannot connect|connection", re.I), "connection_error"),
+    (re.compile(r"empty reply"), "empty_reply"),
+    (re.compile(r"local model"), "local_model_error"),
+    (re.compile(r"^openai: (\w+Error):"), None),  # the client library's exception class
+)
 
 
-def trace_batches(tables: dict[str, list[dict[str, Any]]], project: str | None = None
-                  ) -> list[ResourceSpans]:
-    """The run's spans in batches: the run span and the probes, then one batch per step."""
+def trace_batches(tables: dict[str, list[dict[str, Any]]], project: str | None = None,
+                  content: bool = True) -> list[ResourceSpans]:
+    """The run's spans, children first and the run span last: each step's call spans, the
+    probes' and diffs' calls, then one batch of the tree's own spans (examples, phases,
+    probes, steps, the run), deepest first. Phoenix shows a trace's first 1,000 spans
+    newest-stored first, so a trace of any size opens with its root and every step.
+    `content=False` leaves out the messages, replies and probe texts."""
     run = tables["runs"][0]
-    tree = _Tree(run["run_id"])
-    split_of = {e["example_id"]: e["split"] for e in tables["examples"]}
-    targets: dict[str, list[str]] = defaultdict(list)
-    for g in tables["gradients"]:
-        if g["call_id"] and g["node_id"] not in targets[g["call_id"]]:
-            targets[g["call_id"]].append(g["node_id"])
-    probe_of = {}
-    for probe in tables["probes"]:
-        for call_id in json.loads(probe["call_ids"] or "[]"):
-            probe_of[call_id] = probe
-
-    step_rows = {s["step"]: s for s in tables["steps"]}
-    by_step: dict[int, list[Span]] = defaultdict(list)  # group and call spans of a step
-    head: list[Span] = []  # the probes' spans
+    tree = SpanTree(run["run_id"], project if project not in (None, run["graph_name"])
+                    else None)
+    calls = _CallSpans(tables, tree, content)
+    by_step: dict[int, list[Span]] = defaultdict(list)
+    aside: list[Span] = []  # probe and diff calls
     for call in tables["llm_calls"]:
-        if call["purpose"] == "probe":
-            parent = tree.probe_parent(probe_of.get(call["call_id"]), head)
-            name = f"probe {call['node_id'] or ''}".rstrip()
-            head.append(_call_span(tree, call, parent, name, "probe"))
-            continue
-        step, phase = call["step"], _phase(call, split_of)
-        parent = tree.phase_parent(step, phase, call["example_id"], by_step[step])
-        by_step[step].append(_call_span(tree, call, parent, _call_name(call, targets), phase))
-    steps = [tree.step_span(step, step_rows.get(step))
-             for step in sorted(set(step_rows) | set(by_step))]
-    tree.fit_times(head + steps + [s for spans in by_step.values() for s in spans])
-
-    ends = [s.end_time_unix_nano for s in steps]
-    test_score = next((m["value"] for m in tables["metrics"]
-                       if m["key"] == "test_score" and m["step"] is None), None)
-    start = _ns(run["started_at"])
-    end = _ns(run["ended_at"]) if run["ended_at"] else max(ends, default=start)
-    status = {"finished": Status.STATUS_CODE_OK, "failed": Status.STATUS_CODE_ERROR
-              }.get(run["status"], Status.STATUS_CODE_UNSET)
-    root = _span(tree.trace_id, tree.run_span_id, None, f"run {run['run_id']}",
-                 Span.SPAN_KIND_INTERNAL, start, end, {
-                     "openinference.span.kind": "CHAIN",
-                     "input.value": run["config"], "input.mime_type": "application/json",
-                     "output.value": json.dumps({"status": run["status"],
-                                                 "test_score": test_score,
-                                                 "error": run["error"]}),
-                     "output.mime_type": "application/json",
-                     "semback.run_id": run["run_id"], "semback.graph": run["graph_name"],
-                     "semback.method": run["method"], "semback.status": run["status"],
-                     "semback.backend": run["backend"], "semback.model": run["model"],
-                     "semback.optimizer_model": run["optimizer_model"]},
-                 status, run["error"])
-    resource = Resource(attributes=_attributes({
+        if call["purpose"] in ("probe", "diff"):
+            aside.append(calls.aside(call))
+        else:
+            by_step[call["step"]].append(calls.in_step(call))
+    step_rows = {s["step"]: s for s in tables["steps"]}
+    for step in sorted(set(step_rows) | set(by_step)):
+        tree.step_span(step, step_rows.get(step))
+    tree.run_span(run, _test_score(tables), max((s.end_time_unix_nano
+                                                 for s in tree.steps.values()), default=0))
+    structure = tree.fit_times([*aside, *(s for spans in by_step.values() for s in spans)])
+    resource = Resource(attributes=otlp_attributes({
         "service.name": "semback", "semback.run_id": run["run_id"],
         "openinference.project.name": project or run["graph_name"]}))
 
@@ -79,160 +68,126 @@ def trace_batches(tables: dict[str, list[dict[str, Any]]], project: str | None =
         return ResourceSpans(resource=resource, scope_spans=[ScopeSpans(
             scope=InstrumentationScope(name=SCOPE), spans=spans)])
 
-    return [batch([root, *head])] + [batch([tree.steps[step], *by_step[step]])
-                                     for step in sorted(tree.steps)]
+    leaves = [by_step[step] for step in sorted(by_step)] + [aside]
+    return [batch(spans) for spans in leaves if spans] + [batch(structure)]
 
 
-PHASE_OF_PURPOSE = {"backward": "backward", "update": "update"}
+def _test_score(tables: dict[str, list[dict[str, Any]]]) -> float | None:
+    return next((m["value"] for m in tables["metrics"]
+                 if m["key"] == "test_score" and m["step"] is None), None)
 
 
-def _phase(call: dict[str, Any], split_of: dict[str, str]) -> str:
-    """Where a call belongs in its step: the validation pass of step 0 evaluates the
-    initial prompts, of a later step it scores the candidate (the gate)."""
-    if call["purpose"] in PHASE_OF_PURPOSE:
-        return PHASE_OF_PURPOSE[call["purpose"]]
-    split = split_of.get(call["example_id"] or "")
-    if split == "val":
-        return "forward on val" if call["step"] == 0 else "gate"
-    if split == "test":
-        return "test"
-    return f"forward on {split}" if split else "forward"
+class _CallSpans:
+    """One span per model call, under the group it belongs to."""
+
+    def __init__(self, tables: dict[str, list[dict[str, Any]]], tree: SpanTree, content: bool):
+        self.tree, self.content = tree, content
+        self.split_of = {e["example_id"]: e["split"] for e in tables["examples"]}
+        self.targets: dict[str, list[str]] = defaultdict(list)
+        for g in tables["gradients"]:
+            if g["call_id"] and g["node_id"] not in self.targets[g["call_id"]]:
+                self.targets[g["call_id"]].append(g["node_id"])
+        self.probe_of = {}
+        for probe in tables["probes"]:
+            for call_id in json.loads(probe["call_ids"] or "[]"):
+                self.probe_of[call_id] = probe
+        # The joint gate pass's calls: the ones behind a later step's logged validation
+        # activations and losses (the per-node passes log calls only).
+        self.joint = {row["call_id"] for name in ("node_outputs", "losses")
+                      for row in tables[name]
+                      if row["call_id"] and row["step"] and row["split"] == "val"}
+        self.joint_steps = {row["step"] for name in ("node_outputs", "losses")
+                            for row in tables[name] if row["call_id"] in self.joint}
+        config = json.loads(tables["runs"][0]["config"] or "{}")
+        self.server = _server(config.get("base_url"))
+
+    def in_step(self, call: dict[str, Any]) -> Span:
+        step, phase = call["step"], self.phase(call)
+        parent = self.tree.phase_parent(step, phase, call["example_id"])
+        return self.span(call, parent, self.name(call), phase)
+
+    def aside(self, call: dict[str, Any]) -> Span:
+        """A probe's call under its probe; a probe's baseline (the example re-run with the
+        step's prompts) under the baseline of its example; a diff's call under its diff."""
+        if call["purpose"] == "diff":
+            parent = self.tree.diff_parent(call["step"], call["example_id"])
+        else:
+            parent = self.tree.probe_parent(self.probe_of.get(call["call_id"]), call,
+                                            self.content)
+        name = f"{call['purpose']} {call['node_id'] or ''}".rstrip()
+        return self.span(call, parent, name, call["purpose"])
+
+    def phase(self, call: dict[str, Any]) -> str:
+        """Where a call belongs in its step: the validation pass of step 0 evaluates the
+        initial prompts, of a later step it scores the candidate (the gate's joint pass or
+        its per-node passes)."""
+        if call["purpose"] in ("backward", "update"):
+            return call["purpose"]
+        split = self.split_of.get(call["example_id"] or "")
+        if split == "val":
+            if call["step"] == 0:
+                return "forward on val"
+            if call["step"] not in self.joint_steps:  # nothing tells the passes apart
+                return "gate"
+            return GATE_JOINT if call["call_id"] in self.joint else GATE_ALONE
+        if split == "test":
+            return "test"
+        return f"forward on {split}" if split else "forward"
+
+    def name(self, call: dict[str, Any]) -> str:
+        node = call["node_id"] or ""
+        if call["purpose"] == "backward" and self.targets.get(call["call_id"]):
+            return f"backward {node} → {', '.join(self.targets[call['call_id']])}"
+        return f"{call['purpose']} {node}".rstrip()
+
+    def span(self, call: dict[str, Any], parent: str, name: str, phase: str) -> Span:
+        start = ns(call["started_at"])
+        end = start + int(round((call["latency_ms"] or 0.0) * 1e6))
+        attributes = {**_gen_ai(call, self.server if call["backend"] == "openai" else None),
+                      **_openinference(call),
+                      **(_content(call) if self.content else {}),
+                      **_semback(call, phase)}
+        return make_span(self.tree.trace_id, self.tree.call_span_id(call["call_id"]), parent, name,
+                     Span.SPAN_KIND_CLIENT, start, end, attributes,
+                     Status.STATUS_CODE_ERROR if call["error"] else Status.STATUS_CODE_OK,
+                     call["error"])
 
 
-def _call_name(call: dict[str, Any], targets: dict[str, list[str]]) -> str:
-    node = call["node_id"] or ""
-    if call["purpose"] == "backward" and targets.get(call["call_id"]):
-        return f"backward {node} → {', '.join(targets[call['call_id']])}"
-    return f"{call['purpose']} {node}".rstrip()
+def _usage(call: dict[str, Any]) -> tuple[int, int]:
+    """(input, output) tokens paid for: a hit in the run's own cache cost nothing."""
+    if call["cache_hit"]:
+        return 0, 0
+    return call["prompt_tokens"] or 0, call["completion_tokens"] or 0
 
 
-class _Tree:
-    """The non-call spans (run, steps, phases, examples, probes), made as calls need them,
-    with ids derived from what they stand for."""
-
-    def __init__(self, run_id: str):
-        self.run_id = run_id
-        self.trace_id = _hex_id(f"trace:{run_id}", 32)
-        self.run_span_id = _hex_id(f"run:{run_id}", 16)
-        self.steps: dict[int, Span] = {}
-        self._made: dict[str, Span] = {}  # span id -> group span
-
-    def step_id(self, step: int) -> str:
-        return _hex_id(f"step:{self.run_id}:{step}", 16)
-
-    def _group(self, key: str, parent: str, name: str, attributes: dict[str, Any],
-               out: list[Span]) -> str:
-        span_id = _hex_id(f"{key}:{self.run_id}", 16)
-        if span_id not in self._made:
-            span = _span(self.trace_id, span_id, parent, name, Span.SPAN_KIND_INTERNAL, 0, 0,
-                         {"openinference.span.kind": "CHAIN", **attributes},
-                         Status.STATUS_CODE_OK, None)
-            self._made[span_id] = span
-            out.append(span)
-        return span_id
-
-    def phase_parent(self, step: int, phase: str, example_id: str | None,
-                     out: list[Span]) -> str:
-        parent = self._group(f"phase:{step}:{phase}", self.step_id(step), phase,
-                             {"semback.step": step, "semback.phase": phase}, out)
-        if example_id is None:
-            return parent
-        return self._group(f"example:{step}:{phase}:{example_id}", parent,
-                           f"example {example_id}", {"semback.step": step,
-                                                     "semback.phase": phase,
-                                                     "semback.example_id": example_id}, out)
-
-    def probe_parent(self, probe: dict[str, Any] | None, out: list[Span]) -> str:
-        probes = self._group("probes", self.run_span_id, "probes", {}, out)
-        if probe is None:
-            return probes
-        return self._group(
-            f"probe:{probe['probe_id']}", probes,
-            f"probe {probe['kind']} {probe['node_id']} on {probe['example_id']} "
-            f"(step {probe['step']})",
-            {"semback.probe_id": probe["probe_id"], "semback.probe_kind": probe["kind"],
-             "semback.step": probe["step"], "semback.node_id": probe["node_id"],
-             "semback.example_id": probe["example_id"],
-             "input.value": probe["intervention"], "input.mime_type": "text/plain",
-             "output.value": json.dumps({"before": probe["before_output"],
-                                         "after": probe["after_output"],
-                                         "before_score": probe["before_score"],
-                                         "after_score": probe["after_score"]},
-                                        ensure_ascii=False),
-             "output.mime_type": "application/json"}, out)
-
-    def step_span(self, step: int, row: dict[str, Any] | None) -> Span:
-        attributes = {"openinference.span.kind": "CHAIN", "semback.step": step}
-        if row is not None:
-            attributes.update({"semback.train_score": row["train_score"],
-                               "semback.val_score": row["val_score"],
-                               "semback.accepted": row["accepted"]})
-        start, end = (_ns(row["started_at"]), _ns(row["ended_at"])) if row else (0, 0)
-        span = _span(self.trace_id, self.step_id(step), self.run_span_id, f"step {step}",
-                     Span.SPAN_KIND_INTERNAL, start, end, attributes, Status.STATUS_CODE_OK,
-                     None)
-        self._made[span.span_id.hex()] = span
-        self.steps[step] = span
-        return span
-
-    def fit_times(self, spans: list[Span]) -> None:
-        """A group span runs from its first child's start to its last child's end; a step
-        span keeps its logged times and widens to cover its children (the test pass is
-        logged at the last step, after that step ended)."""
-        children: dict[str, list[Span]] = defaultdict(list)
-        for span in spans:
-            children[span.parent_span_id.hex()].append(span)
-
-        def depth(span: Span) -> int:
-            n, parent = 0, span.parent_span_id.hex()
-            while parent in self._made:
-                n, parent = n + 1, self._made[parent].parent_span_id.hex()
-            return n
-
-        for span in sorted(self._made.values(), key=depth, reverse=True):
-            kids = children.get(span.span_id.hex())
-            if not kids:
-                continue
-            first = min(k.start_time_unix_nano for k in kids)
-            if span.start_time_unix_nano == 0 or first < span.start_time_unix_nano:
-                span.start_time_unix_nano = first
-            span.end_time_unix_nano = max([span.end_time_unix_nano,
-                                           *(k.end_time_unix_nano for k in kids)])
-
-
-def _call_span(tree: _Tree, call: dict[str, Any], parent: str, name: str, phase: str
-               ) -> Span:
-    start = _ns(call["started_at"])
-    end = start + int(round((call["latency_ms"] or 0.0) * 1e6))
-    messages = json.loads(call["messages"] or "[]")
-    reply = call["response"] or ""
-    reason = _finish_reason(call)
-    # A cache hit cost nothing: its provider usage is zero, what it would have cost apart.
-    cached = bool(call["cache_hit"])
-    prompt_tokens = 0 if cached else call["prompt_tokens"] or 0
-    completion_tokens = 0 if cached else call["completion_tokens"] or 0
-    attributes: dict[str, Any] = {
+def _gen_ai(call: dict[str, Any], server: tuple[str, int] | None) -> dict[str, Any]:
+    """The GenAI conventions' attributes. The run log records no model named by the reply,
+    so `gen_ai.response.model` is left out rather than copied from the request."""
+    prompt_tokens, completion_tokens = _usage(call)
+    cached = call.get("cached_tokens")
+    return {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": call["backend"],
         "gen_ai.request.model": call["model"],
-        "gen_ai.response.model": call["model"],
+        "gen_ai.output.type": "json" if call.get("constrained") else None,
         "gen_ai.usage.input_tokens": prompt_tokens,
         "gen_ai.usage.output_tokens": completion_tokens,
+        "gen_ai.usage.cache_read.input_tokens":
+            None if cached is None or call["cache_hit"] else cached,
         "gen_ai.request.temperature": call["temperature"],
         "gen_ai.request.max_tokens": call["max_tokens"],
-        "gen_ai.input.messages": json.dumps(
-            [{"role": m.get("role"), "parts": [{"type": "text", "content": m.get("content")}]}
-             for m in messages], ensure_ascii=False),
-        "gen_ai.output.messages": json.dumps(
-            [{"role": "assistant", "parts": [{"type": "text", "content": reply}],
-              "finish_reason": reason}], ensure_ascii=False) if reply else None,
-        "gen_ai.response.finish_reasons": [reason],
-        "error.type": "llm_error" if call["error"] else None,
+        "gen_ai.response.finish_reasons": [_finish_reason(call)],
+        "server.address": server[0] if server else None,
+        "server.port": server[1] if server else None,
+        "error.type": error_type(call["error"]) if call["error"] else None,
+    }
+
+
+def _openinference(call: dict[str, Any]) -> dict[str, Any]:
+    prompt_tokens, completion_tokens = _usage(call)
+    cached = call.get("cached_tokens")
+    return {
         "openinference.span.kind": "LLM",
-        "input.value": call["messages"] or "[]",
-        "input.mime_type": "application/json",
-        "output.value": reply,
-        "output.mime_type": "text/plain",
         "llm.model_name": call["model"],
         "llm.provider": call["backend"],
         "llm.invocation_parameters": json.dumps({"temperature": call["temperature"],
@@ -240,28 +195,72 @@ def _call_span(tree: _Tree, call: dict[str, Any], parent: str, name: str, phase:
         "llm.token_count.prompt": prompt_tokens,
         "llm.token_count.completion": completion_tokens,
         "llm.token_count.total": prompt_tokens + completion_tokens,
-        "semback.call_id": call["call_id"],
-        "semback.step": call["step"],
-        "semback.phase": phase,
-        "semback.purpose": call["purpose"],
-        "semback.node_id": call["node_id"],
-        "semback.example_id": call["example_id"],
+        "llm.token_count.prompt_details.cache_read":
+            None if cached is None or call["cache_hit"] else cached,
+    }
+
+
+def _content(call: dict[str, Any]) -> dict[str, Any]:
+    """The messages sent and the reply: GenAI's structured messages, OpenInference's
+    input/output values and flattened message lists."""
+    messages = json.loads(call["messages"] or "[]")
+    reply = call["response"] or ""
+    out: dict[str, Any] = {
+        "gen_ai.input.messages": json.dumps(
+            [{"role": m.get("role"), "parts": [{"type": "text", "content": m.get("content")}]}
+             for m in messages], ensure_ascii=False),
+        "gen_ai.output.messages": json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": reply}],
+              "finish_reason": _finish_reason(call)}], ensure_ascii=False) if reply else None,
+        "input.value": call["messages"] or "[]",
+        "input.mime_type": "application/json",
+        "output.value": reply,
+        "output.mime_type": "text/plain",
+    }
+    for i, m in enumerate(messages):
+        out[f"llm.input_messages.{i}.message.role"] = m.get("role")
+        out[f"llm.input_messages.{i}.message.content"] = m.get("content")
+    if reply:
+        out["llm.output_messages.0.message.role"] = "assistant"
+        out["llm.output_messages.0.message.content"] = reply
+    return out
+
+
+def _semback(call: dict[str, Any], phase: str) -> dict[str, Any]:
+    cached = bool(call["cache_hit"])
+    return {
+        "semback.call_id": call["call_id"], "semback.step": call["step"],
+        "semback.phase": phase, "semback.purpose": call["purpose"],
+        "semback.node_id": call["node_id"], "semback.example_id": call["example_id"],
         "semback.cache_hit": cached,
         "semback.cached_input_tokens": call["prompt_tokens"] if cached else None,
         "semback.cached_output_tokens": call["completion_tokens"] if cached else None,
-        "semback.retries": call["retries"],
-        "semback.cost_usd": call["cost_usd"],
+        "semback.retries": call["retries"], "semback.cost_usd": call["cost_usd"],
     }
-    for i, m in enumerate(messages):  # OpenInference's flattened message list
-        attributes[f"llm.input_messages.{i}.message.role"] = m.get("role")
-        attributes[f"llm.input_messages.{i}.message.content"] = m.get("content")
-    if reply:
-        attributes["llm.output_messages.0.message.role"] = "assistant"
-        attributes["llm.output_messages.0.message.content"] = reply
-    return _span(tree.trace_id, _hex_id(f"call:{call['call_id']}", 16), parent, name,
-                 Span.SPAN_KIND_CLIENT, start, end, attributes,
-                 Status.STATUS_CODE_ERROR if call["error"] else Status.STATUS_CODE_OK,
-                 call["error"])
+
+
+def error_type(error: str) -> str:
+    """A failed call's `error.type`: an HTTP status code, `timeout`, `connection_error`,
+    `empty_reply`, `local_model_error`, the client library's exception class, or `_OTHER`."""
+    for pattern, name in ERROR_TYPES:
+        match = pattern.search(error)
+        if match:
+            return name or next(g for g in match.groups() if g)
+    return "_OTHER"
+
+
+def _server(base_url: str | None) -> tuple[str, int] | None:
+    """(server.address, server.port) of --base-url; None without one."""
+    if not base_url:
+        return None
+    parts = urllib.parse.urlsplit(base_url)
+    if not parts.hostname:
+        return None
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
 def _finish_reason(call: dict[str, Any]) -> str:
@@ -269,45 +268,3 @@ def _finish_reason(call: dict[str, Any]) -> str:
         return "error"
     reason = call.get("finish_reason") or UNKNOWN_REASON
     return FINISH_REASONS.get(reason, reason)
-
-
-def _span(trace_id: str, span_id: str, parent_id: str | None, name: str, kind: int,
-          start_ns: int, end_ns: int, attributes: dict[str, Any], status: int,
-          message: str | None) -> Span:
-    span = Span(trace_id=bytes.fromhex(trace_id), span_id=bytes.fromhex(span_id), name=name,
-                kind=kind, start_time_unix_nano=start_ns,
-                end_time_unix_nano=max(end_ns, start_ns), attributes=_attributes(attributes),
-                status=Status(code=status, message=message or "" if
-                              status == Status.STATUS_CODE_ERROR else ""))
-    if parent_id:
-        span.parent_span_id = bytes.fromhex(parent_id)
-    return span
-
-
-def _attributes(values: dict[str, Any]) -> list[KeyValue]:
-    """OTLP key-values; None is left out, a list becomes an array of strings."""
-    out = []
-    for key, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            typed = AnyValue(bool_value=value)
-        elif isinstance(value, int):
-            typed = AnyValue(int_value=value)
-        elif isinstance(value, float):
-            typed = AnyValue(double_value=value)
-        elif isinstance(value, list):
-            typed = AnyValue()
-            typed.array_value.values.extend(AnyValue(string_value=str(v)) for v in value)
-        else:
-            typed = AnyValue(string_value=str(value))
-        out.append(KeyValue(key=key, value=typed))
-    return out
-
-
-def _hex_id(seed: str, length: int) -> str:
-    return hashlib.sha256(seed.encode("utf-8")).hexdigest()[:length]
-
-
-def _ns(seconds: float | None) -> int:
-    return int(round((seconds or 0.0) * 1e9))
