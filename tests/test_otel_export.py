@@ -493,6 +493,11 @@ def test_probes_hang_under_their_own_spans(tmp_path, capsys, monkeypatch):
             assert attrs(parent)["semback.probe_kind"] == "baseline"
             assert parent["parentSpanId"] == group["spanId"]
     assert_parents_cover_children(spans)
+    # Without content a probe keeps its scores, not its intervention and outputs.
+    spans, _ = export_file(capsys, db, tmp_path, "--no-content")
+    (one,) = [s for s in spans if attrs(s).get("semback.probe_id") == probe["probe_id"]]
+    assert attrs(one)["semback.after_score"] == probe["after_score"]
+    assert not [k for k in attrs(one) if k.startswith(CONTENT_KEYS)]
 
 
 # --- sending -----------------------------------------------------------------------------
