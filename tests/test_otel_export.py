@@ -406,6 +406,19 @@ def test_the_run_span_covers_its_children_after_a_resume(gsm8k):
     assert int(root["startTimeUnixNano"]) == min(first, round(run["started_at"] * 1e9))
 
 
+def test_diff_calls_hang_under_their_diff_not_in_a_step(gsm8k):
+    tables = read_run(gsm8k, "g")
+    call = dict(tables["llm_calls"][0], purpose="diff", step=1)
+    spans, _ = spans_and_resources(otel_lines({**tables, "llm_calls": [call]}))
+    by_id = {s["spanId"]: s for s in spans}
+    (span,) = [s for s in spans if s["kind"] == CLIENT]
+    parent = by_id[span["parentSpanId"]]
+    assert span["name"] == f"diff {call['node_id']}"
+    assert parent["name"] == f"diff on {call['example_id']} (step 1)"
+    assert by_id[parent["parentSpanId"]]["name"] == "diffs"
+    assert by_id[by_id[parent["parentSpanId"]]["parentSpanId"]]["name"] == "run g"
+
+
 def test_the_gates_joint_and_per_node_passes_are_told_apart(tmp_path, capsys):
     from engine.llm.scripted import ScriptedBackend
     from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
