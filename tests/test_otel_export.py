@@ -712,7 +712,7 @@ def test_an_openai_compatible_server_gives_server_address_and_cache_reads(tmp_pa
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     db = tmp_path / "o.duckdb"
-    with FakeOpenAIServer(prefix_cache=True) as server:
+    with FakeOpenAIServer(prefix_cache=True, reply_model="fake-2026-12-01") as server:
         asyncio.run(execute(RunConfig(graph=DIAMOND, db=str(db), run_id="g", steps=1,
                                       train=4, val=4, test=2, backend="openai",
                                       base_url=server.base_url, model="fake")))
@@ -724,12 +724,14 @@ def test_an_openai_compatible_server_gives_server_address_and_cache_reads(tmp_pa
         a = attrs(span)
         call = calls[a["semback.call_id"]]
         assert (a["server.address"], a["server.port"]) == ("127.0.0.1", port)
-        assert "gen_ai.response.model" not in a and a["gen_ai.request.model"] == "fake"
+        assert a["gen_ai.request.model"] == "fake"
         assert a.get("gen_ai.output.type") == ("json" if call["constrained"] else None)
         constrained += bool(call["constrained"])
-        if call["cache_hit"]:
+        if call["cache_hit"]:  # a replayed reply: nothing named a model this time
             assert "gen_ai.usage.cache_read.input_tokens" not in a
+            assert "gen_ai.response.model" not in a and call["response_model"] is None
         else:
+            assert a["gen_ai.response.model"] == call["response_model"] == "fake-2026-12-01"
             assert a["gen_ai.usage.cache_read.input_tokens"] == call["cached_tokens"]
             assert a["llm.token_count.prompt_details.cache_read"] == call["cached_tokens"]
             reads += call["cached_tokens"] > 0
@@ -771,7 +773,7 @@ def test_a_version_2_log_gains_finish_reason_on_first_read(gsm8k, tmp_path, caps
     spans, _ = export_file(capsys, old, tmp_path)
     with duckdb.connect(str(old), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] == \
-            SCHEMA_VERSION == 5
+            SCHEMA_VERSION == 6
         assert con.execute("SELECT count(*), count(finish_reason) FROM llm_calls"
                            ).fetchall()[0] == (calls, 0)
     # Calls logged before the column say so rather than guess.

@@ -161,14 +161,15 @@ def _usage(call: dict[str, Any]) -> tuple[int, int]:
 
 
 def _gen_ai(call: dict[str, Any], server: tuple[str, int] | None) -> dict[str, Any]:
-    """The GenAI conventions' attributes. The run log records no model named by the reply,
-    so `gen_ai.response.model` is left out rather than copied from the request."""
+    """The GenAI conventions' attributes; `gen_ai.response.model` only where the reply
+    named a model (never copied from the request)."""
     prompt_tokens, completion_tokens = _usage(call)
     cached = call.get("cached_tokens")
     return {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": call["backend"],
         "gen_ai.request.model": call["model"],
+        "gen_ai.response.model": call.get("response_model"),
         "gen_ai.output.type": "json" if call.get("constrained") else None,
         "gen_ai.usage.input_tokens": prompt_tokens,
         "gen_ai.usage.output_tokens": completion_tokens,
