@@ -676,6 +676,10 @@ def test_another_project_gets_a_copy_with_its_own_ids_and_says_so(gsm8k, tmp_pat
     assert "project 'review' gets a copy of the run with its own trace id" in second
     assert sorted(receiver.spans()) == sorted((s["spanId"], s["name"], s.get("parentSpanId"))
                                               for s in other)
+    with Receiver() as receiver:  # the graph's own project: the plain ids, nothing to say
+        code, out, _ = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                           "--endpoint", receiver.url, "--project", "gsm8k")
+    assert code == 0 and len(out.splitlines()) == 1 and "(project 'gsm8k')" in out
 
 
 # --- llm_calls.finish_reason -------------------------------------------------------------

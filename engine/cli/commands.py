@@ -373,12 +373,13 @@ def cmd_export(args: argparse.Namespace) -> int:
                          "--format otel")
     if args.endpoint:
         headers = _headers(args.header)
-        url, spans, requests = otel.send_otel(args.db, args.run_id, args.endpoint, headers,
-                                              args.project, content=args.content)
+        url, spans, requests, copy = otel.send_otel(args.db, args.run_id, args.endpoint,
+                                                    headers, args.project,
+                                                    content=args.content)
         project = f" (project '{args.project}')" if args.project else ""
         print(f"sent run '{args.run_id}' to {url}{project}: {spans} spans in "
               f"{requests} requests")
-        if args.project:  # Phoenix files a trace id under the project that first got it
+        if copy:  # Phoenix files a trace id under the project that first got it
             print(f"project '{args.project}' gets a copy of the run with its own trace id; "
                   "a copy sent earlier to another project stays there")
         if args.out:  # the file as well, when asked for

@@ -43,7 +43,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, TracesData
 
 from engine.runlog.export import file_stem, read_run, write_atomically
-from engine.runlog.otel_spans import trace_batches
+from engine.runlog.otel_spans import is_copy, trace_batches
 from engine.runlog.schema import RunLogError
 
 # Spans per OTLP/HTTP request: a step of a full run holds thousands of calls, each with its
@@ -70,13 +70,15 @@ def export_otel(db: str | Path, run_id: str, out: str | Path | None = None,
 
 def send_otel(db: str | Path, run_id: str, endpoint: str,
               headers: dict[str, str] | None = None, project: str | None = None,
-              timeout: float = 30.0, content: bool = True) -> tuple[str, int, int]:
+              timeout: float = 30.0, content: bool = True) -> tuple[str, int, int, bool]:
     """POST the run's spans to an OTLP/HTTP receiver in the export's order (children
     first, the run span last), at most SPANS_PER_REQUEST spans a request. Returns (url,
-    spans, requests); RunLogError when the receiver refuses, cannot be reached or answers
-    with something that is not an OTLP response (an HTML page)."""
+    spans, requests, copy: whether `project` gave the spans ids of their own);
+    RunLogError when the receiver refuses, cannot be reached or answers with something
+    that is not an OTLP response (an HTML page)."""
     url = traces_url(endpoint)
-    batches = [chunk for batch in trace_batches(read_run(db, run_id), project, content)
+    tables = read_run(db, run_id)
+    batches = [chunk for batch in trace_batches(tables, project, content)
                for chunk in _chunks(batch, SPANS_PER_REQUEST)]
     for number, batch in enumerate(batches, start=1):
         body = ExportTraceServiceRequest(resource_spans=[batch]).SerializeToString()
@@ -95,7 +97,8 @@ def send_otel(db: str | Path, run_id: str, endpoint: str,
             reason = getattr(exc, "reason", exc)
             raise RunLogError(f"{where}: cannot reach the receiver ({reason})") from None
         _check_answer(where, answer, kind)
-    return url, sum(len(b.scope_spans[0].spans) for b in batches), len(batches)
+    spans = sum(len(b.scope_spans[0].spans) for b in batches)
+    return url, spans, len(batches), is_copy(tables, project)
 
 
 def _chunks(batch: ResourceSpans, size: int) -> list[ResourceSpans]:

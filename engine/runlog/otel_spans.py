@@ -44,8 +44,7 @@ def trace_batches(tables: dict[str, list[dict[str, Any]]], project: str | None =
     newest-stored first, so a trace of any size opens with its root and every step.
     `content=False` leaves out the messages, replies and probe texts."""
     run = tables["runs"][0]
-    tree = SpanTree(run["run_id"], project if project not in (None, run["graph_name"])
-                    else None)
+    tree = SpanTree(run["run_id"], project if is_copy(tables, project) else None)
     calls = _CallSpans(tables, tree, content)
     by_step: dict[int, list[Span]] = defaultdict(list)
     aside: list[Span] = []  # probe and diff calls
@@ -70,6 +69,12 @@ def trace_batches(tables: dict[str, list[dict[str, Any]]], project: str | None =
 
     leaves = [by_step[step] for step in sorted(by_step)] + [aside]
     return [batch(spans) for spans in leaves if spans] + [batch(structure)]
+
+
+def is_copy(tables: dict[str, list[dict[str, Any]]], project: str | None) -> bool:
+    """Whether `project` is not the run's own (its graph's name): its spans then get ids of
+    their own, as Phoenix keeps a trace id in the project that first stored it."""
+    return project is not None and project != tables["runs"][0]["graph_name"]
 
 
 def _test_score(tables: dict[str, list[dict[str, Any]]]) -> float | None:
