@@ -38,6 +38,7 @@ class CallRecord:
     # cache-replayed replies; None for a call that got no reply
     finish_reason: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, those the provider's prefix cache served
+    response_model: str | None = None  # the model the reply named (None: it named none)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from engine.cli import main
 from engine.runlog.export import read_run
 from engine.runlog.otel import otel_lines
+from engine.runlog.otel_spans import GATE_ALONE, GATE_JOINT, error_type
 from engine.runlog.schema import SCHEMA_VERSION
 from engine.runs.execute import RunConfig, execute
 from tests.support.graphs import SHARED_DATASETS
@@ -204,6 +205,62 @@ def test_the_project_is_the_graph_name_or_the_project_flag(gsm8k, tmp_path, caps
     assert {r["openinference.project.name"] for r in resources} == {"my experiments"}
 
 
+CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "input.value",
+                "output.value", "llm.input_messages.", "llm.output_messages.")
+
+
+def test_no_content_leaves_out_messages_and_replies_and_keeps_the_rest(
+        gsm8k, tmp_path, capsys):
+    full, _ = export_file(capsys, gsm8k, tmp_path)
+    spans, _ = export_file(capsys, gsm8k, tmp_path, "--no-content")
+    text = (tmp_path / "run.otel.jsonl").read_text()
+    calls = read_run(gsm8k, "g")["llm_calls"]
+    assert [s["spanId"] for s in spans] == [s["spanId"] for s in full]
+    for span in (s for s in spans if s["kind"] == CLIENT):
+        a = attrs(span)
+        assert not [k for k in a if k.startswith(CONTENT_KEYS)], span["name"]
+        assert a["llm.token_count.total"] >= 0 and a["gen_ai.request.model"] == "scripted"
+        assert a["gen_ai.response.finish_reasons"] == ["stop"]
+    for call in calls:  # no reply and no user message reaches the file
+        assert json.dumps(call["response"])[1:-1] not in text
+        user = json.loads(call["messages"])[-1]["content"]
+        assert json.dumps(user, ensure_ascii=False)[1:-1] not in text
+    code, _, err = cli(capsys, "export", "g", "--db", gsm8k, "--no-content")
+    assert code == 2 and "--no-content" in err and "--format otel" in err
+
+
+def test_gen_ai_attributes_follow_what_the_log_records(gsm8k, tmp_path, capsys):
+    """Scripted calls: no server, no reply-named model; `json` output exactly on the
+    schema-constrained calls; a failed call's error.type says what failed."""
+    spans, _ = export_file(capsys, gsm8k, tmp_path)
+    calls = {c["call_id"]: c for c in read_run(gsm8k, "g")["llm_calls"]}
+    kinds = Counter()
+    for span in (s for s in spans if s["kind"] == CLIENT):
+        a = attrs(span)
+        call = calls[a["semback.call_id"]]
+        assert "gen_ai.response.model" not in a
+        assert "server.address" not in a and "server.port" not in a
+        assert a.get("gen_ai.output.type") == ("json" if call["constrained"] else None)
+        assert "error.type" not in a
+        kinds[bool(call["constrained"])] += 1
+    assert kinds[True] > 5 and kinds[False] > 5
+
+
+@pytest.mark.parametrize("error, kind", [
+    ("timed out after 120 s", "timeout"),
+    ("gave up after 4 retries: openai: rate limited (429): slow down", "429"),
+    ("openai: server error (503): overloaded", "503"),
+    ("openai: HTTP 418: teapot", "418"),
+    ("openai: cannot connect to http://127.0.0.1:9/v1 (refused)", "connection_error"),
+    ("gave up after 2 retries: empty reply", "empty_reply"),
+    ("local model failed: out of memory", "local_model_error"),
+    ("openai: APIResponseValidationError: bad json", "APIResponseValidationError"),
+    ("something else entirely", "_OTHER"),
+])
+def test_error_type_names_what_failed(error, kind):
+    assert error_type(error) == kind
+
+
 # --- the tree ----------------------------------------------------------------------------
 
 
@@ -225,7 +282,8 @@ def test_the_tree_is_run_step_phase_example_call_with_names_that_say_what(
             span = by_id.get(span.get("parentSpanId"))
         return names
 
-    phases_by_step = defaultdict(set)
+    phases_by_step, per_node = defaultdict(set), Counter()
+    activations = {r["call_id"] for r in tables["node_outputs"]}
     for span in (s for s in spans if s["kind"] == CLIENT):
         call = next(c for c in tables["llm_calls"]
                     if c["call_id"] == attrs(span)["semback.call_id"])
@@ -247,20 +305,36 @@ def test_the_tree_is_run_step_phase_example_call_with_names_that_say_what(
             else:
                 assert span["name"] == f"forward {node}"
                 split = split_of[example]
-                assert phase == {"train": "forward on train", "test": "test",
-                                 "val": "forward on val" if step == 0 else "gate"}[split]
+                if split == "val" and step > 0:  # the gate: joint or per-node pass
+                    joint = call["call_id"] in activations
+                    assert phase == (GATE_JOINT if joint else GATE_ALONE)
+                    per_node[step] += not joint
+                else:
+                    assert phase == {"train": "forward on train", "test": "test",
+                                     "val": "forward on val"}[split]
         assert attrs(span)["semback.phase"] == phase
         assert attrs(span)["semback.node_id"] == node
         phases_by_step[step].add(phase)
     assert phases_by_step[0] == {"forward on train", "forward on val"}
-    assert phases_by_step[1] == {"forward on train", "backward", "update", "gate"}
-    assert phases_by_step[2] == {"forward on train", "backward", "update", "gate", "test"}
-    # A group span covers its children in time.
+    gate = {GATE_JOINT, GATE_ALONE}  # the run's node gates ran beside its joint passes
+    assert phases_by_step[1] == {"forward on train", "backward", "update", *gate}
+    assert phases_by_step[2] == {"forward on train", "backward", "update", *gate, "test"}
+    assert per_node == {m["step"]: m["value"] for m in tables["metrics"]
+                        if m["key"] == "node_gate_calls"}
+    assert_parents_cover_children(spans)
+
+
+def assert_parents_cover_children(spans: list[dict]) -> None:
+    """Every span, the run span too, runs from before its children start to after they
+    end (Phoenix's latency figures read the root's)."""
+    by_id = {s["spanId"]: s for s in spans}
     for span in spans:
         parent = by_id.get(span.get("parentSpanId"))
-        if parent is not None and parent["name"] != "run g":
-            assert int(parent["startTimeUnixNano"]) <= int(span["startTimeUnixNano"])
-            assert int(parent["endTimeUnixNano"]) >= int(span["endTimeUnixNano"])
+        if parent is not None:
+            assert int(parent["startTimeUnixNano"]) <= int(span["startTimeUnixNano"]), \
+                (parent["name"], span["name"])
+            assert int(parent["endTimeUnixNano"]) >= int(span["endTimeUnixNano"]), \
+                (parent["name"], span["name"])
 
 
 def test_span_ids_stay_the_same_so_a_later_export_only_adds_spans(gsm8k, tmp_path, capsys):
@@ -282,6 +356,100 @@ def test_span_ids_stay_the_same_so_a_later_export_only_adds_spans(gsm8k, tmp_pat
     assert before and len(before) < len(full)
     for span in before:
         assert ids[span["spanId"]] == span.get("parentSpanId"), span["name"]
+
+
+PHOENIX_PAGE = 1000  # Phoenix's trace view loads a trace's first 1,000 spans, newest first
+
+
+def phoenix_view(spans_in_send_order: list[dict], page: int = PHOENIX_PAGE) -> list[dict]:
+    """The spans Phoenix's trace view loads: ordered by its row id descending (the newest
+    stored first), the first `page` of them (phoenix/server/api/types/Trace.py)."""
+    return list(reversed(spans_in_send_order))[:page]
+
+
+def test_children_are_sent_first_and_the_run_span_last(gsm8k, tmp_path, capsys, monkeypatch):
+    spans, _ = export_file(capsys, gsm8k, tmp_path)
+    position = {s["spanId"]: i for i, s in enumerate(spans)}
+    for span in spans:  # every parent is stored after each of its children
+        if "parentSpanId" in span:
+            assert position[span["parentSpanId"]] > position[span["spanId"]], span["name"]
+    assert spans[-1]["name"] == "run g" and "parentSpanId" not in spans[-1]
+    calls = [i for i, s in enumerate(spans) if s["kind"] == CLIENT]
+    assert calls == list(range(len(calls)))  # every call before the tree's own spans
+    # Phoenix's first page holds the root and every step even when the calls alone would
+    # fill it: here a page as small as the tree's own spans.
+    tree = len(spans) - len(calls)
+    names = {s["name"] for s in phoenix_view(spans, page=tree)}
+    steps = {f"step {r['step']}" for r in read_run(gsm8k, "g")["steps"]}
+    assert {"run g", *steps} <= names and len(steps) == 3
+    assert all(s["kind"] != CLIENT for s in phoenix_view(spans, page=tree))
+    # Sending keeps that order across requests.
+    monkeypatch.setattr("engine.runlog.otel.SPANS_PER_REQUEST", 40)
+    with Receiver() as receiver:
+        assert cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                   "--endpoint", receiver.url)[0] == 0
+    assert [span_id for span_id, _, _ in receiver.spans()] == [s["spanId"] for s in spans]
+
+
+def test_the_run_span_covers_its_children_after_a_resume(gsm8k):
+    """A run whose logged times cover only part of its calls (a resumed run's, a run's
+    row written before the calls its later steps made) still has a root that covers them."""
+    tables = read_run(gsm8k, "g")
+    run = dict(tables["runs"][0])
+    run["ended_at"] = run["started_at"] + 0.001
+    step = dict(tables["steps"][-1], started_at=tables["steps"][-1]["ended_at"])
+    spans, _ = spans_and_resources(otel_lines({**tables, "runs": [run],
+                                               "steps": [*tables["steps"][:-1], step]}))
+    assert_parents_cover_children(spans)
+    root = spans[-1]
+    first = min(int(s["startTimeUnixNano"]) for s in spans if s["kind"] == CLIENT)
+    assert int(root["startTimeUnixNano"]) == min(first, round(run["started_at"] * 1e9))
+
+
+def test_diff_calls_hang_under_their_diff_not_in_a_step(gsm8k):
+    tables = read_run(gsm8k, "g")
+    call = dict(tables["llm_calls"][0], purpose="diff", step=1)
+    spans, _ = spans_and_resources(otel_lines({**tables, "llm_calls": [call]}))
+    by_id = {s["spanId"]: s for s in spans}
+    (span,) = [s for s in spans if s["kind"] == CLIENT]
+    parent = by_id[span["parentSpanId"]]
+    assert span["name"] == f"diff {call['node_id']}"
+    assert parent["name"] == f"diff on {call['example_id']} (step 1)"
+    assert by_id[parent["parentSpanId"]]["name"] == "diffs"
+    assert by_id[by_id[parent["parentSpanId"]]["parentSpanId"]]["name"] == "run g"
+
+
+def test_the_gates_joint_and_per_node_passes_are_told_apart(tmp_path, capsys):
+    from engine.llm.scripted import ScriptedBackend
+    from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+    from tests.test_node_gates import good_and_bad_edits
+
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "gates.duckdb"
+    run_engine(graph, db, ScriptedBackend(responder=good_and_bad_edits), steps=1, train=4,
+               val=4, run_id="g")
+    tables = read_run(db, "g")
+    spans, _ = export_file(capsys, db, tmp_path)
+    by_id = {s["spanId"]: s for s in spans}
+    phase_of = {}
+    for span in (s for s in spans if s["kind"] == CLIENT):
+        parent = by_id[span["parentSpanId"]]
+        phase = by_id[parent["parentSpanId"]]["name"] if parent["name"].startswith(
+            "example ") else parent["name"]
+        assert attrs(span)["semback.phase"] == phase
+        phase_of[attrs(span)["semback.call_id"]] = phase
+    activations = {r["call_id"] for r in tables["node_outputs"]
+                   if r["step"] == 1 and r["split"] == "val"}
+    joint = {c for c, p in phase_of.items() if p == GATE_JOINT}
+    alone = {c for c, p in phase_of.items() if p == GATE_ALONE}
+    assert joint and {c for c in joint if c} >= activations and len(activations) == 12
+    (added,) = [m["value"] for m in tables["metrics"]
+                if m["step"] == 1 and m["key"] == "node_gate_calls"]
+    calls = {c["call_id"]: c for c in tables["llm_calls"]}
+    assert len([c for c in alone if calls[c]["purpose"] == "forward"]) == added == 16
+    assert not alone & activations
+    names = {s["name"] for s in spans}
+    assert {GATE_JOINT, GATE_ALONE} <= names and "gate" not in names
 
 
 def test_probes_hang_under_their_own_spans(tmp_path, capsys, monkeypatch):
@@ -314,6 +482,35 @@ def test_probes_hang_under_their_own_spans(tmp_path, capsys, monkeypatch):
     under = [s for s in spans if s.get("parentSpanId") == one["spanId"]]
     assert {attrs(s)["semback.call_id"] for s in under} == probe_calls
     assert all(s["kind"] == CLIENT and s["name"].startswith("probe ") for s in under)
+    assert_parents_cover_children(spans)  # the probe ran after the run ended
+
+    # A later blame: its baseline calls (an example re-run with the step's prompts, which
+    # no probe lists) hang under a baseline span per example, never under `probes` itself.
+    assert cli(capsys, "blame", "g", "--db", db, "--step", 1)[0] == 0
+    tables = read_run(db, "g")
+    listed = {c for p in tables["probes"] for c in json.loads(p["call_ids"])}
+    baseline = {c["call_id"]: c for c in tables["llm_calls"]
+                if c["purpose"] == "probe" and c["call_id"] not in listed}
+    assert baseline  # blame re-ran examples the log has no trace of with these prompts
+    spans, _ = export_file(capsys, db, tmp_path)
+    by_id = {s["spanId"]: s for s in spans}
+    (group,) = [s for s in spans if s["name"] == "probes"]
+    assert not [s["name"] for s in spans
+                if s["kind"] == CLIENT and s.get("parentSpanId") == group["spanId"]]
+    for span in (s for s in spans if s["kind"] == CLIENT):
+        call = baseline.get(attrs(span)["semback.call_id"])
+        if call is not None:
+            parent = by_id[span["parentSpanId"]]
+            assert parent["name"] == (f"probe baseline on {call['example_id']} "
+                                      f"(step {call['step']})")
+            assert attrs(parent)["semback.probe_kind"] == "baseline"
+            assert parent["parentSpanId"] == group["spanId"]
+    assert_parents_cover_children(spans)
+    # Without content a probe keeps its scores, not its intervention and outputs.
+    spans, _ = export_file(capsys, db, tmp_path, "--no-content")
+    (one,) = [s for s in spans if attrs(s).get("semback.probe_id") == probe["probe_id"]]
+    assert attrs(one)["semback.after_score"] == probe["after_score"]
+    assert not [k for k in attrs(one) if k.startswith(CONTENT_KEYS)]
 
 
 # --- sending -----------------------------------------------------------------------------
@@ -322,8 +519,9 @@ def test_probes_hang_under_their_own_spans(tmp_path, capsys, monkeypatch):
 class Receiver:
     """An OTLP/HTTP trace receiver on localhost: decodes every ExportTraceServiceRequest."""
 
-    def __init__(self, status: int = 200, rejected: int = 0):
-        self.status, self.rejected = status, rejected
+    def __init__(self, status: int = 200, rejected: int = 0,
+                 page: tuple[int, bytes] | None = None):
+        self.status, self.rejected, self.page = status, rejected, page
         self.requests: list[tuple[str, dict, ExportTraceServiceRequest]] = []
         receiver = self
 
@@ -337,7 +535,11 @@ class Receiver:
                 request.ParseFromString(body)
                 receiver.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()},
                                           request))
-                if receiver.status != 200:
+                if receiver.page is not None:  # a web page, as a web app's catch-all gives
+                    status, payload = receiver.page
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/html; charset=utf-8")
+                elif receiver.status != 200:
                     payload = b"unauthorized: bad api key"
                     self.send_response(receiver.status)
                     self.send_header("Content-Type", "text/plain")
@@ -434,6 +636,52 @@ def test_an_endpoint_that_refuses_gets_one_error_line(gsm8k, tmp_path, capsys, m
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+HTML = (b"<!DOCTYPE html><html><head><title>Phoenix</title><script>" + b"x" * 400 +
+        b"</script></head><body><div id='root'></div></body></html>")
+
+
+def test_a_receiver_answering_with_an_html_page_is_not_a_success(gsm8k, tmp_path, capsys):
+    for status, words in ((200, ["HTML page", "not an OTLP response", "/v1/traces"]),
+                          (404, ["HTTP 404", "an HTML page"])):
+        with Receiver(page=(status, HTML)) as receiver:
+            code, out, err = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                                 "--endpoint", receiver.url)
+        assert code == 2 and out == "" and err.count("\n") == 1, (out, err)
+        assert err.startswith("error: ") and all(w in err for w in words), err
+        assert "<" not in err and "xxx" not in err and len(err) < 250, err
+        assert len(receiver.requests) == 1  # it stopped at the first answer
+    # A plain-text refusal is quoted, cut short.
+    with Receiver(status=400) as receiver:
+        receiver.page = None
+        code, _, err = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                           "--endpoint", receiver.url)
+    assert code == 2 and "bad api key" in err
+
+
+def test_another_project_gets_a_copy_with_its_own_ids_and_says_so(gsm8k, tmp_path, capsys):
+    default, _ = export_file(capsys, gsm8k, tmp_path)
+    named, _ = export_file(capsys, gsm8k, tmp_path, "--project", "gsm8k")
+    assert [s["spanId"] for s in named] == [s["spanId"] for s in default]
+    other, resources = export_file(capsys, gsm8k, tmp_path, "--project", "review")
+    assert {r["openinference.project.name"] for r in resources} == {"review"}
+    assert len(other) == len(default)
+    assert not {s["spanId"] for s in other} & {s["spanId"] for s in default}
+    assert {s["traceId"] for s in other}.isdisjoint({s["traceId"] for s in default})
+    with Receiver() as receiver:
+        code, out, err = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                             "--endpoint", receiver.url, "--project", "review")
+    assert code == 0, err
+    first, second = out.splitlines()
+    assert "(project 'review')" in first and f"{len(other)} spans" in first
+    assert "project 'review' gets a copy of the run with its own trace id" in second
+    assert sorted(receiver.spans()) == sorted((s["spanId"], s["name"], s.get("parentSpanId"))
+                                              for s in other)
+    with Receiver() as receiver:  # the graph's own project: the plain ids, nothing to say
+        code, out, _ = cli(capsys, "export", "g", "--db", gsm8k, "--format", "otel",
+                           "--endpoint", receiver.url, "--project", "gsm8k")
+    assert code == 0 and len(out.splitlines()) == 1 and "(project 'gsm8k')" in out
+
+
 # --- llm_calls.finish_reason -------------------------------------------------------------
 
 
@@ -460,6 +708,38 @@ def test_the_openai_backend_records_the_servers_finish_reason(tmp_path, capsys, 
     reasons = Counter(attrs(s)["gen_ai.response.finish_reasons"][0]
                       for s in spans if s["kind"] == CLIENT)
     assert reasons["length"] == len(fresh)
+
+
+def test_an_openai_compatible_server_gives_server_address_and_cache_reads(tmp_path, capsys,
+                                                                          monkeypatch):
+    from tests.support.fake_openai import FakeOpenAIServer
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    db = tmp_path / "o.duckdb"
+    with FakeOpenAIServer(prefix_cache=True, reply_model="fake-2026-12-01") as server:
+        asyncio.run(execute(RunConfig(graph=DIAMOND, db=str(db), run_id="g", steps=1,
+                                      train=4, val=4, test=2, backend="openai",
+                                      base_url=server.base_url, model="fake")))
+        port = server.port
+    calls = {c["call_id"]: c for c in read_run(db, "g")["llm_calls"]}
+    spans, _ = export_file(capsys, db, tmp_path)
+    reads = constrained = 0
+    for span in (s for s in spans if s["kind"] == CLIENT):
+        a = attrs(span)
+        call = calls[a["semback.call_id"]]
+        assert (a["server.address"], a["server.port"]) == ("127.0.0.1", port)
+        assert a["gen_ai.request.model"] == "fake"
+        assert a.get("gen_ai.output.type") == ("json" if call["constrained"] else None)
+        constrained += bool(call["constrained"])
+        if call["cache_hit"]:  # a replayed reply: nothing named a model this time
+            assert "gen_ai.usage.cache_read.input_tokens" not in a
+            assert "gen_ai.response.model" not in a and call["response_model"] is None
+        else:
+            assert a["gen_ai.response.model"] == call["response_model"] == "fake-2026-12-01"
+            assert a["gen_ai.usage.cache_read.input_tokens"] == call["cached_tokens"]
+            assert a["llm.token_count.prompt_details.cache_read"] == call["cached_tokens"]
+            reads += call["cached_tokens"] > 0
+    assert reads > 5 and constrained > 0
 
 
 def test_the_local_backend_records_length_when_the_reply_is_cut():
@@ -497,7 +777,7 @@ def test_a_version_2_log_gains_finish_reason_on_first_read(gsm8k, tmp_path, caps
     spans, _ = export_file(capsys, old, tmp_path)
     with duckdb.connect(str(old), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] == \
-            SCHEMA_VERSION == 5
+            SCHEMA_VERSION == 6
         assert con.execute("SELECT count(*), count(finish_reason) FROM llm_calls"
                            ).fetchall()[0] == (calls, 0)
     # Calls logged before the column say so rather than guess.
@@ -516,3 +796,4 @@ def test_a_failed_call_has_no_output_message_and_finish_reason_error(gsm8k):
     a = attrs(span)
     assert "gen_ai.output.messages" not in a and a["gen_ai.response.finish_reasons"] == ["error"]
     assert a["output.value"] == "" and span["status"] == {"code": 2, "message": "timed out"}
+    assert a["error.type"] == "timeout"

@@ -15,11 +15,11 @@ from engine.runs.execute import RunConfig, execute
 from tests.support.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 
-# What schema versions 2 and 3 added (docs/runlog.md); version 1 is the rest.
+# What schema versions 2, 3, 4 and 6 added (docs/runlog.md); version 1 is the rest.
 V2_TABLES = {"probes", "probe_outputs"}
 V2_COLUMNS = {"runs": {"parent_run_id", "fork_step", "notes", "tags"},
               "updates": {"val_alone", "reject_reason"},
-              "llm_calls": {"constrained", "finish_reason", "cached_tokens"}}
+              "llm_calls": {"constrained", "finish_reason", "cached_tokens", "response_model"}}
 
 
 def v1_columns(table: str) -> list[str]:

@@ -367,19 +367,29 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_export(args: argparse.Namespace) -> int:
     from engine.runlog import export, otel
 
-    if args.format != "otel" and (args.endpoint or args.header or args.project):
-        raise UsageError("--endpoint, --header and --project go with --format otel")
+    if args.format != "otel" and (args.endpoint or args.header or args.project
+                                  or not args.content):
+        raise UsageError("--endpoint, --header, --project and --no-content go with "
+                         "--format otel")
     if args.endpoint:
         headers = _headers(args.header)
-        url, spans, requests = otel.send_otel(args.db, args.run_id, args.endpoint, headers,
-                                              args.project)
-        print(f"sent run '{args.run_id}' to {url}: {spans} spans in {requests} requests")
+        url, spans, requests, copy = otel.send_otel(args.db, args.run_id, args.endpoint,
+                                                    headers, args.project,
+                                                    content=args.content)
+        project = f" (project '{args.project}')" if args.project else ""
+        print(f"sent run '{args.run_id}' to {url}{project}: {spans} spans in "
+              f"{requests} requests")
+        if copy:  # Phoenix files a trace id under the project that first got it
+            print(f"project '{args.project}' gets a copy of the run with its own trace id; "
+                  "a copy sent earlier to another project stays there")
         if args.out:  # the file as well, when asked for
-            path = otel.export_otel(args.db, args.run_id, args.out, args.project)
+            path = otel.export_otel(args.db, args.run_id, args.out, args.project,
+                                    content=args.content)
             print(f"exported run '{args.run_id}' as otel to {path}")
         return 0
     if args.format == "otel":
-        path = otel.export_otel(args.db, args.run_id, args.out, args.project)
+        path = otel.export_otel(args.db, args.run_id, args.out, args.project,
+                                content=args.content)
     else:
         write = {"json": export.export_json, "parquet": export.export_parquet}[args.format]
         path = write(args.db, args.run_id, args.out)
@@ -426,7 +436,11 @@ def _register_export(subparsers: Any) -> None:
     p.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
                    help="with --endpoint: an HTTP header for the receiver (repeatable)")
     p.add_argument("--project", help="with --format otel: the Phoenix project "
-                                     "(openinference.project.name; default: the graph's name)")
+                                     "(openinference.project.name; default: the graph's "
+                                     "name); another project gets a copy with its own ids")
+    p.add_argument("--no-content", dest="content", action="store_false",
+                   help="with --format otel: leave out the messages sent, the replies and "
+                        "the probes' texts (GenAI and OpenInference make content opt-in)")
     p.set_defaults(func=cmd_export)
 
     p = subparsers.add_parser("import", help="read a JSON export into a run log")

@@ -77,6 +77,7 @@ class LLMReply:
     constrained: bool | None = None  # whether decoding enforced request.schema (None: unknown)
     finish_reason: str | None = None  # the provider's reason the reply ended (stop, length)
     cached_tokens: int = 0  # prompt tokens the provider's prefix cache served (where reported)
+    response_model: str | None = None  # the model the server's reply named, if it named one
 
 
 class LLMError(Exception):

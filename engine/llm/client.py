@@ -181,6 +181,7 @@ class LLMClient:
             record.finish_reason = "stop" if record.cache_hit else reply.finish_reason
             if not record.cache_hit:
                 record.cached_tokens = reply.cached_tokens
+                record.response_model = reply.response_model
                 self.cache.put(record.cache_key, request, reply)
                 record.cost_usd = cost_usd(self._prices, request.model, reply.prompt_tokens,
                                            reply.completion_tokens, reply.cached_tokens)

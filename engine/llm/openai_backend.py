@@ -129,7 +129,8 @@ class OpenAIBackend:
         return LLMReply(text=text, prompt_tokens=prompt_tokens,
                         completion_tokens=completion_tokens,
                         model=getattr(response, "model", None) or request.model,
-                        finish_reason=finish_reason, cached_tokens=int(cached or 0))
+                        finish_reason=finish_reason, cached_tokens=int(cached or 0),
+                        response_model=getattr(response, "model", None) or None)
 
     def _map_error(self, exc: Exception) -> LLMError:
         openai = self._sdk

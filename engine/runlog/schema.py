@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 TABLES: dict[str, str] = {
     "schema_version": "version INTEGER, applied_at DOUBLE",
@@ -49,7 +49,8 @@ TABLES: dict[str, str] = {
         response VARCHAR, prompt_tokens INTEGER, completion_tokens INTEGER,
         latency_ms DOUBLE, cache_hit BOOLEAN, retries INTEGER, error VARCHAR,
         started_at DOUBLE, cost_usd DOUBLE, cache_key VARCHAR, temperature DOUBLE,
-        max_tokens INTEGER, constrained BOOLEAN, finish_reason VARCHAR, cached_tokens INTEGER""",
+        max_tokens INTEGER, constrained BOOLEAN, finish_reason VARCHAR, cached_tokens INTEGER,
+        response_model VARCHAR""",
     "metrics": "run_id VARCHAR, step INTEGER, key VARCHAR, value DOUBLE",
     # Counterfactual probes (docs/runlog.md): one row per intervention, and the node
     # outputs a probe re-computed, kept apart from the run's own activations.
@@ -90,6 +91,11 @@ MIGRATIONS: dict[int, list[str]] = {
     5: [
         "ALTER TABLE gradients ADD COLUMN IF NOT EXISTS asks_change BOOLEAN",
         "ALTER TABLE gradients ADD COLUMN IF NOT EXISTS claim_source VARCHAR",
+    ],
+    # 6: the model a reply named (an OpenAI-compatible server's `model`), which trace
+    # viewers show as the response model; NULL where no reply named one.
+    6: [
+        "ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS response_model VARCHAR",
     ],
 }
 

@@ -101,8 +101,10 @@ class FakeOpenAIServer:
                  faults: Iterable[Fault] | None = None, reject_response_format: bool = False,
                  rate_limit_share: float = 0.0, capacity: int | None = None,
                  retry_after: float | None = None, seed: int = 0,
-                 finish_reason: str = "stop", prefix_cache: bool = False):
+                 finish_reason: str = "stop", prefix_cache: bool = False,
+                 reply_model: str | None = None):
         self.latency = latency
+        self.reply_model = reply_model  # the model replies name (default: the one asked for)
         self.finish_reason = finish_reason  # what every completion says ended it
         # prefix caching as OpenAI reports it: usage.prompt_tokens_details.cached_tokens is
         # the longest prefix (in tokens of 4 characters) shared with an earlier request
@@ -211,7 +213,7 @@ class FakeOpenAIServer:
             "id": f"chatcmpl-fake-{len(self.requests)}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": body.get("model", "fake"),
+            "model": self.reply_model or body.get("model", "fake"),
             "choices": [{"index": 0, "finish_reason": self.finish_reason,
                          "message": {"role": "assistant", "content": text}}],
             "usage": usage,
