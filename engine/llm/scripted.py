@@ -61,6 +61,12 @@ def _seed(request: LLMRequest) -> int:
                               separators=(",", ":")))
 
 
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """`text` up to its first stop sequence, which is left out, as real servers do."""
+    ends = [text.find(s) for s in stop if s and s in text]
+    return text[:min(ends)] if ends else text
+
+
 class ScriptedBackend:
     name = "scripted"
     supports_schema = True
@@ -87,6 +93,7 @@ class ScriptedBackend:
             text = self._default(request)
             if request.schema is not None:
                 text, constrained = structured_reply(request, text), True
+        text = cut_at_stop(text, request.stop)
         prompt_tokens = sum(estimate_tokens(c) for _, c in request.messages)
         return LLMReply(text=text, prompt_tokens=prompt_tokens,
                         completion_tokens=estimate_tokens(text), model=request.model,

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 TABLES: dict[str, str] = {
     "schema_version": "version INTEGER, applied_at DOUBLE",
     "runs": """run_id VARCHAR, graph_name VARCHAR, graph_yaml VARCHAR, method VARCHAR,
         backend VARCHAR, model VARCHAR, optimizer_model VARCHAR, seed BIGINT, config JSON,
         status VARCHAR, started_at DOUBLE, ended_at DOUBLE, error VARCHAR,
-        parent_run_id VARCHAR, fork_step INTEGER, notes VARCHAR, tags JSON""",
+        parent_run_id VARCHAR, fork_step INTEGER, notes VARCHAR, tags JSON,
+        model_sha256 VARCHAR, optimizer_model_sha256 VARCHAR""",
     "steps": """run_id VARCHAR, step INTEGER, train_score DOUBLE, val_score DOUBLE,
         accepted BOOLEAN, started_at DOUBLE, ended_at DOUBLE""",
     "examples": """run_id VARCHAR, split VARCHAR, example_id VARCHAR, position INTEGER,
@@ -90,6 +91,12 @@ MIGRATIONS: dict[int, list[str]] = {
     5: [
         "ALTER TABLE gradients ADD COLUMN IF NOT EXISTS asks_change BOOLEAN",
         "ALTER TABLE gradients ADD COLUMN IF NOT EXISTS claim_source VARCHAR",
+    ],
+    # 6: which model file each run ran: the SHA-256 of a local model (a name alone does not
+    # say, two files may share one). Older rows and provider models stay NULL.
+    6: [
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS model_sha256 VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS optimizer_model_sha256 VARCHAR",
     ],
 }
 
