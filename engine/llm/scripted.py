@@ -50,11 +50,14 @@ def _digest(*parts: Any) -> int:
 def _seed(request: LLMRequest) -> int:
     """A digest of the request that ignores the order of the prompt's parts.
 
-    Every sampling-relevant field counts, but the messages enter as the sorted list of
+    Every sampling-relevant field but the stop sequences counts, and the messages enter as
+    the sorted list of
     their non-empty lines (each with its role), so moving a block of a template leaves
     every scripted reply as it was, while changing any line still changes it.
     """
     fields = request.key_fields()
+    # a stop sequence only cuts the reply (cut_at_stop), it never changes the words before
+    fields["stop"] = []
     fields["messages"] = sorted([role, line.strip()] for role, content in request.messages
                                 for line in content.splitlines() if line.strip())
     return _digest(json.dumps(fields, sort_keys=True, ensure_ascii=False,

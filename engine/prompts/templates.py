@@ -69,12 +69,13 @@ def parse_output(reply: str, stopped: bool = False) -> tuple[str, str | None]:
     was closed there. Fallbacks, in order: the text after an unclosed <output> tag; the text
     before a dangling </output>; the whole reply; stray tags removed from each. Returns
     (output, parse_error or None)."""
-    if stopped and re.search(r"<output>(?!.*</output>)", reply, flags=re.S | re.I):
-        reply += FORWARD_STOP[0]
+    opened = re.split(r"<output>", reply, flags=re.I)
+    if stopped and len(opened) > 1 and not re.search(r"</output>", opened[-1], flags=re.I) \
+            and _untagged(opened[-1]):
+        return _untagged(opened[-1]), None
     blocks = re.findall(r"<output>(.*?)</output>", reply, flags=re.S | re.I)
     if blocks and blocks[-1].strip():
         return blocks[-1].strip(), None
-    opened = re.split(r"<output>", reply, flags=re.I)
     if len(opened) > 1 and _untagged(opened[-1]):
         return _untagged(opened[-1]), "unclosed <output> tag: used the text after it"
     closed = re.split(r"</output\s*>", reply, flags=re.I)
