@@ -189,3 +189,21 @@ def test_the_default_model_is_qwen_0_5b():
     from engine.llm.factory import default_model
 
     assert models.DEFAULT_MODEL == "qwen2.5-coder-0.5b" == default_model("local")
+
+
+def test_the_local_backend_never_loads_a_file_changed_after_it_was_verified(tmp_path,
+                                                                            monkeypatch):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    from engine.llm.local import LocalBackend
+    from tests.test_local_backend import gguf_header
+
+    monkeypatch.setenv(models.MODEL_DIR_ENV, str(tmp_path / "models"))
+    path = gguf_header(tmp_path / "t.gguf", {"tokenizer.chat_template": "{{ x }}"})
+    backend = LocalBackend(model_path=path)
+    assert backend.model_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("r+b") as handle:  # one byte, in place, after the backend verified it
+        handle.seek(len(path.read_bytes()) - 1)
+        handle.write(b"!")
+    with pytest.raises(LLMError, match="changed after it was verified"):
+        backend._load(backend._pool[0])
