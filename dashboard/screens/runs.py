@@ -233,7 +233,7 @@ def new_run_form(db: str) -> None:
                      "with openai: the provider's model name (type it)")
             optimizer_model = b3.text_input("Optimizer model", placeholder="same as model")
             if not_installed:
-                b2.caption("Not installed: " + "; ".join(f"`{line}`" for line in not_installed))
+                st.caption(not_installed)
             m2, m3 = st.columns(2)
             steps = m2.number_input("Steps", min_value=0, value=DEFAULTS.steps)
             seed = m3.number_input("Seed", value=DEFAULTS.seed, step=1)
