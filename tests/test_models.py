@@ -85,9 +85,19 @@ def test_a_changed_file_without_its_packages_is_refused_naming_pip(tiny, site, t
         models.resolve_model("tiny-model")
     message = str(info.value)
     assert "\n" not in message
+    assert f"the model file {model.path} has changed" in message
     assert "pip install fake-model-part{1..3}==0.9.0" in message
     assert "missing fake-model-part2==0.9.0" in message
     assert b"X" in model.path.read_bytes()  # refused, and left for the user to see
+    if importlib.util.find_spec("llama_cpp") is None:
+        return
+    from tests.test_local_backend import one_node_graph
+
+    code = main(["run", str(one_node_graph(tmp_path)), "--backend", "local", "--model",
+                 "tiny-model", "--steps", "0", "--db", str(tmp_path / "runs.duckdb")])
+    lines = error_lines(capsys)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(
+        f"error: the model file {model.path} has changed"), lines
 
 
 def test_parts_that_do_not_join_into_the_published_file_are_refused(tiny, site):

