@@ -1,4 +1,4 @@
-"""How much the demo's score depends on its prompts, on the embedded SmolLM2-135M.
+"""How much the demo's score depends on its prompts, on an embedded model (--model).
 
 Scores sample_graphs/demo.yaml's forward pass (the engine's own forward calls, parser and
 grader; no optimizer calls) on every example of its dataset, twice: with the graph's
@@ -53,7 +53,7 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def make_backend(kind: str):
+def make_backend(kind: str, model: str | None = None):
     if kind == "scripted":
         from engine.llm.scripted import ScriptedBackend
         from sample_graphs.demo_responder import demo_responder
@@ -61,17 +61,17 @@ def make_backend(kind: str):
         return ScriptedBackend(responder=demo_responder())
     from engine.llm.local import LocalBackend
 
-    return LocalBackend()
+    return LocalBackend(model=model)
 
 
-async def score(prompts: dict[str, str], limit: int | None, backend_kind: str = "local"
-                ) -> tuple[float, int]:
+async def score(prompts: dict[str, str], limit: int | None, backend_kind: str = "local",
+                model: str | None = None) -> tuple[float, int]:
     from engine.llm.client import LLMClient
 
     graph = load_graph(str(GRAPH))
     examples = with_target(load_examples(graph.dataset, graph_dir=str(GRAPH.parent)),
                            graph.target_field)[:limit]
-    backend = make_backend(backend_kind)
+    backend = make_backend(backend_kind, model)
     client = LLMClient(forward_backend=backend,
                        forward_model=getattr(backend, "model_name", backend_kind))
     ctx = RunContext(graph, client, lambda event: None, "demo-prompts", 0, max_tokens=128)
@@ -90,10 +90,13 @@ def main() -> None:
                         help="score only the first N examples (default: all)")
     parser.add_argument("--backend", choices=("local", "scripted"), default="local",
                         help="the embedded model (default), or the demo's scripted model")
+    parser.add_argument("--model", default=None,
+                        help="with --backend local: smollm2-135m, qwen2.5-coder-0.5b (the "
+                             "default), qwen2.5-coder-1.5b or a GGUF file's path")
     args = parser.parse_args()
     started = time.perf_counter()
-    start, n = asyncio.run(score({}, args.examples, args.backend))
-    fixed, _ = asyncio.run(score(fixed_prompts(), args.examples, args.backend))
+    start, n = asyncio.run(score({}, args.examples, args.backend, args.model))
+    fixed, _ = asyncio.run(score(fixed_prompts(), args.examples, args.backend, args.model))
     print(f"starting prompts {start:.2f}, fixed prompts {fixed:.2f} on {n} examples")
     (a, b), (c, d) = wilson(start * n, n), wilson(fixed * n, n)
     print(f"95% intervals: starting [{a:.2f}, {b:.2f}], fixed [{c:.2f}, {d:.2f}]; "

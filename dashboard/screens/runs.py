@@ -16,6 +16,7 @@ from dashboard.state import (
     PENDING_VIEW_KEY,
     selection,
 )
+from dashboard.views.models import model_offer
 from dashboard.views.run_panel import run_panel
 from dashboard.views.text import fmt, md
 
@@ -197,8 +198,11 @@ def show_estimate(spec: jobs.RunSpec) -> None:
 
 def new_run_form(db: str) -> None:
     from engine.llm.factory import BACKENDS, default_backend_kind
+    from engine.llm.models import DEFAULT_MODEL, list_models
     from engine.methods import METHODS
     from engine.runs.settings import DEFAULTS
+
+    offered, not_installed = model_offer(list_models(), DEFAULT_MODEL)
 
     samples = sorted(p.name for p in SAMPLE_GRAPHS.glob("*.yaml"))
     with st.expander("New run", expanded=False, icon=":material/play_arrow:"):
@@ -222,8 +226,14 @@ def new_run_form(db: str) -> None:
             b1, b2, b3 = st.columns(3)
             backend = b1.selectbox("Backend", BACKENDS,
                                    index=list(BACKENDS).index(default_backend_kind()))
-            model = b2.text_input("Model", placeholder="backend's default")
+            model = b2.selectbox(
+                "Model", offered, index=None, accept_new_options=True,
+                placeholder="backend's default",
+                help="with the local backend: an installed model, or a GGUF file's path; "
+                     "with openai: the provider's model name (type it)")
             optimizer_model = b3.text_input("Optimizer model", placeholder="same as model")
+            if not_installed:
+                st.caption(not_installed)
             m2, m3 = st.columns(2)
             steps = m2.number_input("Steps", min_value=0, value=DEFAULTS.steps)
             seed = m3.number_input("Seed", value=DEFAULTS.seed, step=1)
@@ -284,8 +294,8 @@ except Exception as exc:  # noqa: BLE001 - the sidebar already says what is wron
     st.stop()
 if all_runs.empty:
     st.info(f"**{md(sel.db)}** has no runs yet. The demo optimizes a two-node graph "
-            "(sample_graphs/demo.yaml) with the embedded SmolLM2-135M model: no key, no "
-            "network, under two minutes on two cores.")
+            "(sample_graphs/demo.yaml) with the embedded Qwen2.5-Coder-0.5B model: no key, "
+            "no network, about three minutes on two cores.")
     if not any(j.returncode is None for j in jobs.list_jobs(sel.db)):
         if st.button("Run the demo", type="primary", icon=":material/rocket_launch:",
                      key="run_demo"):

@@ -284,8 +284,9 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
     sizes in `splits` (default: the graph's, else 20/20/0), as `python -m engine run`
     does. `data_dir` says where named datasets live.
 
-    Models: `backend` is "scripted" (offline, deterministic), "local" (the embedded
-    SmolLM2-135M), "openai" (any OpenAI-compatible server: `base_url`, `api_key`, `model`,
+    Models: `backend` is "scripted" (offline, deterministic), "local" (an embedded model:
+    `model="qwen2.5-coder-0.5b"`, the default, "qwen2.5-coder-1.5b", "smollm2-135m" or a
+    GGUF file's path), "openai" (any OpenAI-compatible server: `base_url`, `api_key`, `model`,
     `optimizer_model`; the key is never stored) or a backend object with
     `async complete(request)`; default: openai when OPENAI_API_KEY or OPENAI_BASE_URL is
     set, else local. `optimizer_backend` and `optimizer_model` serve the loss, backward and

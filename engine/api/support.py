@@ -149,7 +149,8 @@ def make_backends(backend: str | Backend | None, optimizer_backend: str | Backen
                   ) -> tuple[Backend, Backend | None, dict[str, Any]]:
     """(forward backend, optimizer backend or None for the same, names for RunConfig).
     The API key goes into the backend object only, never into the names. With backend
-    "local", `model` is a GGUF file's path (`chat_format` for one without a template)."""
+    "local", `model` is a named embedded model (engine/llm/models.py) or a GGUF file's path
+    (`chat_format` for one without a template)."""
     from engine.llm.factory import default_backend_kind, default_model, make_backend
 
     def build(spec: str | Backend) -> tuple[Backend, str, str | None]:

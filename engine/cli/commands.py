@@ -1,4 +1,4 @@
-"""Command line: python -m engine {validate,run,resume,runs,export,import,experiment}.
+"""Command line: python -m engine {validate,run,resume,runs,export,import,experiment,models}.
 
 Bad input (a graph, a dataset, a database, a run id) prints one line starting with
 "error:" and exits with status 2; nothing already written is lost.
@@ -354,12 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from engine import experiment
     from engine.cli import diff as diff_cli
+    from engine.cli import models as models_cli
     from engine.cli import probes as probe_cli
 
     _register_export(sub)
     experiment.register_cli(sub)
     probe_cli.register_cli(sub)
     diff_cli.register_cli(sub)
+    models_cli.register_cli(sub)
     return parser
 
 

@@ -194,6 +194,7 @@ async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: N
                                       frozenset(ctx.graph.input_fields))
     request = ctx.client.request(
         "forward", messages, max_tokens=node.max_tokens or ctx.max_tokens,
+        stop=ctx.prompt_set.forward_stop,
         meta={"role": "forward", "node": node.id, "output_node": node.output,
               "inputs": list(node.inputs)})
     record = await ctx.client.call(request, step=ctx.step, node_id=node.id,
@@ -203,7 +204,8 @@ async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: N
     if record.error:
         return _activation(ctx, split, example, node, prompts, values, error=record.error,
                            call_id=record.call_id)
-    output, problem = P.parse_output(record.response)
+    output, problem = P.parse_output(record.response,
+                                     stopped=bool(request.stop) and record.finish_reason != "length")
     return _activation(ctx, split, example, node, prompts, values, output=output,
                        raw=record.response, parse_error=problem, call_id=record.call_id)
 

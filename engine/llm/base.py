@@ -37,6 +37,9 @@ class LLMRequest:
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     # The JSON schema the reply must follow (engine/prompts/structured.py), or None for text.
     schema: dict[str, Any] | None = field(default=None, hash=False)
+    # The SHA-256 of the model file (local models): two files of the same name never share
+    # cached replies. None for provider models, whose name is all there is to know.
+    model_sha256: str | None = None
 
     def key_fields(self) -> dict[str, Any]:
         return {
@@ -51,6 +54,7 @@ class LLMRequest:
             "sample_index": self.sample_index,
             # only when set, so that text requests keep the keys they always had
             **({"schema": self.schema} if self.schema is not None else {}),
+            **({"model_sha256": self.model_sha256} if self.model_sha256 else {}),
         }
 
     def cache_key(self) -> str:

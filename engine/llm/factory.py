@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.llm.base import Backend
+from engine.llm.models import DEFAULT_MODEL
 
 BACKENDS: tuple[str, ...] = ("scripted", "local", "openai")
 
 _DEFAULT_MODELS = {
     "openai": "gpt-4o-mini",
-    "local": "smollm2-135m-instruct",
+    "local": DEFAULT_MODEL,
     "scripted": "scripted",
 }
 
@@ -25,7 +26,8 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
                  chat_format: str | None = None, contexts: int | None = None) -> Backend:
     """A new backend of `kind`; raises LLMError when it cannot be set up (no key, a
     missing package, a local model file that is not a GGUF model) and ValueError for an
-    unknown kind. For "local", `model` is a GGUF file's path (default: the packaged model),
+    unknown kind. For "local", `model` is a named model (engine/llm/models.py) or a GGUF
+    file's path (default: the default named model),
     `chat_format` overrides the file's chat template and `contexts` caps the llama contexts
     serving calls at once."""
     if kind == "openai":
@@ -35,8 +37,7 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
     if kind == "local":
         from engine.llm.local import LocalBackend
 
-        path = model if model and model != _DEFAULT_MODELS["local"] else None
-        return LocalBackend(model_path=path, chat_format=chat_format, contexts=contexts)
+        return LocalBackend(model=model or None, chat_format=chat_format, contexts=contexts)
     if kind == "scripted":
         from engine.llm.scripted import ScriptedBackend
 

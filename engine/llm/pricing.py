@@ -19,7 +19,10 @@ DEFAULT_PRICES: dict[str, tuple[float, ...]] = {
     "gpt-4.1-mini": (0.40, 1.60, 0.10),
     "gpt-4.1": (2.00, 8.00, 0.50),
     "scripted": (0.0, 0.0),
-    "smollm2-135m-instruct": (0.0, 0.0),
+    "smollm2-135m-instruct": (0.0, 0.0),  # the name runs logged before the named models
+    "smollm2-135m": (0.0, 0.0),
+    "qwen2.5-coder-0.5b": (0.0, 0.0),
+    "qwen2.5-coder-1.5b": (0.0, 0.0),
 }
 
 

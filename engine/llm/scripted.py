@@ -50,15 +50,24 @@ def _digest(*parts: Any) -> int:
 def _seed(request: LLMRequest) -> int:
     """A digest of the request that ignores the order of the prompt's parts.
 
-    Every sampling-relevant field counts, but the messages enter as the sorted list of
+    Every sampling-relevant field but the stop sequences counts, and the messages enter as
+    the sorted list of
     their non-empty lines (each with its role), so moving a block of a template leaves
     every scripted reply as it was, while changing any line still changes it.
     """
     fields = request.key_fields()
+    # a stop sequence only cuts the reply (cut_at_stop), it never changes the words before
+    fields["stop"] = []
     fields["messages"] = sorted([role, line.strip()] for role, content in request.messages
                                 for line in content.splitlines() if line.strip())
     return _digest(json.dumps(fields, sort_keys=True, ensure_ascii=False,
                               separators=(",", ":")))
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """`text` up to its first stop sequence, which is left out, as real servers do."""
+    ends = [text.find(s) for s in stop if s and s in text]
+    return text[:min(ends)] if ends else text
 
 
 class ScriptedBackend:
@@ -87,6 +96,7 @@ class ScriptedBackend:
             text = self._default(request)
             if request.schema is not None:
                 text, constrained = structured_reply(request, text), True
+        text = cut_at_stop(text, request.stop)
         prompt_tokens = sum(estimate_tokens(c) for _, c in request.messages)
         return LLMReply(text=text, prompt_tokens=prompt_tokens,
                         completion_tokens=estimate_tokens(text), model=request.model,

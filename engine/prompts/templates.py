@@ -58,14 +58,24 @@ def _untagged(text: str) -> str:
     return _OUTPUT_TAG.sub("", text).strip()
 
 
-def parse_output(reply: str) -> tuple[str, str | None]:
-    """Text inside the last <output> block. Fallbacks, in order: the text after an
-    unclosed <output> tag; the text before a dangling </output>; the whole reply; stray
-    tags removed from each. Returns (output, parse_error or None)."""
+# Forward replies end at the closing tag: nothing after it is read, and a model that keeps
+# writing past it (Qwen2.5-Coder-1.5B does) would otherwise run to its token limit.
+FORWARD_STOP = ("</output>",)
+
+
+def parse_output(reply: str, stopped: bool = False) -> tuple[str, str | None]:
+    """Text inside the last <output> block. `stopped`: the reply ended at the stop sequence
+    `</output>`, which servers leave out of the reply, so an <output> still open at its end
+    was closed there. Fallbacks, in order: the text after an unclosed <output> tag; the text
+    before a dangling </output>; the whole reply; stray tags removed from each. Returns
+    (output, parse_error or None)."""
+    opened = re.split(r"<output>", reply, flags=re.I)
+    if stopped and len(opened) > 1 and not re.search(r"</output>", opened[-1], flags=re.I) \
+            and _untagged(opened[-1]):
+        return _untagged(opened[-1]), None
     blocks = re.findall(r"<output>(.*?)</output>", reply, flags=re.S | re.I)
     if blocks and blocks[-1].strip():
         return blocks[-1].strip(), None
-    opened = re.split(r"<output>", reply, flags=re.I)
     if len(opened) > 1 and _untagged(opened[-1]):
         return _untagged(opened[-1]), "unclosed <output> tag: used the text after it"
     closed = re.split(r"</output\s*>", reply, flags=re.I)
@@ -341,6 +351,7 @@ class PromptSet:
     backward: Callable[[BackwardView], list[tuple[str, str]]]
     repair: Callable[[list[str], list[str]], str]  # (missing, asked) -> follow-up message
     update: Callable[..., list[tuple[str, str]]]  # (node, prompt, examples, rejected)
+    forward_stop: tuple[str, ...] = FORWARD_STOP  # stop sequences of forward calls
 
 
 DEFAULT = PromptSet("default", forward_messages, backward_messages, repair_message,

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 TABLES: dict[str, str] = {
     "schema_version": "version INTEGER, applied_at DOUBLE",
     "runs": """run_id VARCHAR, graph_name VARCHAR, graph_yaml VARCHAR, method VARCHAR,
         backend VARCHAR, model VARCHAR, optimizer_model VARCHAR, seed BIGINT, config JSON,
         status VARCHAR, started_at DOUBLE, ended_at DOUBLE, error VARCHAR,
-        parent_run_id VARCHAR, fork_step INTEGER, notes VARCHAR, tags JSON""",
+        parent_run_id VARCHAR, fork_step INTEGER, notes VARCHAR, tags JSON,
+        model_sha256 VARCHAR, optimizer_model_sha256 VARCHAR""",
     "steps": """run_id VARCHAR, step INTEGER, train_score DOUBLE, val_score DOUBLE,
         accepted BOOLEAN, started_at DOUBLE, ended_at DOUBLE""",
     "examples": """run_id VARCHAR, split VARCHAR, example_id VARCHAR, position INTEGER,
@@ -96,6 +97,12 @@ MIGRATIONS: dict[int, list[str]] = {
     # viewers show as the response model; NULL where no reply named one.
     6: [
         "ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS response_model VARCHAR",
+    ],
+    # 7: which model file each run ran: the SHA-256 of a local model (a name alone does not
+    # say, two files may share one). Older rows and provider models stay NULL.
+    7: [
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS model_sha256 VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS optimizer_model_sha256 VARCHAR",
     ],
 }
 

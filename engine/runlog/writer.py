@@ -142,11 +142,13 @@ class RunLogWriter:
 
 
 def run_row(run_id: str, graph: Any, config: dict, backend: str, model: str,
-            optimizer_model: str) -> dict:
+            optimizer_model: str, *, model_sha256: str | None = None,
+            optimizer_model_sha256: str | None = None) -> dict:
     return {
         "run_id": run_id, "graph_name": graph.name, "graph_yaml": graph.yaml_text,
         "method": config["method"], "backend": backend, "model": model,
-        "optimizer_model": optimizer_model, "seed": config["seed"],
+        "optimizer_model": optimizer_model, "model_sha256": model_sha256,
+        "optimizer_model_sha256": optimizer_model_sha256, "seed": config["seed"],
         "config": json.dumps(config, sort_keys=True), "status": "running",
         "started_at": time.time(), "ended_at": None, "error": None,
     }

@@ -157,6 +157,11 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
         budget=SHARED_BUDGET.get() or Budget(config.max_calls, config.max_cost))
 
 
+def model_sha256(backend: Backend | None) -> str | None:
+    """The SHA-256 of the model file a backend runs (local models), else None."""
+    return getattr(backend, "model_sha256", None)
+
+
 def default_max_tokens(config: RunConfig) -> tuple[int, int]:
     small = config.backend == "local"
     return (config.max_tokens or (128 if small else 512),
@@ -256,6 +261,8 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
     method = method_from_config(config)
     cache = load_cache(config.db, config.cache)
     client = make_client(config, cache, forward_backend, optimizer_backend)
+    if new and config.backend == "local" and config.model is None:
+        config.model = client.forward_model  # resumes and forks load the same model
     writer = RunLogWriter(config.db, config.run_id, cache)
     collector = Collector()
     bus = EventBus([StepCallGuard(), writer, collector, *listeners])
@@ -268,7 +275,11 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
     if new:
         writer.start_run({**run_row(config.run_id, graph, config.to_json(),
                                     client.forward_backend.name, client.forward_model,
-                                    client.optimizer_model), **(run_extra or {})},
+                                    client.optimizer_model,
+                                    model_sha256=model_sha256(client.forward_backend),
+                                    optimizer_model_sha256=model_sha256(
+                                        client.optimizer_backend)),
+                          **(run_extra or {})},
                          _example_rows(config.run_id, splits))
     else:
         writer.set_status("running")

@@ -117,9 +117,10 @@ class RunConfig:
     backend: str = setting("scripted", choices=_backends,
                            help="model backend (default: openai if OPENAI_API_KEY or "
                                 "OPENAI_BASE_URL is set, else the embedded local model)")
-    model: str | None = setting(None, help="model for forward calls; with --backend local, a "
-                                           "GGUF file's path (default: the packaged "
-                                           "SmolLM2-135M)")
+    model: str | None = setting(None, help="model for forward calls; with --backend local, "
+                                           "smollm2-135m, qwen2.5-coder-0.5b (the default), "
+                                           "qwen2.5-coder-1.5b (python -m engine models lists "
+                                           "them) or a GGUF file's path")
     chat_format: str | None = setting(None, metavar="NAME",
                                       help="with --backend local: the chat format "
                                            "(llama-cpp-python's names, e.g. chatml) of a GGUF "
@@ -209,7 +210,15 @@ class RunConfig:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunConfig:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        config = cls(**{k: v for k, v in data.items() if k in known})
+        if config.backend == "local" and config.model is None:
+            # a new run records the model it resolved; a logged local run without one is
+            # older than the named models and ran the embedded model of its day, SmolLM2
+            config.model = LEGACY_LOCAL_MODEL
+        return config
+
+
+LEGACY_LOCAL_MODEL = "smollm2-135m"
 
 
 def without_credentials(url: str) -> str:
