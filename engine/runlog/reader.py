@@ -389,3 +389,50 @@ def split_fields(db: str | Path, run_id: str, split: str) -> pd.DataFrame:
 def all_updates(db: str | Path, run_id: str) -> pd.DataFrame:
     """Every update row of a run, by step and node."""
     return query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id", [run_id])
+
+
+def step_request_times(db: str | Path, run_id: str, step: int) -> list[tuple[float, float]]:
+    """(started, ended) in epoch seconds of each call of one step that reached the model
+    (cache misses): what a step's dependent rounds are measured from."""
+    frame = query(db, """
+        SELECT started_at, started_at + latency_ms / 1000.0 AS ended_at FROM llm_calls
+        WHERE run_id = ? AND step = ? AND NOT cache_hit""", [run_id, step])
+    return [(float(s), float(e)) for s, e in frame.itertuples(index=False)]
+
+
+def call_size_history(db: str | Path, graph_name: str, limit: int = 5000) -> pd.DataFrame:
+    """What the model calls of earlier runs of a graph (by name) sent and received, newest
+    runs first, at most `limit` calls that reached the model and succeeded: per call its
+    purpose, node, backend, model, the characters of its messages' contents, its prompt
+    and completion tokens, its latency and (forward calls) the output it passed on."""
+    return query(db, """
+        SELECT c.purpose, c.node_id, c.backend, c.model, c.prompt_tokens,
+               c.completion_tokens, c.latency_ms,
+               length(array_to_string(CAST(json_extract_string(c.messages, '$[*].content')
+                   AS VARCHAR[]), '')) AS prompt_chars,
+               (SELECT any_value(length(o.output_text)) FROM node_outputs o
+                WHERE o.run_id = c.run_id AND o.call_id = c.call_id) AS output_chars
+        FROM llm_calls c JOIN runs r ON r.run_id = c.run_id
+        WHERE r.graph_name = ? AND NOT c.cache_hit AND c.error IS NULL
+              AND c.completion_tokens > 0
+        ORDER BY r.started_at DESC LIMIT ?""", [graph_name, limit])
+
+
+def gradient_size_history(db: str | Path, graph_name: str) -> dict[str, float]:
+    """The mean length in characters of the gradients each node received in earlier runs
+    of a graph (by name)."""
+    frame = query(db, """
+        SELECT g.node_id, avg(length(g.content)) AS chars FROM gradients g
+        JOIN runs r ON r.run_id = g.run_id WHERE r.graph_name = ? GROUP BY g.node_id""",
+                  [graph_name])
+    return {row.node_id: float(row.chars) for row in frame.itertuples(index=False)}
+
+
+def accepted_share(db: str | Path, graph_name: str) -> tuple[int, int]:
+    """(optimization steps accepted, optimization steps) over earlier runs of a graph (by
+    name): which share of steps passes the gate."""
+    row = query(db, """
+        SELECT count(*) FILTER (WHERE s.accepted) AS accepted, count(*) AS steps FROM steps s
+        JOIN runs r ON r.run_id = s.run_id WHERE r.graph_name = ? AND s.step > 0""",
+                [graph_name]).iloc[0]
+    return int(row["accepted"]), int(row["steps"])
