@@ -436,3 +436,20 @@ def accepted_share(db: str | Path, graph_name: str) -> tuple[int, int]:
         JOIN runs r ON r.run_id = s.run_id WHERE r.graph_name = ? AND s.step > 0""",
                 [graph_name]).iloc[0]
     return int(row["accepted"]), int(row["steps"])
+
+
+def forward_distinct_share(db: str | Path, graph_name: str) -> tuple[int, int]:
+    """(distinct requests, forward calls) over the evaluation passes of earlier runs of a
+    graph (by name), per run, step, split and node: how often a node's calls within one
+    pass repeat each other (a node that reads only another node's short output often
+    sends the same request for several examples, answered once)."""
+    row = query(db, """
+        WITH passes AS (
+            SELECT count(DISTINCT c.cache_key) AS distinct_keys, count(*) AS calls
+            FROM node_outputs o JOIN llm_calls c ON c.call_id = o.call_id
+            JOIN runs r ON r.run_id = o.run_id
+            WHERE r.graph_name = ? AND c.purpose = 'forward'
+            GROUP BY o.run_id, o.step, o.split, o.node_id)
+        SELECT coalesce(sum(distinct_keys), 0), coalesce(sum(calls), 0) FROM passes""",
+                [graph_name]).iloc[0]
+    return int(row.iloc[0]), int(row.iloc[1])

@@ -55,6 +55,9 @@ class CallSizes:
     # the share of steps whose candidate passes the gate: earlier runs' (with a prior of
     # two steps at ACCEPTED_PRIOR, so one lucky run does not decide it), else the prior
     accepted_share: float = ACCEPTED_PRIOR
+    # of a pass's forward calls, the share that are distinct requests (earlier runs'; 1
+    # without): the others repeat a request of the same pass and are answered once
+    distinct_share: float = 1.0
 
     def for_phase(self, purpose: str, split: str | None) -> CallSize:
         if purpose == "forward":
@@ -78,6 +81,7 @@ class History:
     feedback_chars: dict[str, float] = field(default_factory=dict)  # node -> gradient length
     speed: tuple[float, float] | None = None  # local model: s per prompt, completion token
     steps: tuple[int, int] = (0, 0)  # optimization steps accepted, of all
+    distinct: tuple[int, int] = (0, 0)  # distinct forward requests, of forward calls
 
 
 def read_history(db: str | None, graph_name: str, model: str, backend: str) -> History:
@@ -87,17 +91,23 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str) -> H
 
     if not db or not Path(db).is_file():
         return History()
-    from engine.runlog.reader import accepted_share, call_size_history, gradient_size_history
+    from engine.runlog.reader import (
+        accepted_share,
+        call_size_history,
+        forward_distinct_share,
+        gradient_size_history,
+    )
     from engine.runlog.schema import RunLogError
 
     try:
         calls = call_size_history(db, graph_name)
         feedback = gradient_size_history(db, graph_name)
         steps = accepted_share(db, graph_name)
+        distinct = forward_distinct_share(db, graph_name)
     except RunLogError:
         return History()
     calls = calls[calls["model"].isin([model])] if model in set(calls["model"]) else calls
-    history = History(feedback_chars=feedback, steps=steps)
+    history = History(feedback_chars=feedback, steps=steps, distinct=distinct)
     purpose = calls["purpose"].replace({"repair": "backward"})
     for (kind, node), group in calls.groupby([purpose, calls["node_id"].fillna("")]):
         history.completion[(kind, node)] = float(group["completion_tokens"].mean())
@@ -173,6 +183,8 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str) -> Cal
         sizes.speed = (*history.speed, 1 if config.concurrency == 1 else 2)
     accepted, steps = history.steps
     sizes.accepted_share = (accepted + 2 * ACCEPTED_PRIOR) / (steps + 2)
+    if history.distinct[1]:
+        sizes.distinct_share = history.distinct[0] / history.distinct[1]
     return sizes
 
 

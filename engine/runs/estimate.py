@@ -204,6 +204,7 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     gate_nodes = node_gate_calls(graph, changed, cached), node_gate_calls(graph, changed, False)
 
     phases = []
+    rerun = initial
     if baseline:
         rerun = sum(1 for n in llm if reach[n] & set(edited)) if edited and cached else initial
         phases.append(Phase(f"step {start}: train", "forward", n_train * rerun,
@@ -248,11 +249,16 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     if n_test:
         # identical initial prompts stay shared unless some step was accepted
         some_accepted = 1 - (1 - sizes.accepted_share) ** steps
+        # a fork's test pass repeats its parent's for the nodes no edit reaches
+        base = rerun if baseline and edited and cached else initial
         phases.append(Phase("test", "forward",
-                            round(n_test * (initial + (nodes - initial) * some_accepted)),
+                            round(n_test * (base + (nodes - base) * some_accepted)),
                             n_test * nodes, "forward", "test"))
         if judge:
             phases.append(Phase("test: judge", "optimizer", n_test, n_test))
+    for phase in phases:  # requests repeated within a pass are made once
+        if phase.purpose == "forward":
+            phase.expected = round(phase.expected * sizes.distinct_share)
     return RunEstimate(phases, models, dict(prices or {}), sizes)
 
 
