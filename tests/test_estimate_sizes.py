@@ -115,3 +115,46 @@ def test_a_forks_estimate_counts_only_the_nodes_its_edit_reaches(tmp_path):
     assert remeasured == 16
     actual = result.stats.calls - result.stats.cache_hits
     assert abs(estimate.calls() - actual) <= 0.15 * actual, (estimate.calls(), actual)
+
+
+NOTE_ANSWER = """
+name: note-answer
+dataset: data.jsonl
+input_fields: [question]
+target_field: answer
+metric: numeric
+nodes:
+  - {id: note, prompt: Write one word about the text., inputs: [question]}
+  - {id: answer, prompt: Answer., inputs: [note], output: true}
+"""
+
+
+def one_word(request) -> str | None:
+    """`note` writes the same word for every text, so `answer` (which reads only the note)
+    sends one distinct request per pass, whatever the number of examples."""
+    if request.purpose == "forward" and request.meta.get("node") == "note":
+        return "<output>red</output>"
+    return None
+
+
+def test_requests_repeated_within_a_pass_are_estimated_once_after_a_run(tmp_path):
+    from engine.llm.scripted import ScriptedBackend
+
+    graph_path = write_graph(tmp_path, NOTE_ANSWER, arithmetic_rows())
+    first = RunConfig(graph=str(graph_path), backend="scripted", steps=0, train=8, val=8,
+                      test=0, db=str(tmp_path / "runs.duckdb"))
+    asyncio.run(execute(first, forward_backend=ScriptedBackend(responder=one_word)))
+    with duckdb.connect(first.db) as con:
+        con.execute("DELETE FROM llm_cache")
+    second = RunConfig(**{**first.__dict__, "seed": 1, "run_id": None})
+    graph = load_graph(second.graph)
+    splits = load_splits(second, graph)
+    sizes = measure_sizes(graph, second, splits, "scripted")
+    # per pass: note 8 distinct of 8, answer 1 of 8 (train and validation alike)
+    assert sizes.distinct_share == pytest.approx(18 / 32)
+    estimate = estimate_for(second, graph, splits)
+    result = asyncio.run(execute(second, forward_backend=ScriptedBackend(responder=one_word)))
+    # 32 calls without the history; the run made 17: answer's one request per pass is also
+    # the same in train and validation (passes in flight together), which it does not count
+    assert estimate.calls() == 18
+    assert result.stats.calls - result.stats.cache_hits == 17
