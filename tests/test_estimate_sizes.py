@@ -158,3 +158,24 @@ def test_requests_repeated_within_a_pass_are_estimated_once_after_a_run(tmp_path
     # the same in train and validation (passes in flight together), which it does not count
     assert estimate.calls() == 18
     assert result.stats.calls - result.stats.cache_hits == 17
+
+
+def test_a_local_models_time_is_estimated_at_its_measured_speed(tmp_path):
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    config = RunConfig(graph=str(graph_path), backend="scripted", steps=1, train=6, val=6,
+                       test=0, db=str(tmp_path / "runs.duckdb"))
+    asyncio.run(execute(config))
+    with duckdb.connect(config.db) as con:  # as if its calls had run on the local model
+        con.execute("UPDATE llm_calls SET backend = 'local'")
+        con.execute("UPDATE steps SET ended_at = started_at + 10 * (step + 1)")  # 10 s, 20 s
+        completion = con.execute("SELECT sum(completion_tokens) FROM llm_calls WHERE NOT "
+                                 "cache_hit").fetchone()[0]
+    local = RunConfig(**{**config.__dict__, "backend": "local", "run_id": None})
+    graph = load_graph(local.graph)
+    estimate = estimate_for(local, graph, load_splits(local, graph))
+    rate = 30 / completion  # seconds per generated token, as the logged steps took
+    expected = sum(p.expected * p.size(estimate.sizes).completion for p in estimate.phases)
+    assert estimate.seconds() == pytest.approx(expected * rate)
+    assert f"~{estimate.seconds():.0f} s at this model's measured speed" in estimate.line()
+    # no local history: no time
+    assert estimate_for(config, graph, load_splits(config, graph)).seconds() is None

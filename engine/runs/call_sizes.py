@@ -10,8 +10,9 @@ graph recorded in the run log (else from the node's `max_tokens`).
 - Update: the update template with k such examples.
 - Characters become tokens at the rate the same model's earlier calls of that kind showed
   (prompt tokens / prompt characters), else CHARS_PER_TOKEN.
-- On a local model, seconds per call from the same model's earlier calls (a least-squares
-  fit of latency on prompt and completion tokens): its measured speed on this machine.
+- On a local model, seconds per generated token from earlier runs' steps on the local
+  backend (their wall time over their completion tokens): the model's measured speed on
+  this machine, as a run sees it (calls waiting for a llama context included).
 """
 
 from __future__ import annotations
@@ -91,11 +92,12 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str) -> H
 
     if not db or not Path(db).is_file():
         return History()
-    from engine.runlog.reader import (
+    from engine.runlog.history import (
         accepted_share,
         call_size_history,
         forward_distinct_share,
         gradient_size_history,
+        local_step_throughput,
     )
     from engine.runlog.schema import RunLogError
 
@@ -117,23 +119,11 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str) -> H
         chars = float(group["prompt_chars"].fillna(0).sum())
         if chars > 0:
             history.chars_per_token[kind] = chars / max(1.0, float(group["prompt_tokens"].sum()))
-    local = calls[calls["backend"] == "local"]
-    if backend == "local" and len(local) >= 4:
-        history.speed = _fit_speed(local)
+    if backend == "local":
+        seconds, _, completion = local_step_throughput(db, graph_name)
+        if seconds > 0 and completion > 0:
+            history.speed = (0.0, seconds / completion)
     return history
-
-
-def _fit_speed(calls: Any) -> tuple[float, float]:
-    """Seconds per prompt token and per completion token, least squares without an
-    intercept, both kept non-negative (all on completion when the fit says otherwise)."""
-    import numpy as np
-
-    x = calls[["prompt_tokens", "completion_tokens"]].to_numpy(dtype=float)
-    y = calls["latency_ms"].to_numpy(dtype=float) / 1000
-    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
-    if a < 0 or b <= 0:
-        return 0.0, float(y.sum() / max(1.0, x[:, 1].sum()))
-    return float(a), float(b)
 
 
 def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str) -> CallSizes:
@@ -179,8 +169,8 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str) -> Cal
     if train:
         sizes.backward, sizes.update = _optimizer_sizes(
             graph, prompts, train, values, outputs, history, config, rate, reply)
-    if history.speed is not None:
-        sizes.speed = (*history.speed, 1 if config.concurrency == 1 else 2)
+    if history.speed is not None:  # a throughput: the calls at once are in it already
+        sizes.speed = (*history.speed, 1)
     accepted, steps = history.steps
     sizes.accepted_share = (accepted + 2 * ACCEPTED_PRIOR) / (steps + 2)
     if history.distinct[1]:
