@@ -10,6 +10,7 @@ import duckdb
 import pytest
 
 from engine.core.graph import load_graph
+from engine.llm.factory import default_model
 from engine.prompts.templates import forward_messages
 from engine.runs.call_sizes import CHARS_PER_TOKEN, FIRST_REPLY, measure_sizes
 from engine.runs.estimate import estimate_for, estimate_fork
@@ -166,7 +167,8 @@ def test_a_local_models_time_is_estimated_at_its_measured_speed(tmp_path):
                        test=0, db=str(tmp_path / "runs.duckdb"))
     asyncio.run(execute(config))
     with duckdb.connect(config.db) as con:  # as if its calls had run on the local model
-        con.execute("UPDATE llm_calls SET backend = 'local'")
+        con.execute("UPDATE llm_calls SET backend = 'local', model = ?",
+                    [default_model("local")])
         con.execute("UPDATE steps SET ended_at = started_at + 10 * (step + 1)")  # 10 s, 20 s
         completion = con.execute("SELECT sum(completion_tokens) FROM llm_calls WHERE NOT "
                                  "cache_hit").fetchone()[0]

@@ -66,19 +66,20 @@ def forward_distinct_share(db: str | Path, graph_name: str) -> tuple[int, int]:
     return int(row.iloc[0]), int(row.iloc[1])
 
 
-def local_step_throughput(db: str | Path, graph_name: str) -> tuple[float, int, int]:
+def local_step_throughput(db: str | Path, models: list[str]) -> tuple[float, int, int]:
     """(seconds, prompt tokens, completion tokens) summed over the finished steps of earlier
-    runs of a graph (by name) whose model calls ran on the local backend: the model's speed
-    on this machine as a run sees it (calls waiting for a context included)."""
+    runs, of any graph, whose model calls ran on the local backend with one of `models`:
+    the model's speed on this machine as a run sees it (calls waiting for a context
+    included)."""
     row = query(db, """
         WITH per_step AS (
             SELECT c.run_id, c.step, sum(c.prompt_tokens) AS prompt,
                    sum(c.completion_tokens) AS completion
-            FROM llm_calls c JOIN runs r ON r.run_id = c.run_id
-            WHERE r.graph_name = ? AND c.backend = 'local' AND NOT c.cache_hit
+            FROM llm_calls c
+            WHERE c.backend = 'local' AND NOT c.cache_hit AND list_contains(?, c.model)
             GROUP BY c.run_id, c.step)
         SELECT coalesce(sum(s.ended_at - s.started_at), 0), coalesce(sum(p.prompt), 0),
                coalesce(sum(p.completion), 0)
         FROM per_step p JOIN steps s ON s.run_id = p.run_id AND s.step = p.step
-        WHERE s.ended_at IS NOT NULL""", [graph_name]).iloc[0]
+        WHERE s.ended_at IS NOT NULL""", [models]).iloc[0]
     return float(row.iloc[0]), int(row.iloc[1]), int(row.iloc[2])

@@ -10,9 +10,9 @@ graph recorded in the run log (else from the node's `max_tokens`).
 - Update: the update template with k such examples.
 - Characters become tokens at the rate the same model's earlier calls of that kind showed
   (prompt tokens / prompt characters), else CHARS_PER_TOKEN.
-- On a local model, seconds per generated token from earlier runs' steps on the local
-  backend (their wall time over their completion tokens): the model's measured speed on
-  this machine, as a run sees it (calls waiting for a llama context included).
+- On a local model, seconds per generated token from earlier runs' steps on the same
+  local model, of any graph (their wall time over their completion tokens): the model's
+  measured speed on this machine, as a run sees it (calls waiting for a context included).
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str) -> H
         if chars > 0:
             history.chars_per_token[kind] = chars / max(1.0, float(group["prompt_tokens"].sum()))
     if backend == "local":
-        seconds, _, completion = local_step_throughput(db, graph_name)
+        # a GGUF file is logged by its file name
+        seconds, _, completion = local_step_throughput(db, [model, Path(model).name])
         if seconds > 0 and completion > 0:
             history.speed = (0.0, seconds / completion)
     return history
