@@ -1,61 +1,130 @@
-"""Estimate against actual: for sample graphs on the scripted backend, the model calls
-`run` estimates before it starts (engine/runs/estimate.py) beside the model calls (cache
-misses) the run then makes, and the relative error. Goal: within 15% on the GSM8K plan.
-By default each graph runs at its own plan: its splits and 4 steps (`run`'s defaults);
-`--steps`, `--train`, `--val` and `--test` override them for every graph.
+"""Estimate against actual: for the demo, GSM8K and BBH graphs at their default plans and a
+fork, the model calls, tokens (and, on the embedded model, wall time) that `run` estimates
+before it starts (engine/runs/estimate.py: the same function prints `run`'s line and the
+dashboard's Estimate) beside what the run then did, and the relative errors.
+Goals: calls within 15%, tokens within 25%.
 
-    .venv/bin/python benchmarks/estimate_accuracy.py [--steps 2] [--train 16 --val 16 --test 8]
+Plans: `sample_graphs/demo.yaml` on the embedded SmolLM2-135M (`--backend local`; the
+scripted demo model with `--no-local`), one step, as the dashboard's demo button runs it;
+`gsm8k.yaml` and `bbh.yaml` at their own splits and `run`'s default 4 steps against a local
+OpenAI-compatible server whose replies depend on the whole prompt
+(tests/support/fake_openai.py `prompt_responder`); the fork continues the GSM8K run from
+step 1 with a hand-set `final` prompt.
+
+Each graph runs twice, each time on a fresh run log: `first` with no earlier run (replies
+sized from max_tokens and the defaults), then `again` (seed 1: other examples) on a copy of
+the first run's log with its reply cache emptied, so the estimate has the first run's
+history (reply sizes, token rate, accepted steps, the local model's speed) and the run pays
+for every call as a first run does.
+
+    .venv/bin/python benchmarks/estimate_accuracy.py [--data-dir ../shared/datasets] [--no-local]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.critical_path import server_process  # noqa: E402
 from engine.core.graph import load_graph  # noqa: E402
-from engine.events import StepFinished  # noqa: E402
-from engine.runs.estimate import estimate_for  # noqa: E402
+from engine.runlog.schema import connect  # noqa: E402
+from engine.runs.estimate import compact, estimate_for, estimate_fork  # noqa: E402
 from engine.runs.execute import RunConfig, execute, load_splits  # noqa: E402
+from engine.runs.fork import plan_fork, run_fork  # noqa: E402
+from tests.support.fake_openai import prompt_responder  # noqa: E402
 
-GRAPHS = ("gsm8k.yaml", "bbh.yaml", "liar.yaml", "diamond.yaml")
 DATA = ROOT.parent / "shared" / "datasets"
+GRAPHS = ROOT / "sample_graphs"
+CALLS_GOAL, TOKENS_GOAL = 0.15, 0.25
+
+
+def actual(db: str, run_id: str) -> tuple[int, int]:
+    """(model calls, their tokens) of one run: cache misses only."""
+    with connect(db, read_only=True) as con:
+        calls, tokens = con.execute(
+            "SELECT count(*), coalesce(sum(prompt_tokens + completion_tokens), 0) FROM "
+            "llm_calls WHERE run_id = ? AND NOT cache_hit", [run_id]).fetchone()
+    return int(calls), int(tokens)
+
+
+def emptied_cache_copy(db: str, to: str) -> str:
+    shutil.copy(db, to)
+    with connect(to) as con:
+        con.execute("DELETE FROM llm_cache")
+    return to
+
+
+def row(label: str, estimate, run_id: str, db: str, wall: float) -> str:
+    calls, tokens = actual(db, run_id)
+    est_calls, est_tokens, est_wall = estimate.calls(), estimate.tokens(), estimate.seconds()
+    walls = (f"{est_wall:>7.0f} {wall:>6.0f} {(est_wall - wall) / wall:>+6.0%}"
+             if est_wall is not None else f"{'-':>7} {wall:>6.0f} {'':>6}")
+    flag = "" if (abs(est_calls - calls) <= CALLS_GOAL * calls
+                  and abs(est_tokens - tokens) <= TOKENS_GOAL * tokens) else "  (outside)"
+    return (f"{label:<14} {est_calls:>6,} {calls:>6,} {(est_calls - calls) / calls:>+6.0%} "
+            f"{compact(est_tokens):>7} {compact(tokens):>7} {(est_tokens - tokens) / tokens:>+6.0%} "
+            f"{walls}{flag}")
+
+
+def run_graph(name: str, settings: dict, data_dir: str, tmp: Path) -> list[str]:
+    lines = []
+    db = str(tmp / f"{name}-first.duckdb")
+    for label, seed, log in (("first", 0, db), ("again", 1, None)):
+        if log is None:
+            log = emptied_cache_copy(db, str(tmp / f"{name}-again.duckdb"))
+        config = RunConfig(graph=str(GRAPHS / f"{name}.yaml"), data_dir=data_dir, db=log,
+                           seed=seed, **settings)
+        graph = load_graph(config.graph)
+        estimate = estimate_for(config, graph, load_splits(config, graph))
+        started = time.perf_counter()
+        result = asyncio.run(execute(config))
+        lines.append(row(f"{name} {label}", estimate, result.run_id, log,
+                         time.perf_counter() - started))
+        if name == "gsm8k" and label == "again":
+            lines.append(fork_row(log, result.run_id, tmp))
+    return lines
+
+
+def fork_row(db: str, parent: str, tmp: Path) -> str:
+    plan = plan_fork(db, parent, 1, {"final": "Solve the problem step by step, then give "
+                                               "the final number."})
+    estimate = estimate_fork(plan)
+    started = time.perf_counter()
+    result = asyncio.run(run_fork(plan))
+    return row("gsm8k fork", estimate, result.run_id, db, time.perf_counter() - started)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=RunConfig.steps)
-    parser.add_argument("--train", type=int, help="default: the graph's own")
-    parser.add_argument("--val", type=int, help="default: the graph's own")
-    parser.add_argument("--test", type=int, help="default: the graph's own")
-    parser.add_argument("--data-dir", default=str(DATA))
-    parser.add_argument("graphs", nargs="*", default=list(GRAPHS))
+    parser.add_argument("--data-dir", default=os.environ.get("SEMBACK_DATA_DIR", str(DATA)))
+    parser.add_argument("--no-local", action="store_true",
+                        help="the demo on the scripted demo model instead of the embedded one")
+    parser.add_argument("graphs", nargs="*", default=["demo", "gsm8k", "bbh"])
     args = parser.parse_args()
-    print(f"scripted backend, {args.steps} steps, default settings (cache readwrite, "
-          f"--node-gates auto)")
-    print(f"{'graph':<14} {'train/val/test':>14} {'estimate':>9} {'at most':>8} {'actual':>7} "
-          f"{'error':>7} {'accepted steps':>15}")
-    for name in args.graphs:
-        with tempfile.TemporaryDirectory() as tmp:
-            config = RunConfig(graph=str(ROOT / "sample_graphs" / name), backend="scripted",
-                               steps=args.steps, train=args.train, val=args.val,
-                               test=args.test, data_dir=args.data_dir,
-                               db=str(Path(tmp) / "runs.duckdb"))
-            graph = load_graph(config.graph)
-            splits = load_splits(config, graph)
-            sizes = f"{len(splits.train)}/{len(splits.val)}/{len(splits.test)}"
-            estimate = estimate_for(config, graph, splits)
-            result = asyncio.run(execute(config))
-            actual = result.stats.calls - result.stats.cache_hits
-            accepted = sum(1 for s in result.events.of(StepFinished) if s.accepted)
-            expected = estimate.calls()
-            print(f"{name:<14} {sizes:>14} {expected:>9,} {estimate.calls(upper=True):>8,} {actual:>7,} "
-                  f"{(expected - actual) / actual:>+7.0%} {accepted:>15}")
+    os.environ.pop("OPENAI_API_KEY", None)
+    demo = ({"backend": "scripted", "scripted_responder":
+             str(GRAPHS / "demo_responder.py") + ":demo_responder"} if args.no_local
+            else {"backend": "local"})
+    print(f"{'run':<14} {'calls':>6} {'actual':>6} {'error':>6} {'tokens':>7} {'actual':>7} "
+          f"{'error':>6} {'wall s':>7} {'actual':>6} {'error':>6}   (estimate, then actual)")
+    with tempfile.TemporaryDirectory() as tmp, \
+            server_process(0.0, {"responder": prompt_responder}) as base_url:
+        for name in args.graphs:
+            settings = ({**demo, "steps": 1} if name == "demo" else
+                        {"backend": "openai", "base_url": base_url})
+            for line in run_graph(name, settings, args.data_dir, Path(tmp)):
+                print(line, flush=True)
+    print(f"goal: calls within {CALLS_GOAL:.0%} and tokens within {TOKENS_GOAL:.0%} of actual; "
+          "rows outside say so")
 
 
 if __name__ == "__main__":

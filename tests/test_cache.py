@@ -154,3 +154,21 @@ def test_sample_index_separates_deliberate_resamples():
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="cache mode"):
         Cache("sometimes")
+
+
+def test_a_cache_off_run_asks_the_server_once_for_identical_hint_calls(tmp_path):
+    # the GSM8K graph's two hints start with the same prompt and input: with the cache off
+    # their identical requests, in flight together, still reach the server once
+    from engine.runs.execute import RunConfig, execute
+    from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph
+
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    with FakeOpenAIServer() as server:
+        os.environ.pop("OPENAI_API_KEY", None)
+        result = asyncio.run(execute(RunConfig(
+            graph=str(graph), db=str(tmp_path / "runs.duckdb"), steps=0, train=4, val=4,
+            test=0, backend="openai", base_url=server.base_url, cache="off")))
+        hints = [r for r in server.requests if "intermediate step" in str(r["messages"])]
+    assert result.status == "finished"
+    assert len(hints) == 8  # 8 examples x 1, not x 2
+    assert result.stats.cache_hits == 8 and result.stats.network_calls == 16

@@ -147,3 +147,34 @@ def test_cost_for_known_and_unknown_models():
 def test_concurrency_below_one_is_rejected():
     with pytest.raises(ValueError):
         make_client(SlowBackend(), concurrency=0)
+
+
+@pytest.mark.parametrize("mode", ["off", "read", "readwrite"])
+def test_identical_concurrent_requests_make_one_model_call_whatever_the_cache(mode):
+    from engine.llm.cache import Cache
+
+    backend = SlowBackend(latency=0.05)
+    client = make_client(backend, cache=Cache(mode))
+
+    async def go():
+        same = [client.request("forward", [("user", "the same question")]) for _ in range(2)]
+        other = client.request("forward", [("user", "another question")])
+        return await asyncio.gather(*(client.call(r, step=1) for r in [*same, other]))
+
+    first, second, other = asyncio.run(go())
+    assert backend.calls == 2  # the two identical requests once, the other once
+    assert first.response == second.response == "<output>the same question</output>"
+    assert other.response == "<output>another question</output>"
+    # the follower is recorded as answered without a model call, and not paid for
+    assert [first.cache_hit, second.cache_hit, other.cache_hit] == [False, True, False]
+    assert second.cost_usd == 0.0 and client.stats.cache_hits == 1
+
+
+def test_identical_requests_one_after_the_other_both_reach_the_model_with_the_cache_off():
+    from engine.llm.cache import Cache
+
+    backend = SlowBackend(latency=0.0)
+    client = make_client(backend, cache=Cache("off"))
+    run_calls(client, 1)
+    run_calls(client, 1)  # the first has returned: nothing in flight to share, nothing stored
+    assert backend.calls == 2

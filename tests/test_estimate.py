@@ -11,6 +11,7 @@ import duckdb
 
 from engine.cli import main
 from engine.core.graph import load_graph
+from engine.runs.call_sizes import CallSizes
 from engine.runs.estimate import estimate_calls, estimate_for, node_gate_calls
 from engine.runs.execute import RunConfig, execute, load_splits
 from tests.support.fake_openai import FakeOpenAIServer
@@ -33,7 +34,8 @@ def test_dry_run_makes_no_request_and_writes_no_file(tmp_path, capsys, monkeypat
     assert lines[0].split() == ["phase", "model", "calls", "at", "most"]
     phases = [ln.split("  ")[0] for ln in lines[1:] if ln and not ln.startswith(
         ("total", "estimate", "dry run"))]
-    assert "steps 1-2: per-node gates (auto)" in phases and "test" in phases
+    # per-node gates are off by default: no phase for them
+    assert not any("per-node gates" in p for p in phases) and "test" in phases
     estimate = [ln for ln in lines if ln.startswith("estimate: ")]
     # priced: gpt-4o-mini is in the price table
     assert len(estimate) == 1 and "$" in estimate[0] and "model calls" in estimate[0]
@@ -75,7 +77,8 @@ def test_the_estimate_counts_the_per_node_gates(tmp_path):
 
     def gates(mode: str) -> tuple[int, int]:
         config = RunConfig(graph="", steps=4, node_gates=mode)
-        est = estimate_calls(graph, config, 20, 16, 0)
+        # half the steps accepted: auto scores edits alone after the other half
+        est = estimate_calls(graph, config, 20, 16, 0, sizes=CallSizes(accepted_share=0.5))
         phase = [p for p in est.phases if "per-node gates" in p.name]
         return (phase[0].expected, phase[0].upper) if phase else (0, 0)
 

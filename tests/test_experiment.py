@@ -326,7 +326,8 @@ def test_estimate_counts_calls_per_method():
     prices = {"m": (1.0, 2.0)}
 
     def est(method: str, update_mode: str = "all"):
-        config = RunConfig(graph="", method=method, steps=4, update_mode=update_mode)
+        config = RunConfig(graph="", method=method, steps=4, update_mode=update_mode,
+                           node_gates="auto")  # the gates' calls counted too (off by default)
         return estimate_run(graph, config, 20, 20, 210, ("m", "m"), prices)
 
     semantic = est("semantic")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import duckdb
+import pytest
 
 from engine.cli import main
 from engine.events import StepFinished
@@ -44,7 +45,7 @@ def test_each_edit_is_scored_alone_and_the_joint_decision_stays(tmp_path):
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     db = tmp_path / "runs.duckdb"
     result = run_engine(graph, db, ScriptedBackend(responder=good_and_bad_edits), steps=1,
-                        train=4, val=4)
+                        train=4, val=4, node_gates="auto")
     rows = updates(db)
     # joint: good + bad hint -> wrong everywhere: rejected, as the paper's gate says
     assert rows["hint_a"][:3] == (False, 0.0, 0.0)
@@ -78,16 +79,25 @@ def test_each_edit_is_scored_alone_and_the_joint_decision_stays(tmp_path):
     assert forward_calls == 12 + 12 + 16
 
 
-def test_node_gates_off_scores_nothing_alone(tmp_path):
+@pytest.mark.parametrize("given", [{}, {"node_gates": "off"}], ids=["default", "off"])
+def test_a_default_step_scores_nothing_alone(tmp_path, given):
+    # the default is off: a rejected two-edit step pays for the joint pass only
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     db = tmp_path / "runs.duckdb"
     run_engine(graph, db, ScriptedBackend(responder=good_and_bad_edits), steps=1, train=4,
-               val=4, node_gates="off")
+               val=4, **given)
     rows = updates(db)
+    assert rows["hint_a"][:3] == (False, 0.0, 0.0)  # the joint decision as under auto
     assert rows["hint_a"][3] is None and rows["hint_b"][3] is None
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM metrics WHERE key LIKE 'node_gate%'"
                            ).fetchone()[0] == 0
+        forward_calls = con.execute("SELECT count(*) FROM llm_calls WHERE step = 1 "
+                                    "AND purpose = 'forward'").fetchone()[0]
+        reasons = [r[0] for r in con.execute("SELECT reject_reason FROM updates WHERE step = 1 "
+                                             "AND node_id LIKE 'hint_%'").fetchall()]
+    assert forward_calls == 12 + 12  # train 4 x 3 and the joint val pass 4 x 3, no more
+    assert all("alone" not in r for r in reasons), reasons
 
 
 def test_auto_skips_steps_that_change_more_than_four_prompts():
@@ -107,7 +117,8 @@ def test_one_change_reuses_the_joint_score(tmp_path):
 
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     db = tmp_path / "runs.duckdb"
-    run_engine(graph, db, ScriptedBackend(responder=only_hint_a), steps=1, train=4, val=4)
+    run_engine(graph, db, ScriptedBackend(responder=only_hint_a), steps=1, train=4, val=4,
+               node_gates="auto")
     rows = updates(db)
     assert rows["hint_a"] == (True, 0.0, 1.0, 1.0)
 
@@ -116,7 +127,8 @@ def test_run_summary_prints_the_cost_of_per_node_gates(tmp_path, capsys):
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     db = tmp_path / "runs.duckdb"
     code = main(["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "4",
-                 "--val", "4", "--test", "0", "--seed", "18", "--db", str(db)])
+                 "--val", "4", "--test", "0", "--seed", "18", "--node-gates", "auto",
+                 "--db", str(db)])
     assert code == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("per-node")]
     # the scripted update appends a sentence to all three prompts. Beside the joint pass

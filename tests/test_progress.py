@@ -121,7 +121,8 @@ def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_p
     # the parent: one gated step whose two edits are rejected, then scored alone
     # (per-node gates under auto): the gate's count must still bound its calls
     stdout, log = _engine("run", str(DEMO), "--backend", "scripted", "--scripted-responder",
-                          DEMO_MODEL, "--steps", "1", "--db", db, "--run-id", "parent")
+                          DEMO_MODEL, "--steps", "1", "--node-gates", "auto", "--db", db,
+                          "--run-id", "parent")
     said = _checked_counts(log)
     assert said == {0: 0, 1: 0} and _summary_accepted(stdout) == {0: 0, 1: 0}
     assert "step 1 gate: 95/144 calls" in log  # 48 for the candidate, then each edit alone

@@ -279,10 +279,9 @@ def _print_fork_estimate(plan: Any, dry_run: bool) -> bool:
     """The fork's estimate, as `run` prints a run's (one line; with --dry-run, by phase,
     and False: do not run): its own steps, and its starting step's re-measure if any."""
     from engine.console import out
-    from engine.runs.estimate import estimate_for
+    from engine.runs.estimate import estimate_fork
 
-    estimate = estimate_for(plan.config, plan.graph, plan.splits, start=plan.from_step,
-                            baseline=plan.rescore)
+    estimate = estimate_fork(plan)
     for line in estimate.printed(dry_run):
         out.print(line, markup=False, highlight=False)
     return not dry_run

@@ -34,8 +34,9 @@ class OptimizerConfig:
     gate: bool = True
     update_mode: str = "all"  # all | one
     seed: int = 0
-    # on | off | auto: after a rejected joint candidate that changed 2 to 4 prompts
-    node_gates: str = "auto"
+    # off | auto (after a rejected joint candidate that changed 2 to 4 prompts) | on: off by
+    # default, since on most steps (rejected ones) `auto` doubles the step's validation calls
+    node_gates: str = "off"
     allow_copies: bool = False  # apply proposals that paste training examples (engine/core/copies.py)
 
 

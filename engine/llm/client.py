@@ -155,15 +155,15 @@ class LLMClient:
         reply = self.cache.get(record.cache_key)
         if reply is not None:
             record.cache_hit = True
-        elif self.cache.mode != "off" and record.cache_key in self._inflight:
-            # an identical request is on its way: share its reply instead of paying twice
+        elif record.cache_key in self._inflight:
+            # an identical request is on its way: share its reply instead of paying twice,
+            # whatever the cache mode (`off` stores and reads nothing; it never asks twice
+            # at once). The shared reply is recorded as a cache hit: no model call paid.
             reply = await asyncio.shield(self._inflight[record.cache_key])
             if reply is None:  # its failure may be transient: try on our own
                 reply = await self._model_call(backend, request, record)
             else:
                 record.cache_hit = True
-        elif self.cache.mode == "off":
-            reply = await self._model_call(backend, request, record)
         else:
             pending = asyncio.get_running_loop().create_future()
             self._inflight[record.cache_key] = pending

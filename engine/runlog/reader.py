@@ -389,3 +389,12 @@ def split_fields(db: str | Path, run_id: str, split: str) -> pd.DataFrame:
 def all_updates(db: str | Path, run_id: str) -> pd.DataFrame:
     """Every update row of a run, by step and node."""
     return query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id", [run_id])
+
+
+def step_request_times(db: str | Path, run_id: str, step: int) -> list[tuple[float, float]]:
+    """(started, ended) in epoch seconds of each call of one step that reached the model
+    (cache misses): what a step's dependent rounds are measured from."""
+    frame = query(db, """
+        SELECT started_at, started_at + latency_ms / 1000.0 AS ended_at FROM llm_calls
+        WHERE run_id = ? AND step = ? AND NOT cache_hit""", [run_id, step])
+    return [(float(s), float(e)) for s, e in frame.itertuples(index=False)]

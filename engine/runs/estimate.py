@@ -2,14 +2,20 @@
 from the graph, the split sizes, the steps and the method. `run` prints `line()` before it
 starts and `run --dry-run` prints `breakdown()`; the experiment estimate sums the same.
 
-Two figures per phase. `expected`: the calls that reach the model with the cache on,
-when each step is as likely accepted as rejected (ACCEPTED_SHARE). A step after a rejected
-one repeats its train pass (cache hits), after an accepted one it re-runs the nodes an edit
+Two figures per phase. `expected`: the calls that reach the model with the cache on, with
+the share of steps accepted that earlier runs of the graph saw (else a quarter). A step
+after a rejected one repeats its train pass (cache hits), after an accepted one it re-runs the nodes an edit
 reached; a candidate re-runs on validation only the nodes an edit reaches;
 `--node-gates auto` scores each edit alone after a rejection only; nodes that start with the
 same prompt and inputs share their calls until an accepted edit tells them apart. `upper`:
 no cache hit at all, the per-node gates wherever the mode allows them, and one repair call
-per backward call. Tokens use average sizes per call (the run log records the real ones).
+per backward call. A fork's re-measure of its starting step re-runs only the nodes its
+edited prompts reach (the others are answered from the parent's cache).
+
+Tokens: each phase's calls times the size of one call of its kind, from the prompts the run
+will send (engine/runs/call_sizes.py: templates rendered on the run's own examples, replies
+sized from earlier runs of the graph in the run log, else from max_tokens). On a local
+model with earlier calls in the run log, a time estimate from its measured speed.
 """
 
 from __future__ import annotations
@@ -19,15 +25,13 @@ from typing import Any
 
 from engine.core.graph import GraphSpec
 from engine.core.optimizer import node_gates_apply
+from engine.runs.call_sizes import CallSize, CallSizes
 
-# Average (prompt, completion) tokens per call, for the estimate only: a forward call shows
-# the question, the node's inputs and its prompt; a backward or update call shows a node's
-# neighbourhood and the feedback for k examples.
+# Average (prompt, completion) tokens per call where no prompt was rendered (the experiment
+# harness's upper bound): a forward call shows the question, the node's inputs and its
+# prompt; a backward or update call shows a node's neighbourhood and the feedback.
 FORWARD_TOKENS = (600, 200)
 OPTIMIZER_TOKENS = (1500, 400)
-# The share of steps whose candidate is accepted, for the expected figures only: which steps
-# pass the gate is not known before the run.
-ACCEPTED_SHARE = 0.5
 
 
 @dataclass
@@ -36,6 +40,11 @@ class Phase:
     purpose: str  # forward | optimizer: which model pays
     expected: int
     upper: int
+    kind: str = ""  # forward | backward | update: the call whose size it pays (CallSizes)
+    split: str | None = None  # a forward phase's examples
+
+    def size(self, sizes: CallSizes) -> CallSize:
+        return sizes.for_phase(self.kind or self.purpose, self.split)
 
 
 @dataclass
@@ -43,34 +52,53 @@ class RunEstimate:
     phases: list[Phase] = field(default_factory=list)
     models: tuple[str, str] = ("", "")
     prices: dict = field(default_factory=dict)
+    sizes: CallSizes = field(default_factory=CallSizes)
 
     def calls(self, purpose: str | None = None, upper: bool = False) -> int:
         return sum(p.upper if upper else p.expected for p in self.phases
                    if purpose in (None, p.purpose))
 
+    def _tokens(self, purpose: str, upper: bool) -> tuple[float, float]:
+        """(prompt, completion) tokens of one model's calls."""
+        counted = [((p.upper if upper else p.expected), p.size(self.sizes))
+                   for p in self.phases if p.purpose == purpose]
+        return (sum(n * s.prompt for n, s in counted),
+                sum(n * s.completion for n, s in counted))
+
     def tokens(self, upper: bool = False) -> int:
-        return (self.calls("forward", upper) * sum(FORWARD_TOKENS)
-                + self.calls("optimizer", upper) * sum(OPTIMIZER_TOKENS))
+        return round(sum(sum(self._tokens(purpose, upper))
+                         for purpose in ("forward", "optimizer")))
+
+    def seconds(self) -> float | None:
+        """Expected wall seconds on a local model whose speed the run log measured, with
+        its calls at once (two llama contexts, or one); None when not measured."""
+        if self.sizes.speed is None:
+            return None
+        total = sum(p.expected * (self.sizes.seconds(p.size(self.sizes)) or 0.0)
+                    for p in self.phases)
+        return total / self.sizes.speed[2]
 
     def cost(self, upper: bool = False) -> float | None:
         """US dollars, or None when a model has no known price."""
         from engine.llm.pricing import cost_usd
 
-        parts = [cost_usd(self.prices, model, self.calls(purpose, upper) * tokens[0],
-                          self.calls(purpose, upper) * tokens[1])
-                 for model, purpose, tokens in ((self.models[0], "forward", FORWARD_TOKENS),
-                                                (self.models[1], "optimizer",
-                                                 OPTIMIZER_TOKENS))]
+        parts = [cost_usd(self.prices, model, *(round(t) for t in self._tokens(purpose, upper)))
+                 for model, purpose in ((self.models[0], "forward"),
+                                        (self.models[1], "optimizer"))]
         return None if None in parts else sum(parts)
 
     def line(self) -> str:
-        """One line: expected model calls, tokens and cost, and the upper bound."""
+        """One line: expected model calls, tokens, cost (and time on a local model whose
+        speed is measured), and the upper bound. `run` prints it, and the dashboard's
+        Estimate shows it (from `run --dry-run`)."""
         cost, most = self.cost(), self.cost(upper=True)
         money = (f"${cost:.2f} (at most ${most:.2f})" if cost is not None
                  else f"cost unknown (no price for {self._unpriced()})")
+        seconds = self.seconds()
+        time = "" if seconds is None else f", ~{duration(seconds)} at this model's measured speed"
         return (f"estimate: ~{self.calls():,} model calls ({self.calls('forward'):,} forward, "
                 f"{self.calls('optimizer'):,} optimizer; at most {self.calls(upper=True):,} "
-                f"with no cache hits), ~{compact(self.tokens())} tokens, {money}")
+                f"with no cache hits), ~{compact(self.tokens())} tokens, {money}{time}")
 
     def breakdown(self) -> list[str]:
         """The estimate by phase, as aligned plain lines."""
@@ -91,6 +119,10 @@ class RunEstimate:
 
     def _unpriced(self) -> str:
         return ", ".join(dict.fromkeys(m for m in self.models if m not in self.prices))
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def compact(n: int) -> str:
@@ -144,11 +176,15 @@ def node_gate_calls(graph: GraphSpec, changed: list[str], cached: bool) -> int:
 
 def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int,
                    models: tuple[str, str] = ("", ""), prices: dict | None = None,
-                   start: int = 0, baseline: bool = True) -> RunEstimate:
+                   start: int = 0, baseline: bool = True, edited: list[str] | None = None,
+                   sizes: CallSizes | None = None) -> RunEstimate:
     """The run's model calls by phase (see the module docstring); `config` is a RunConfig.
     A fork starts at step `start` (its optimization steps are start+1..config.steps) and
     scores train and validation there only when `baseline` (it re-measures edited
-    prompts)."""
+    prompts; with `edited`, the nodes whose prompts a fork edited, only the nodes they
+    reach re-run there: the others' calls are the parent's, answered by the cache).
+    `sizes`: tokens per call (engine/runs/call_sizes.py; default: fixed averages)."""
+    sizes = sizes or CallSizes()
     llm = [n.id for n in graph.nodes if n.kind == "llm"]
     nodes, steps = len(llm), config.steps - start
     first, last = start + 1, config.steps
@@ -159,7 +195,8 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     changed = trainable[:1] if config.update_mode == "one" else trainable
     reach = _reach(graph)
     reached = sum(1 for n in llm if reach[n] & set(changed))  # nodes an edit reaches
-    initial = distinct_calls(graph) if cached else nodes
+    # identical requests in flight together are made once whatever the cache setting
+    initial = distinct_calls(graph)
     sampled = min(config.failures_per_step, n_train)
     backward = sampled * backward_calls_per_example(graph, config.method)
     mode, k = config.node_gates, len(changed)
@@ -167,61 +204,87 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     gate_nodes = node_gate_calls(graph, changed, cached), node_gate_calls(graph, changed, False)
 
     phases = []
+    rerun = initial
     if baseline:
-        phases.append(Phase(f"step {start}: train and validation", "forward",
-                            (n_train + n_val) * initial, (n_train + n_val) * nodes))
+        rerun = sum(1 for n in llm if reach[n] & set(edited)) if edited and cached else initial
+        phases.append(Phase(f"step {start}: train", "forward", n_train * rerun,
+                            n_train * nodes, "forward", "train"))
+        phases.append(Phase(f"step {start}: validation", "forward", n_val * rerun,
+                            n_val * nodes, "forward", "val"))
         if judge:
             phases.append(Phase(f"step {start}: judge", "optimizer", n_train + n_val,
                                 n_train + n_val))
     if steps:
         # step 1 repeats step 0's train pass; a later one, only after a rejection
-        after_accept = (steps - 1) * ACCEPTED_SHARE
-        train = round(after_accept * n_train * reached) if cached else steps * n_train * nodes
+        after_accept = (steps - 1) * sizes.accepted_share
+        train = round(after_accept * n_train * reached) if cached else round(
+            n_train * initial + after_accept * n_train * nodes
+            + (steps - 1 - after_accept) * n_train * initial)
         phases.append(Phase(f"{span}: forward on train", "forward", train,
-                            steps * n_train * nodes))
+                            steps * n_train * nodes, "forward", "train"))
         if judge:
             phases.append(Phase(f"{span}: judge on train", "optimizer",
                                 round(after_accept * n_train) if cached else steps * n_train,
                                 steps * n_train))
         phases += [Phase(f"{span}: backward", "optimizer", steps * backward,
-                         steps * backward),
-                   Phase(f"{span}: repairs", "optimizer", 0, steps * backward),
-                   Phase(f"{span}: update", "optimizer", steps * k, steps * k),
+                         steps * backward, "backward"),
+                   Phase(f"{span}: repairs", "optimizer", 0, steps * backward, "backward"),
+                   Phase(f"{span}: update", "optimizer", steps * k, steps * k, "update"),
                    Phase(f"{span}: validation candidate", "forward",
-                         steps * n_val * (reached if cached else nodes), steps * n_val * nodes)]
+                         steps * n_val * (reached if cached else nodes), steps * n_val * nodes,
+                         "forward", "val")]
         if judge:
             phases.append(Phase(f"{span}: judge on validation", "optimizer",
                                 steps * n_val, steps * n_val))
         if mode != "off" and k >= 2:
-            gated = steps * (1.0 if mode == "on" else 1 - ACCEPTED_SHARE)  # auto: rejections
+            # auto: after rejections only
+            gated = steps * (1.0 if mode == "on" else 1 - sizes.accepted_share)
             phases.append(Phase(f"{span}: per-node gates ({mode})", "forward",
                                 round(gated * n_val * gate_nodes[0]) if gates_expected else 0,
-                                steps * n_val * gate_nodes[1] if gates_expected else 0))
+                                steps * n_val * gate_nodes[1] if gates_expected else 0,
+                                "forward", "val"))
             if judge and gates_expected:
                 phases.append(Phase(f"{span}: judge per-node gates", "optimizer",
                                     round(gated * n_val * k), steps * n_val * k))
     if n_test:
         # identical initial prompts stay shared unless some step was accepted
-        some_accepted = 1 - (1 - ACCEPTED_SHARE) ** steps
+        some_accepted = 1 - (1 - sizes.accepted_share) ** steps
+        # a fork's test pass repeats its parent's for the nodes no edit reaches
+        base = rerun if baseline and edited and cached else initial
         phases.append(Phase("test", "forward",
-                            round(n_test * (initial + (nodes - initial) * some_accepted)),
-                            n_test * nodes))
+                            round(n_test * (base + (nodes - base) * some_accepted)),
+                            n_test * nodes, "forward", "test"))
         if judge:
             phases.append(Phase("test: judge", "optimizer", n_test, n_test))
-    return RunEstimate(phases, models, dict(prices or {}))
+    for phase in phases:  # requests repeated within a pass are made once
+        if phase.purpose == "forward":
+            phase.expected = round(phase.expected * sizes.distinct_share)
+    return RunEstimate(phases, models, dict(prices or {}), sizes)
 
 
 def estimate_for(config: Any, graph: GraphSpec, splits: Any, start: int = 0,
-                 baseline: bool = True) -> RunEstimate:
+                 baseline: bool = True, edited: list[str] | None = None) -> RunEstimate:
     """The estimate of a run with `config` (a RunConfig) over `splits`, priced with the
-    models it will use (as engine.runs.execute.make_client resolves them); `start` and
-    `baseline` as in `estimate_calls` (a fork: engine.runs.fork.ForkPlan)."""
+    models it will use (as engine.runs.execute.make_client resolves them), its tokens from
+    the prompts it will send (engine/runs/call_sizes.py); `start`, `baseline` and `edited`
+    as in `estimate_calls` (a fork: engine.runs.fork.ForkPlan)."""
     from engine.llm.factory import default_model
     from engine.llm.pricing import load_prices
+    from engine.runs.call_sizes import measure_sizes
 
     model = config.model or default_model(config.backend)
     opt_kind = config.optimizer_backend or config.backend
     optimizer = config.optimizer_model or (
         model if opt_kind == config.backend else default_model(opt_kind))
     return estimate_calls(graph, config, len(splits.train), len(splits.val), len(splits.test),
-                          (model, optimizer), load_prices(), start=start, baseline=baseline)
+                          (model, optimizer), load_prices(), start=start, baseline=baseline,
+                          edited=edited, sizes=measure_sizes(graph, config, splits, model))
+
+
+def estimate_fork(plan: Any) -> RunEstimate:
+    """The estimate of a planned fork (engine.runs.fork.ForkPlan): its own steps, and its
+    starting step's re-measure when it has one, of the nodes its edited prompts reach (all
+    of them on new examples)."""
+    return estimate_for(plan.config, plan.graph, plan.splits, start=plan.from_step,
+                        baseline=plan.rescore,
+                        edited=None if plan.resplit else list(plan.edited))

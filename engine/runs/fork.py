@@ -45,6 +45,7 @@ class ForkPlan:
     # New splits or edited prompts: step S's scores are measured again, so the gate compares
     # against the prompts in use on the examples in use, not the parent's other examples.
     rescore: bool = False
+    resplit: bool = False  # the fork's examples are not its parent's
 
 
 def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, str] | None = None,
@@ -94,7 +95,7 @@ def plan_fork(db: str, parent_id: str, from_step: int, set_prompts: dict[str, st
     config.run_id = config.run_id or new_run_id(graph.name, config.method)
     history = prompt_versions_up_to(db, parent_id, from_step)
     return ForkPlan(config, graph, splits, state, parent_id, from_step, history, edited,
-                    rescore=resplit or bool(edited))
+                    rescore=resplit or bool(edited), resplit=resplit)
 
 
 async def run_fork(plan: ForkPlan, *, forward_backend: Backend | None = None,

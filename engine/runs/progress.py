@@ -36,7 +36,7 @@ class ProgressTracker:
 
     def __init__(self, graph: Any, sizes: dict[str, int], *, failures: int, updates: int,
                  method: type[Method], run_id: str, emit: Callable[[Any], None],
-                 node_gates: str = "auto", baseline_step: int | None = 0):
+                 node_gates: str = "off", baseline_step: int | None = 0):
         llm = [n.id for n in graph.nodes if n.kind != "function"]
         self.per_example = len(llm)
         self.sizes, self.run_id, self.emit = sizes, run_id, emit

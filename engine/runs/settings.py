@@ -161,10 +161,10 @@ class RunConfig:
     gate: bool = setting(True, negate="--no-gate", help="accept every proposal (ablation)")
     update_mode: str = setting("all", choices=("all", "one"),
                                help="update every trainable prompt per step, or one at a time")
-    node_gates: str = setting("auto", choices=("auto", "on", "off"),
-                              help="also score each changed prompt alone on validation (auto: "
-                                   "after a rejected step that changed 2 to 4 prompts; on: "
-                                   "every step)")
+    node_gates: str = setting("off", choices=("auto", "on", "off"),
+                              help="also score each changed prompt alone on validation (off: "
+                                   "never, the probes answer it on demand; auto: after a "
+                                   "rejected step that changed 2 to 4 prompts; on: every step)")
     temperature: float = setting(0.0, type=float,
                                  help="sampling temperature of every call (0: greedy)")
     max_tokens: int | None = setting(None, type=positive_int, help="forward generation limit")

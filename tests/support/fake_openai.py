@@ -17,7 +17,8 @@ Faults are consumed in order, one per chat request, before the normal reply:
   ("hang", seconds)             wait `seconds` before answering normally
   ("empty",)                    answer with empty content
 
-Structured outputs: the default responder answers a request whose `response_format` is
+`prompt_responder` replies by a digest of the whole request (see its docstring): the
+benchmarks' stand-in for a model. Structured outputs: the default responder answers a request whose `response_format` is
 {"type": "json_schema", "json_schema": {"schema": ...}} with a JSON object that follows the
 schema (`schema_reply`). `FakeOpenAIServer(reject_response_format=True)` plays a server
 without structured outputs: any request with a `response_format` gets a 400 that names it.
@@ -53,6 +54,32 @@ def default_responder(body: dict) -> str:
     return (f"<output>42</output>\n"
             f"<prompt>Answer the question carefully and give only the final answer. "
             f"[{digest}]</prompt>")
+
+
+WORDS = ("first", "add", "the", "total", "each", "then", "price", "per", "half", "more",
+         "left", "count", "sum", "days", "times", "units")
+
+
+def prompt_responder(body: dict) -> str:
+    """Replies that depend on the whole request, as a model's do: a different prompt (any
+    message, the schema asked for) gets a different reply, the same prompt the same one.
+    It still follows the requested format, so a run proceeds as on a model: a JSON object
+    following the schema when the request has one; a `<prompt>` revision when the prompt
+    asks for one; otherwise a short working and a result in `<output>` tags, whose number
+    (from the digest) is almost never a GSM8K answer, so most steps are rejected, as on a
+    real small model."""
+    request = json.dumps([body.get("messages"), body.get("response_format")], sort_keys=True)
+    digest = hashlib.sha256(request.encode("utf-8")).digest()
+    tag = digest.hex()[:8]
+    schema = requested_schema(body)
+    if schema is not None:
+        return json.dumps(schema_reply(schema, tag))
+    users = [m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"]
+    if users and "<prompt>" in users[-1]:
+        return f"<prompt>Solve the problem step by step; give only the final number. [{tag}]</prompt>"
+    thought = " ".join(WORDS[b % len(WORDS)] for b in digest[:5])
+    a, b = digest[5] % 60 + 1, digest[6] % 40 + 1
+    return f"{thought.capitalize()}.\n<output>{WORDS[digest[7] % len(WORDS)]}: {a} + {b} = {a + b}</output>"
 
 
 def requested_schema(body: dict) -> dict | None:

@@ -1,0 +1,85 @@
+"""What earlier runs of a graph recorded, for the estimate before a new run
+(engine/runs/call_sizes.py): reply and prompt sizes, gradient lengths, the share of steps
+accepted, how often a pass repeats its own requests, and a local model's speed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from engine.runlog.reader import query
+
+
+def call_size_history(db: str | Path, graph_name: str, limit: int = 5000) -> pd.DataFrame:
+    """What the model calls of earlier runs of a graph (by name) sent and received, newest
+    runs first, at most `limit` calls that reached the model and succeeded: per call its
+    purpose, node, backend, model, the characters of its messages' contents, its prompt
+    and completion tokens, its latency and (forward calls) the output it passed on."""
+    return query(db, """
+        SELECT c.purpose, c.node_id, c.backend, c.model, c.prompt_tokens,
+               c.completion_tokens, c.latency_ms,
+               length(array_to_string(CAST(json_extract_string(c.messages, '$[*].content')
+                   AS VARCHAR[]), '')) AS prompt_chars,
+               (SELECT any_value(length(o.output_text)) FROM node_outputs o
+                WHERE o.run_id = c.run_id AND o.call_id = c.call_id) AS output_chars
+        FROM llm_calls c JOIN runs r ON r.run_id = c.run_id
+        WHERE r.graph_name = ? AND NOT c.cache_hit AND c.error IS NULL
+              AND c.completion_tokens > 0
+        ORDER BY r.started_at DESC LIMIT ?""", [graph_name, limit])
+
+
+def gradient_size_history(db: str | Path, graph_name: str) -> dict[str, float]:
+    """The mean length in characters of the gradients each node received in earlier runs
+    of a graph (by name)."""
+    frame = query(db, """
+        SELECT g.node_id, avg(length(g.content)) AS chars FROM gradients g
+        JOIN runs r ON r.run_id = g.run_id WHERE r.graph_name = ? GROUP BY g.node_id""",
+                  [graph_name])
+    return {row.node_id: float(row.chars) for row in frame.itertuples(index=False)}
+
+
+def accepted_share(db: str | Path, graph_name: str) -> tuple[int, int]:
+    """(optimization steps accepted, optimization steps) over earlier runs of a graph (by
+    name): which share of steps passes the gate."""
+    row = query(db, """
+        SELECT count(*) FILTER (WHERE s.accepted) AS accepted, count(*) AS steps FROM steps s
+        JOIN runs r ON r.run_id = s.run_id WHERE r.graph_name = ? AND s.step > 0""",
+                [graph_name]).iloc[0]
+    return int(row["accepted"]), int(row["steps"])
+
+
+def forward_distinct_share(db: str | Path, graph_name: str) -> tuple[int, int]:
+    """(distinct requests, forward calls) over the evaluation passes of earlier runs of a
+    graph (by name), per run, step, split and node: how often a node's calls within one
+    pass repeat each other (a node that reads only another node's short output often
+    sends the same request for several examples, answered once)."""
+    row = query(db, """
+        WITH passes AS (
+            SELECT count(DISTINCT c.cache_key) AS distinct_keys, count(*) AS calls
+            FROM node_outputs o JOIN llm_calls c ON c.call_id = o.call_id
+            JOIN runs r ON r.run_id = o.run_id
+            WHERE r.graph_name = ? AND c.purpose = 'forward'
+            GROUP BY o.run_id, o.step, o.split, o.node_id)
+        SELECT coalesce(sum(distinct_keys), 0), coalesce(sum(calls), 0) FROM passes""",
+                [graph_name]).iloc[0]
+    return int(row.iloc[0]), int(row.iloc[1])
+
+
+def local_step_throughput(db: str | Path, models: list[str]) -> tuple[float, int, int]:
+    """(seconds, prompt tokens, completion tokens) summed over the finished steps of earlier
+    runs, of any graph, whose model calls ran on the local backend with one of `models`:
+    the model's speed on this machine as a run sees it (calls waiting for a context
+    included)."""
+    row = query(db, """
+        WITH per_step AS (
+            SELECT c.run_id, c.step, sum(c.prompt_tokens) AS prompt,
+                   sum(c.completion_tokens) AS completion
+            FROM llm_calls c
+            WHERE c.backend = 'local' AND NOT c.cache_hit AND list_contains(?, c.model)
+            GROUP BY c.run_id, c.step)
+        SELECT coalesce(sum(s.ended_at - s.started_at), 0), coalesce(sum(p.prompt), 0),
+               coalesce(sum(p.completion), 0)
+        FROM per_step p JOIN steps s ON s.run_id = p.run_id AND s.step = p.step
+        WHERE s.ended_at IS NOT NULL""", [models]).iloc[0]
+    return float(row.iloc[0]), int(row.iloc[1]), int(row.iloc[2])

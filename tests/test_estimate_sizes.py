@@ -1,0 +1,183 @@
+"""The estimate's tokens come from the prompts the run will send (engine/runs/call_sizes.py):
+templates rendered on the run's own examples, replies sized from max_tokens and from what
+earlier runs of the graph recorded; a fork's estimate counts what the fork re-runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import duckdb
+import pytest
+
+from engine.core.graph import load_graph
+from engine.llm.factory import default_model
+from engine.prompts.templates import forward_messages
+from engine.runs.call_sizes import CHARS_PER_TOKEN, FIRST_REPLY, measure_sizes
+from engine.runs.estimate import estimate_for, estimate_fork
+from engine.runs.execute import RunConfig, execute, load_splits
+from engine.runs.fork import plan_fork, run_fork
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph
+
+ONE_NODE = """
+name: one-node
+dataset: data.jsonl
+input_fields: [question]
+target_field: answer
+metric: numeric
+answer_format: Give only the number.
+nodes:
+  - {id: solve, prompt: Solve the problem., inputs: [question], output: true, max_tokens: 40}
+"""
+
+
+def rows_of_length(n: int, chars: int) -> list[dict]:
+    return [{"id": f"q{i}", "question": f"Q{i:03d} " + "x" * (chars - 5), "answer": str(i)}
+            for i in range(n)]
+
+
+def sizes_for(tmp_path, graph_text, rows, **settings):
+    config = RunConfig(graph=str(write_graph(tmp_path, graph_text, rows)), backend="scripted",
+                       db=str(tmp_path / "runs.duckdb"), **settings)
+    graph = load_graph(config.graph)
+    splits = load_splits(config, graph)
+    return config, graph, splits, measure_sizes(graph, config, splits, "m")
+
+
+@pytest.mark.parametrize("chars", [50, 800])
+def test_forward_tokens_are_the_rendered_prompt_on_the_runs_own_examples(tmp_path, chars):
+    _, _, splits, sizes = sizes_for(tmp_path, ONE_NODE, rows_of_length(30, chars), train=4,
+                                    val=6, test=0)
+    rendered = [sum(len(c) for _, c in forward_messages(
+        "Solve the problem.", {"question": ex.fields["question"]}, "Give only the number."))
+        for ex in splits.val]
+    assert sizes.forward["val"].prompt == pytest.approx(
+        sum(rendered) / len(rendered) / CHARS_PER_TOKEN)
+    # the reply: no earlier run, so the default reply capped by the node's max_tokens
+    assert sizes.forward["val"].completion == min(40, FIRST_REPLY["forward"]) == 40
+
+
+def test_the_estimated_tokens_grow_with_the_examples_text(tmp_path):
+    short = sizes_for(tmp_path, ONE_NODE, rows_of_length(30, 50), train=4, val=6, test=0)
+    (tmp_path / "long").mkdir()
+    long = sizes_for(tmp_path / "long", ONE_NODE, rows_of_length(30, 850), train=4, val=6,
+                     test=0)
+    # 800 more characters per question: 200 more prompt tokens per forward call
+    assert long[3].forward["val"].prompt - short[3].forward["val"].prompt == pytest.approx(200)
+
+
+def test_replies_are_sized_from_what_an_earlier_run_of_the_graph_recorded(tmp_path):
+    config, graph, splits, before = sizes_for(tmp_path, TWO_HINTS, arithmetic_rows(), steps=1,
+                                              train=6, val=6, test=0)
+    assert before.forward["val"].completion == FIRST_REPLY["forward"]
+    asyncio.run(execute(config))
+    after = measure_sizes(graph, config, splits, "scripted")
+    with duckdb.connect(config.db, read_only=True) as con:
+        per_node = con.execute("SELECT avg(completion_tokens) FROM llm_calls WHERE NOT "
+                               "cache_hit AND purpose = 'forward' GROUP BY node_id").fetchall()
+        backward = con.execute("SELECT avg(completion_tokens) FROM llm_calls WHERE NOT "
+                               "cache_hit AND purpose = 'backward'").fetchone()[0]
+    # the mean over the graph's nodes of each node's recorded mean reply
+    assert after.forward["val"].completion == pytest.approx(
+        sum(r[0] for r in per_node) / len(per_node))
+    assert after.backward.completion == pytest.approx(backward)
+
+
+def test_the_estimated_tokens_of_a_second_run_are_within_a_quarter(tmp_path):
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    first = RunConfig(graph=str(graph_path), backend="scripted", steps=2, train=12, val=12,
+                      test=4, db=str(tmp_path / "runs.duckdb"))
+    asyncio.run(execute(first))
+    with duckdb.connect(first.db) as con:  # the second run pays for every call
+        con.execute("DELETE FROM llm_cache")
+    second = RunConfig(**{**first.__dict__, "seed": 1, "run_id": None})
+    graph = load_graph(second.graph)
+    estimate = estimate_for(second, graph, load_splits(second, graph))
+    result = asyncio.run(execute(second))
+    with duckdb.connect(second.db, read_only=True) as con:
+        tokens = con.execute("SELECT sum(prompt_tokens + completion_tokens) FROM llm_calls "
+                             "WHERE run_id = ? AND NOT cache_hit", [result.run_id]).fetchone()[0]
+    assert abs(estimate.tokens() - tokens) <= 0.25 * tokens, (estimate.tokens(), tokens)
+
+
+def test_a_forks_estimate_counts_only_the_nodes_its_edit_reaches(tmp_path):
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    config = RunConfig(graph=str(graph_path), backend="scripted", steps=2, train=8, val=8,
+                       test=0, db=str(tmp_path / "runs.duckdb"), run_id="parent")
+    asyncio.run(execute(config))
+    plan = plan_fork(config.db, "parent", 1, {"final": "Solve it, then give the number."})
+    estimate = estimate_fork(plan)
+    phases = {p.name: p.expected for p in estimate.phases}
+    # step 1's re-measure: only `final` reads the edited prompt; the hints are the parent's
+    assert phases["step 1: train"] == 8 and phases["step 1: validation"] == 8
+    result = asyncio.run(run_fork(plan))
+    with duckdb.connect(config.db, read_only=True) as con:
+        remeasured = con.execute("SELECT count(*) FROM llm_calls WHERE run_id = ? AND step = 1 "
+                                 "AND NOT cache_hit", [result.run_id]).fetchone()[0]
+    assert remeasured == 16
+    actual = result.stats.calls - result.stats.cache_hits
+    assert abs(estimate.calls() - actual) <= 0.15 * actual, (estimate.calls(), actual)
+
+
+NOTE_ANSWER = """
+name: note-answer
+dataset: data.jsonl
+input_fields: [question]
+target_field: answer
+metric: numeric
+nodes:
+  - {id: note, prompt: Write one word about the text., inputs: [question]}
+  - {id: answer, prompt: Answer., inputs: [note], output: true}
+"""
+
+
+def one_word(request) -> str | None:
+    """`note` writes the same word for every text, so `answer` (which reads only the note)
+    sends one distinct request per pass, whatever the number of examples."""
+    if request.purpose == "forward" and request.meta.get("node") == "note":
+        return "<output>red</output>"
+    return None
+
+
+def test_requests_repeated_within_a_pass_are_estimated_once_after_a_run(tmp_path):
+    from engine.llm.scripted import ScriptedBackend
+
+    graph_path = write_graph(tmp_path, NOTE_ANSWER, arithmetic_rows())
+    first = RunConfig(graph=str(graph_path), backend="scripted", steps=0, train=8, val=8,
+                      test=0, db=str(tmp_path / "runs.duckdb"))
+    asyncio.run(execute(first, forward_backend=ScriptedBackend(responder=one_word)))
+    with duckdb.connect(first.db) as con:
+        con.execute("DELETE FROM llm_cache")
+    second = RunConfig(**{**first.__dict__, "seed": 1, "run_id": None})
+    graph = load_graph(second.graph)
+    splits = load_splits(second, graph)
+    sizes = measure_sizes(graph, second, splits, "scripted")
+    # per pass: note 8 distinct of 8, answer 1 of 8 (train and validation alike)
+    assert sizes.distinct_share == pytest.approx(18 / 32)
+    estimate = estimate_for(second, graph, splits)
+    result = asyncio.run(execute(second, forward_backend=ScriptedBackend(responder=one_word)))
+    # 32 calls without the history; the run made 17: answer's one request per pass is also
+    # the same in train and validation (passes in flight together), which it does not count
+    assert estimate.calls() == 18
+    assert result.stats.calls - result.stats.cache_hits == 17
+
+
+def test_a_local_models_time_is_estimated_at_its_measured_speed(tmp_path):
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    config = RunConfig(graph=str(graph_path), backend="scripted", steps=1, train=6, val=6,
+                       test=0, db=str(tmp_path / "runs.duckdb"))
+    asyncio.run(execute(config))
+    with duckdb.connect(config.db) as con:  # as if its calls had run on the local model
+        con.execute("UPDATE llm_calls SET backend = 'local', model = ?",
+                    [default_model("local")])
+        con.execute("UPDATE steps SET ended_at = started_at + 10 * (step + 1)")  # 10 s, 20 s
+        completion = con.execute("SELECT sum(completion_tokens) FROM llm_calls WHERE NOT "
+                                 "cache_hit").fetchone()[0]
+    local = RunConfig(**{**config.__dict__, "backend": "local", "run_id": None})
+    graph = load_graph(local.graph)
+    estimate = estimate_for(local, graph, load_splits(local, graph))
+    rate = 30 / completion  # seconds per generated token, as the logged steps took
+    expected = sum(p.expected * p.size(estimate.sizes).completion for p in estimate.phases)
+    assert estimate.seconds() == pytest.approx(expected * rate)
+    assert f"~{estimate.seconds():.0f} s at this model's measured speed" in estimate.line()
+    # no local history: no time
+    assert estimate_for(config, graph, load_splits(config, graph)).seconds() is None
