@@ -40,12 +40,13 @@ needs_data = pytest.mark.skipif(not SHARED_DATASETS.is_dir(),
 
 @pytest.fixture(scope="module")
 def gsm8k(tmp_path_factory) -> Path:
-    """The issue's run: sample_graphs/gsm8k.yaml, scripted, two steps (small splits)."""
+    """The issue's run: sample_graphs/gsm8k.yaml, scripted, two steps (small splits), with
+    the per-node gates it had (`auto`, the default then), so the export shows both gate passes."""
     if not SHARED_DATASETS.is_dir():
         pytest.skip(f"data sets not found at {SHARED_DATASETS}")
     db = tmp_path_factory.mktemp("gsm8k") / "g.duckdb"
     asyncio.run(execute(RunConfig(graph=GSM8K, db=str(db), run_id="g", steps=2, train=8,
-                                  val=8, test=4, backend="scripted",
+                                  val=8, test=4, backend="scripted", node_gates="auto",
                                   data_dir=str(SHARED_DATASETS))))
     return db
 
@@ -427,7 +428,7 @@ def test_the_gates_joint_and_per_node_passes_are_told_apart(tmp_path, capsys):
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     db = tmp_path / "gates.duckdb"
     run_engine(graph, db, ScriptedBackend(responder=good_and_bad_edits), steps=1, train=4,
-               val=4, run_id="g")
+               val=4, run_id="g", node_gates="auto")
     tables = read_run(db, "g")
     spans, _ = export_file(capsys, db, tmp_path)
     by_id = {s["spanId"]: s for s in spans}
