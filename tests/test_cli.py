@@ -156,3 +156,58 @@ def test_every_argument_of_every_subcommand_has_help_text(capsys):
             main([name, "--help"])
         text = capsys.readouterr().out
         assert "the run log, a DuckDB file" in text and "the run (python -m engine runs" in text
+
+
+def run_stopped_in_step_zero(tmp_path, db):
+    """A run stopped (as by the dashboard's Stop or Ctrl-C) at its first model call, before
+    step 0 was written: a runs row with no steps."""
+    import asyncio
+
+    from engine.events import CallRecord
+    from engine.runs.execute import RunConfig, execute
+
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+
+    async def stopped():
+        task = None
+
+        def stop_at_first_call(event):
+            if isinstance(event, CallRecord) and not task.cancelling():
+                task.cancel()
+
+        config = RunConfig(graph=str(graph), db=str(db), backend="scripted", steps=1,
+                           train=4, val=4, test=0, run_id="stopped-early")
+        task = asyncio.ensure_future(execute(config, listeners=(stop_at_first_call,)))
+        return await task
+
+    return asyncio.run(stopped())
+
+
+def test_runs_survives_a_run_stopped_during_step_zero(tmp_path, capsys):
+    import json
+
+    db = logged_run(tmp_path)
+    result = run_stopped_in_step_zero(tmp_path, db)
+    assert result.status == "stopped"
+    capsys.readouterr()
+    assert main(["runs", "--db", str(db)]) == 0
+    printed = capsys.readouterr()
+    assert "stopped-early" in printed.out and "error" not in printed.err
+    assert main(["runs", "--db", str(db), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows["stopped-early"]["status"], rows["stopped-early"]["steps"],
+            rows["stopped-early"]["best_val"]) == ("stopped", None, None)
+    assert rows[LONG_ID]["steps"] == 1
+
+
+def test_a_run_stopped_in_step_zero_says_so_and_how_to_resume(tmp_path, capsys):
+    from engine.cli.commands import print_summary
+
+    db = tmp_path / "runs.duckdb"
+    result = run_stopped_in_step_zero(tmp_path, db)
+    capsys.readouterr()
+    print_summary(result, str(db))
+    out = capsys.readouterr().out
+    assert "run stopped-early: stopped; no step finished in this session" in out
+    assert "┃ step" not in out  # no empty step table
+    assert f"to continue it: python -m engine resume stopped-early --db {db}" in out

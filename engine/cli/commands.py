@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not _print_estimate(config, graph, args.dry_run):
         return 0
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
-                          config.steps, progress_file=args.progress_file)
+                          config.steps, progress_file=args.progress_file, db=config.db)
 
 
 def _print_estimate(config: Any, graph: Any, dry_run: bool) -> bool:
@@ -139,10 +139,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _with_progress(lambda listeners: resume(
         args.db, args.run_id, listeners=listeners, functions=functions,
         max_calls=budget.get("max_calls"), max_cost=budget.get("max_cost")), steps, done,
-        progress_file=args.progress_file)
+        progress_file=args.progress_file, db=args.db)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from engine.runlog.reader import list_runs
     from engine.runlog.schema import check_readable
 
@@ -150,7 +152,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     runs = list_runs(args.db).iloc[::-1]  # oldest first, as they were started
 
     def value(v: Any) -> Any:
-        return None if v is None or v != v else v  # NULL and NaN read as None
+        # NULL reads as None, NaN or pd.NA (a run stopped before step 0 was written has
+        # no steps, so no step count and no score): `v != v` is ambiguous for pd.NA
+        return None if v is None or pd.isna(v) else v
 
     rows = [(r.run_id, r.graph_name, r.method, value(r.model), r.status,
              None if value(r.steps) is None else int(r.steps), value(r.best_val))
@@ -177,7 +181,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
-                   progress_file: str | None = None) -> int:
+                   progress_file: str | None = None, db: str = "runs.duckdb") -> int:
     """Run with a progress bar that appears on the first event, so that input refused
     before the run starts prints only its one error line. With `progress_file`, the
     progress events also go there as JSON lines (what the dashboard follows)."""
@@ -220,7 +224,7 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
     finally:
         if progress.live.is_started:  # stopping a bar never shown prints a blank line
             progress.stop()
-    print_summary(result)
+    print_summary(result, db)
     return 0 if result.status == "finished" else 1
 
 
@@ -249,9 +253,11 @@ def _progress_worth_a_line(event: Any, state: dict) -> bool:
     return first or event.calls_done % 5 == 0 or event.calls_done == event.calls_expected
 
 
-def print_summary(result: Any) -> None:
+def print_summary(result: Any, db: str = "runs.duckdb") -> None:
     """Per step: score, accepted edits, model calls (cache misses) and their tokens and
-    cost, cache hits apart (free); then the same per phase, and the totals."""
+    cost, cache hits apart (free); then the same per phase, and the totals. A run that
+    did not finish (stopped, out of budget, failed) ends with the command that resumes
+    it."""
     per_step: dict[int, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     per_phase: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     for call in result.events.of(CallRecord):
@@ -272,7 +278,11 @@ def print_summary(result: Any) -> None:
         calls, tokens, hits, cost, unknown = per_step[s.step]
         table.add_row(str(s.step), _fmt(s.train_score), _fmt(s.val_score), str(edits[s.step]),
                       str(calls), str(tokens), _money(cost, unknown), str(hits))
-    out.print(table)
+    if table.row_count:
+        out.print(table)
+    else:  # stopped during its first step: nothing of it was written
+        out.print(f"run {result.run_id}: {result.status}; no step finished in this session",
+                  markup=False, highlight=False)
     for s in result.events.of(StepFinished):
         if _hand_set(s):
             out.print(f"step {s.step}: the fork's starting state, "
@@ -291,6 +301,9 @@ def print_summary(result: Any) -> None:
     out.print(line)
     if getattr(result, "reason", None):
         out.print(f"stopped: {result.reason}", markup=False, highlight=False)
+    if result.status != "finished":
+        out.print(f"to continue it: python -m engine resume {result.run_id} --db {db}",
+                  markup=False, highlight=False)
     gates = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
              if "node_gate_calls" in s.metrics]
     if gates:

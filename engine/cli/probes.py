@@ -311,4 +311,5 @@ def cmd_fork(args: argparse.Namespace, with_progress: Any) -> int:
         return 0
     # the bar counts the steps the fork logs: its starting step S again, then S+1, ...
     return with_progress(lambda listeners: run_fork(plan, listeners=listeners),
-                         plan.config.steps, args.from_step, progress_file=args.progress_file)
+                         plan.config.steps, args.from_step, progress_file=args.progress_file,
+                         db=db)
