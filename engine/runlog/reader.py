@@ -10,7 +10,7 @@ import pandas as pd
 from engine.runlog.schema import connect
 
 
-def query(db: str | Path, sql: str, params: list | None = None) -> pd.DataFrame:
+def query(db: str | Path, sql: str, params: list | dict | None = None) -> pd.DataFrame:
     with connect(db, read_only=True) as con:
         return con.execute(sql, params or []).df()
 
@@ -19,7 +19,7 @@ def list_runs(db: str | Path) -> pd.DataFrame:
     """One row per run with its progress and totals."""
     return query(db, """
         SELECT r.run_id, r.graph_name, r.method, r.backend, r.model, r.optimizer_model,
-               r.seed, r.status, r.started_at, r.ended_at, r.error,
+               r.seed, r.status, r.started_at, r.ended_at, r.error, r.parent_run_id,
                s.steps, s.best_val, s.last_val, c.calls, c.tokens, c.cache_hits, c.cost_usd
         FROM runs r
         LEFT JOIN (SELECT run_id, max(step) AS steps, max(val_score) AS best_val,
@@ -334,22 +334,47 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
     """Per node at one step, from the probes: failing examples probed by following the
     gradient or replacing the output, how many of them that flipped to correct, and the
     same for the node's edit applied alone; leaks counts flips whose intervention
-    contained the target (not credit, so not among the flips)."""
+    contained the target (not credit, so not among the flips).
+
+    The edit counts are `engine blame`'s: only probes of the optimizer's own proposal at
+    the step (not a prompt typed in What-if), one per example (with repeats, the
+    majority's flip), leaving out flips that leak the target and examples the update call
+    saw (in-sample)."""
     return query(db, """
-        SELECT node_id,
-            count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
-                AND before_score < 1 AND error IS NULL) AS probed,
-            count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
-                AND before_score < 1 AND after_score >= 1
-                AND NOT coalesce(leaks_target, false)) AS flips,
-            count(DISTINCT example_id) FILTER (WHERE kind = 'edit' AND before_score < 1
-                AND error IS NULL) AS edit_probed,
-            count(DISTINCT example_id) FILTER (WHERE kind = 'edit' AND before_score < 1
-                AND after_score >= 1) AS edit_flips,
-            count(DISTINCT example_id) FILTER (WHERE before_score < 1 AND after_score >= 1
-                AND coalesce(leaks_target, false)) AS leaks
-        FROM probes WHERE run_id = ? AND step = ? GROUP BY node_id ORDER BY node_id""",
-                 [run_id, step])
+        WITH proposal_draws AS (
+            SELECT p.node_id, p.example_id,
+                   count(*) FILTER (WHERE p.error IS NULL) AS ok,
+                   count(*) FILTER (WHERE p.error IS NULL AND p.after_score >= 1) AS fixed,
+                   bool_or(p.error IS NULL AND p.after_score >= 1
+                           AND coalesce(p.leaks_target, false)) AS leaked,
+                   p.example_id IN (SELECT example_id FROM gradients
+                                    WHERE run_id = $run AND step = $step) AS in_sample
+            FROM probes p
+            WHERE p.run_id = $run AND p.step = $step AND p.kind = 'edit'
+              AND p.before_score < 1
+              AND EXISTS (SELECT 1 FROM updates u WHERE u.run_id = p.run_id
+                          AND u.step = p.step AND u.node_id = p.node_id
+                          AND u.new_prompt = p.intervention)
+            GROUP BY p.node_id, p.example_id),
+        edits AS (
+            SELECT node_id, count(*) FILTER (WHERE ok > 0) AS edit_probed,
+                   count(*) FILTER (WHERE fixed * 2 > ok AND NOT leaked AND NOT in_sample)
+                       AS edit_flips
+            FROM proposal_draws GROUP BY node_id),
+        others AS (
+            SELECT node_id,
+                count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
+                    AND before_score < 1 AND error IS NULL) AS probed,
+                count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
+                    AND before_score < 1 AND after_score >= 1
+                    AND NOT coalesce(leaks_target, false)) AS flips,
+                count(DISTINCT example_id) FILTER (WHERE before_score < 1 AND after_score >= 1
+                    AND coalesce(leaks_target, false)) AS leaks
+            FROM probes WHERE run_id = $run AND step = $step GROUP BY node_id)
+        SELECT o.node_id, o.probed, o.flips, coalesce(e.edit_probed, 0) AS edit_probed,
+               coalesce(e.edit_flips, 0) AS edit_flips, o.leaks
+        FROM others o LEFT JOIN edits e USING (node_id) ORDER BY o.node_id""",
+                 {"run": run_id, "step": int(step)})
 
 
 def step_call_costs(db: str | Path, run_id: str) -> list[dict]:
