@@ -151,6 +151,10 @@ def _jobs_body(db: str) -> None:
             status = runs.loc[runs["run_id"] == job.run_id, "status"].iloc[0]
         if not alive and status in ("starting", "running"):
             status = f"ended (exit code {job.returncode})"
+        elif alive and (job.stopped or status == "stopped"):
+            # the run log says 'stopped' as soon as the engine is told, but the calls in
+            # flight (a local model's can take a minute) end before the process does
+            status = "stopping: the calls in flight end first"
         total = job.steps
         with st.container(border=True):
             head, button = st.columns([5, 1])
@@ -158,7 +162,8 @@ def _jobs_body(db: str) -> None:
             head.progress(min(steps_done / total, 1.0) if total else float(not alive),
                           text=live_progress(job.progress_file).line(steps_done, total)
                           if alive else steps_line(steps_done, total))
-            if alive and button.button("Stop", key=f"stop_{job.run_id}"):
+            if alive and button.button("Stop", key=f"stop_{job.run_id}",
+                                       disabled=job.stopped):
                 jobs.stop(job)
                 st.toast(f"Sent SIGTERM to {job.run_id}")
             elif not alive and button.button("Dismiss", key=f"forget_{job.run_id}"):
@@ -205,7 +210,9 @@ def new_run_form(db: str) -> None:
         # outside the form, so that choosing a method shows only that method's fields
         method = st.selectbox("Method", sorted(METHODS), key="new_run_method",
                               index=sorted(METHODS).index(DEFAULTS.method))
-        with st.form("new_run"):
+        # Enter in a field must not start a run (Streamlit submits a form on Enter by
+        # default): only the buttons do
+        with st.form("new_run", enter_to_submit=False):
             c1, c2 = st.columns(2)
             choice = c1.selectbox("Graph", [*samples, UPLOAD],
                                   index=samples.index("demo.yaml") if "demo.yaml" in samples
