@@ -211,3 +211,18 @@ def test_a_run_stopped_in_step_zero_says_so_and_how_to_resume(tmp_path, capsys):
     assert "run stopped-early: stopped; no step finished in this session" in out
     assert "┃ step" not in out  # no empty step table
     assert f"to continue it: python -m engine resume stopped-early --db {db}" in out
+
+
+def test_a_refused_run_log_or_step_is_the_only_line_printed(tmp_path, capsys):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    truncated = tmp_path / "truncated.duckdb"
+    truncated.write_bytes(logged_run(tmp_path).read_bytes()[:100_000])
+    capsys.readouterr()
+    for db in (tmp_path / "missing" / "r.duckdb", truncated):
+        assert main(["run", str(graph), "--backend", "scripted", "--db", str(db)]) == 2
+        printed = capsys.readouterr()
+        lines = (printed.out + printed.err).splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:"), lines  # no estimate line
+    assert main(["blame", LONG_ID, "--db", str(tmp_path / "runs.duckdb"), "--step", "7"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.startswith("error: run "), printed.err

@@ -90,6 +90,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings.setdefault("backend", default_backend_kind())
     config = RunConfig(graph=args.graph, **settings)
     graph = _graph_with_functions(args)
+    if not args.dry_run:  # a run log it cannot write: its refusal is the only line printed
+        from engine.runlog.schema import check_writable
+
+        check_writable(config.db)
     if not _print_estimate(config, graph, args.dry_run):
         return 0
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),

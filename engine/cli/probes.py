@@ -166,7 +166,8 @@ def cmd_blame(args: argparse.Namespace) -> int:
         report = asyncio.run(blame(args.db, args.run_id, args.step, args.examples,
                                    methods=methods, repeats=args.repeats, progress=progress))
     finally:
-        bar.stop()
+        if bar.live.is_started:  # stopping a bar never shown prints a blank line
+            bar.stop()
     if args.json:
         print(json.dumps(report.as_json(), ensure_ascii=False, indent=1))
         return 0
