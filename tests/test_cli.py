@@ -99,6 +99,18 @@ def test_progress_to_a_log_file_is_one_line_a_step(tmp_path):
     steps = [ln for ln in proc.stderr.splitlines() if ln.startswith("step ") and "train" in ln]
     assert [ln.split(" done")[0] for ln in steps] == ["step 0", "step 1", "step 2"]
     assert "calls so far" in steps[-1]
+    # and one line per phase, with its last count: not a line every few calls
+    import re
+
+    phases = [m.groups() for m in (re.match(r"^step (\d+) (\w+): (\d+)/(\d+) calls",
+                                            ln) for ln in proc.stderr.splitlines()) if m]
+    keys = [(step, phase) for step, phase, _, _ in phases]
+    assert len(keys) == len(set(keys)) and ("0", "forward") in keys and ("1", "gate") in keys
+    with duckdb.connect(str(tmp_path / "r.duckdb"), read_only=True) as con:
+        forward0 = con.execute("SELECT count(*) FROM llm_calls WHERE step = 0 AND "
+                               "purpose = 'forward'").fetchone()[0]
+    assert [done for step, phase, done, _ in phases if (step, phase) == ("0", "forward")] \
+        == [str(forward0)]
 
 
 LONG_ID = "api-marble-falcon-20261201-183040-semantic-long"

@@ -124,7 +124,7 @@ def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_p
                           DEMO_MODEL, "--steps", "1", "--db", db, "--run-id", "parent")
     said = _checked_counts(log)
     assert said == {0: 0, 1: 0} and _summary_accepted(stdout) == {0: 0, 1: 0}
-    assert "step 1 gate: 95/144 calls" in log  # 48 for the candidate, then each edit alone
+    assert "step 1 gate: 96/144 calls" in log  # 48 for the candidate, then each edit alone
     prompt = tmp_path / "answer.txt"
     prompt.write_text("Write the number you are given.", encoding="utf-8")
     # the fork re-measures its hand-set prompt on train and validation at step 1, then runs

@@ -191,6 +191,15 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
     progress events also go there as JSON lines (what the dashboard follows)."""
     calls = {"n": 0}
     accepted: dict[int, int] = defaultdict(int)  # accepted proposals per step
+    # In a log file (piped, CI, a dashboard job): one line per phase, written when the
+    # next phase starts (or the step ends), with the phase's last count
+    phase_line: dict[str, Any] = {"last": None}
+
+    def write_phase_line() -> None:
+        if phase_line["last"] is not None:
+            console.print(progress_line(phase_line["last"]), markup=False, highlight=False)
+            phase_line["last"] = None
+
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[calls]} calls"),
                         TimeElapsedColumn(), console=console)
@@ -206,13 +215,17 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
             of = f"/{event.calls_expected}" if event.calls_expected else ""
             progress.update(task, description=f"step {event.step} {event.phase} "
                                               f"{event.calls_done}{of}")
-            if not console.is_terminal and _progress_worth_a_line(event, calls):
-                console.print(progress_line(event), markup=False, highlight=False)
+            last = phase_line["last"]
+            if not console.is_terminal:
+                if last is not None and (last.step, last.phase) != (event.step, event.phase):
+                    write_phase_line()
+                phase_line["last"] = event
         elif isinstance(event, Proposal):
             accepted[event.step] += int(event.accepted)
         elif isinstance(event, StepFinished):
             progress.update(task, advance=1, description=f"step {event.step} done")
             if not console.is_terminal:  # a log file (e.g. a dashboard job): one line a step
+                write_phase_line()
                 console.print(f"step {event.step} done: train {_fmt(event.train_score)}, "
                               f"val {_fmt(event.val_score)}"
                               f"{_changes(accepted[event.step], event)}; "
@@ -226,6 +239,8 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
     try:
         result = asyncio.run(start(listeners))
     finally:
+        if not console.is_terminal:
+            write_phase_line()  # a run stopped mid-phase: where it was
         if progress.live.is_started:  # stopping a bar never shown prints a blank line
             progress.stop()
     print_summary(result, db)
@@ -248,13 +263,6 @@ def _changes(accepted: int, step: StepFinished) -> str:
     if _hand_set(step):
         parts.append(f"{_plural(_hand_set(step), 'prompt')} set by hand")
     return "".join(f", {part}" for part in parts)
-
-
-def _progress_worth_a_line(event: Any, state: dict) -> bool:
-    """In a log file: a line when a phase starts, every 5 calls, and when it completes."""
-    phase = (event.step, event.phase)
-    first, state["phase"] = state.get("phase") != phase, phase
-    return first or event.calls_done % 5 == 0 or event.calls_done == event.calls_expected
 
 
 def print_summary(result: Any, db: str = "runs.duckdb") -> None:
