@@ -21,11 +21,12 @@ class LiveProgress:
     calls_expected: int
     calls_total: int | None
 
-    def line(self, steps_written: int, steps_total: int | None) -> str:
+    def line(self, steps_written: int, steps_total: int | None, baseline: bool = False
+             ) -> str:
         """One human line: '1 of 5 steps written · now step 2: backward, 12 of 40 calls'.
-        Steps count optimization steps (step 0, the baseline, is not one), as the Runs
-        table's steps column does (see dashboard.data.steps_done)."""
-        parts = [steps_line(steps_written, steps_total)]
+        Steps count optimization steps (step 0, the baseline, is not one: `baseline` says
+        it is written; see dashboard.data.steps_done)."""
+        parts = [steps_line(steps_written, steps_total, baseline)]
         if self.step is not None and self.phase:
             calls = (f"{self.calls_done} of {self.calls_expected} calls" if
                      self.calls_expected else f"{self.calls_done} calls")
@@ -58,7 +59,10 @@ def follow_step(step_ids: list[int], current: int | None, following: bool) -> in
 
 
 
-def steps_line(written: int, total: int | None) -> str:
-    """'1 of 2 steps written': optimization steps written of those planned."""
+def steps_line(written: int, total: int | None, baseline: bool = False) -> str:
+    """'1 of 2 steps written': optimization steps written of those planned; before the
+    first, 'baseline written · 0 of 2 steps' once the baseline (step 0) is logged."""
     plural = "" if total == 1 else "s"
-    return f"{written} of {total if total is not None else '?'} step{plural} written"
+    counted = f"{written} of {total if total is not None else '?'} step{plural}"
+    return f"baseline written · {counted}" if baseline and written == 0 else \
+        f"{counted} written"

@@ -145,9 +145,10 @@ def _jobs_body(db: str) -> None:
     changed = False
     for job in jobs.list_jobs(db)[:8]:
         alive = jobs.poll(job)
-        steps_done, status = 0, "starting"
+        steps_done, baseline, status = 0, False, "starting"
         if not runs.empty and job.run_id in set(runs["run_id"]):
             steps_done = data.steps_done(db, job.run_id)
+            baseline = data.baseline_done(db, job.run_id)
             status = runs.loc[runs["run_id"] == job.run_id, "status"].iloc[0]
         if not alive and status in ("starting", "running"):
             status = f"ended (exit code {job.returncode})"
@@ -160,8 +161,9 @@ def _jobs_body(db: str) -> None:
             head, button = st.columns([5, 1])
             head.markdown(f"**{md(job.run_id)}** · {md(status)} · {int(job.seconds)} s")
             head.progress(min(steps_done / total, 1.0) if total else float(not alive),
-                          text=live_progress(job.progress_file).line(steps_done, total)
-                          if alive else steps_line(steps_done, total))
+                          text=live_progress(job.progress_file).line(steps_done, total,
+                                                                     baseline)
+                          if alive else steps_line(steps_done, total, baseline))
             if alive and button.button("Stop", key=f"stop_{job.run_id}",
                                        disabled=job.stopped):
                 jobs.stop(job)
