@@ -158,6 +158,16 @@ def test_build_command_maps_the_form_onto_cli_flags():
     assert (args.method, args.backend, args.train, args.test) == ("textgrad", "scripted", 4, 0)
 
 
+def test_the_forms_estimate_error_names_the_forms_field(tmp_path, monkeypatch):
+    monkeypatch.delenv("SEMBACK_DATA_DIR", raising=False)
+    graph = jobs.ROOT / "sample_graphs" / "gsm8k.yaml"  # a named dataset: needs a data dir
+    ok, lines = jobs.estimate(jobs.RunSpec(graph=str(graph), db=str(tmp_path / "r.duckdb"),
+                                           backend="scripted", steps=1))
+    assert not ok and len(lines) == 1 and lines[0].startswith("error:")
+    assert "the form's Data directory field" in lines[0], lines
+    assert "--data-dir" not in lines[0] and "SEMBACK_DATA_DIR" not in lines[0]
+
+
 def test_a_job_runs_the_engine_to_completion(tmp_path, monkeypatch):
     from tests.support.dashboard_log import write_data
 
