@@ -28,11 +28,11 @@ class LiveProgress:
         it is written; see dashboard.data.steps_done)."""
         parts = [steps_line(steps_written, steps_total, baseline)]
         if self.step is not None and self.phase:
-            calls = (f"{self.calls_done} of {self.calls_expected} calls" if
-                     self.calls_expected else f"{self.calls_done} calls")
+            calls = (f"{self.calls_done} of {_count(self.calls_expected, 'call')}" if
+                     self.calls_expected else _count(self.calls_done, "call"))
             parts.append(f"now step {self.step}: {self.phase}, {calls}")
         elif self.calls_total is not None:
-            parts.append(f"{self.calls_total} calls so far")
+            parts.append(f"{_count(self.calls_total, 'call')} so far")
         return " · ".join(parts)
 
 
@@ -57,6 +57,11 @@ def follow_step(step_ids: list[int], current: int | None, following: bool) -> in
         return max(step_ids)
     return current
 
+
+
+def _count(n: int, word: str) -> str:
+    """'1 call', '2 calls'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def steps_line(written: int, total: int | None, baseline: bool = False) -> str:

@@ -11,7 +11,7 @@ import streamlit as st
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.figures import compare_curves
-from dashboard.views.text import fmt, md, show_diff, show_side_by_side
+from dashboard.views.text import fmt, md, plural, show_diff, show_side_by_side
 from dashboard.views.validation import best_validation, fork_validation
 
 OTHER_KEY = "other"
@@ -246,7 +246,7 @@ def why_they_differ(sel, other: str, step: int, example: str, graph) -> None:
             except ValueError as exc:
                 st.error(f"error: {exc}")
                 return
-        st.session_state["_diff_cost"] = (f"Last diff: {report.calls} calls "
+        st.session_state["_diff_cost"] = (f"Last diff: {plural(report.calls, 'call')} "
                                           f"({report.model_calls} to the model), "
                                           f"{report.tokens:,} tokens, {report.seconds:.1f} s.")
         verdicts = diff_data.latest_diff(sel.db, sel.run, step, other, step)

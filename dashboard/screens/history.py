@@ -93,7 +93,7 @@ def what_it_changed(sel, node: str, step: int) -> None:
             except ValueError as exc:
                 st.error(f"error: {exc}")
                 return
-        st.caption(f"diff: {report.calls} calls ({report.model_calls} to the model), "
+        st.caption(f"diff: {plural(report.calls, 'call')} ({report.model_calls} to the model), "
                    f"{report.tokens:,} tokens, {report.seconds:.1f} s")
     rows = diff_data.latest_diff(sel.db, sel.run, step, sel.run, step - 1)
     if rows.empty:

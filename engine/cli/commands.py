@@ -319,7 +319,7 @@ def print_summary(result: Any, db: str = "runs.duckdb") -> None:
     gates = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
              if "node_gate_calls" in s.metrics]
     if gates:
-        out.print(f"per-node gates: {len(gates)} steps scored edits alone, "
+        out.print(f"per-node gates: {_plural(len(gates), 'step')} scored edits alone, "
                   f"{sum(m['node_gate_calls'] for m in gates):.0f} calls "
                   f"({sum(m['node_gate_model_calls'] for m in gates):.0f} to the model), "
                   f"{sum(m['node_gate_seconds'] for m in gates):.1f} s")
