@@ -15,7 +15,7 @@ from dashboard import jobs
 from dashboard.views import graph_model as gh
 from dashboard.views.colors import color_nodes, red_green
 from dashboard.views.diff import diff_html, word_diff
-from dashboard.views.figures import score_curves
+from dashboard.views.figures import compare_curves, score_curves
 from dashboard.views.walk import walk
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -138,6 +138,13 @@ def test_score_curves_mark_accepted_steps():
     fig = score_curves(steps)
     stars = next(t for t in fig.data if t.name == "accepted edit")
     assert list(stars.x) == [1] and list(stars.y) == [0.3]
+    # a fork from step 1: its start carries a prompt set by hand (accepted, no edit the
+    # gate accepted), then step 2 accepts one
+    fork = pd.DataFrame({"step": [1, 2], "train_score": [0.4, 0.6], "val_score": [0.5, 0.7],
+                         "accepted": [True, True], "accepted_edits": [0, 1]})
+    stars = next(t for t in compare_curves(steps, fork, "A", "B").data
+                 if t.name == "B accepted edit")
+    assert list(stars.x) == [2]
 
 
 # --- jobs --------------------------------------------------------------------------------
