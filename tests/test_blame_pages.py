@@ -101,3 +101,39 @@ def test_a_what_if_prompt_is_not_the_optimizers_edit(tmp_path, capsys, scripted)
     assert named(cells[unseen]["blame"]) == {"numbers"}  # the probe itself is shown
     for example in sampled:  # the proposal's fixes there are in-sample: named apart
         assert cells[example]["in_sample"] == "numbers"
+
+
+def test_a_runs_call_figures_are_one_number_before_and_after_blame(tmp_path, capsys,
+                                                                   scripted):
+    """Runs (list_runs), Curves (token_totals, step_totals) and the Graph page's node
+    table (node_step_stats) count the run's own model calls the same way, and a blame run
+    on it (twice: the second from the cache) changes none of them: its calls are
+    counted apart as probe calls."""
+    import duckdb
+
+    from engine.runlog.reader import list_runs, node_step_stats, step_totals, token_totals
+
+    db = logged_run(tmp_path)
+
+    def figures():
+        run = list_runs(db).set_index("run_id").loc["bf"]
+        own = token_totals(db, "bf").query("purpose not in ('probe', 'diff')")
+        steps = step_totals(db, "bf").query("purpose not in ('probe', 'diff')")
+        nodes = node_step_stats(db, "bf", 1)
+        return ((int(run["calls"]), int(run["tokens"]), int(run["cache_hits"])),
+                (int(own["calls"].sum()), int(own["tokens"].sum()),
+                 int(own["cache_hits"].sum())),
+                (int(steps["calls"].sum()), int(steps["tokens"].sum())),
+                dict(zip(nodes["node_id"], nodes["calls"].astype(int))), int(run["probe_calls"]))
+
+    with duckdb.connect(db, read_only=True) as con:
+        paid, hits = con.execute("SELECT count(*) FILTER (WHERE NOT cache_hit), count(*) "
+                                 "FILTER (WHERE cache_hit) FROM llm_calls").fetchone()
+    before = figures()
+    assert before[0] == before[1][:2] + (hits,) == (paid, before[2][1], hits)
+    assert before[2][0] == paid and before[4] == 0
+    blame_json(db, capsys, "failing")
+    after = figures()
+    assert after[:4] == before[:4] and after[4] > 0
+    blame_json(db, capsys, "failing")  # again, from the cache: still nothing changes
+    assert figures()[:4] == before[:4]

@@ -41,6 +41,7 @@ def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
         "test": [tests.get(r) for r in runs["run_id"]],
         "calls": runs["calls"], "tokens": runs["tokens"],
         "cost (USD)": runs["cost_usd"], "cache hits": runs["cache_hits"],
+        "probe calls": runs.get("probe_calls"),
         "started": [datetime.fromtimestamp(t) if pd.notna(t) else None
                     for t in runs["started_at"]],
     })
@@ -67,7 +68,11 @@ def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
             "test": st.column_config.NumberColumn(format="%.3f", help="test-split score"),
             "cost (USD)": st.column_config.NumberColumn(format="$%.4f"),
             "calls": st.column_config.NumberColumn(
-                format="%d", help="model calls (cache misses): what was paid for"),
+                format="%d", help="the run's own model calls (cache misses): what was paid "
+                                  "for; probes and diffs made on it later are counted apart"),
+            "probe calls": st.column_config.NumberColumn(
+                format="%d", help="model calls of the probes (blame, What-if) and diffs "
+                                  "made on this run after it ran"),
             "tokens": st.column_config.NumberColumn(
                 format="%d", help="prompt and completion tokens of the model calls"),
             "cache hits": st.column_config.NumberColumn(

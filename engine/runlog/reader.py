@@ -15,24 +15,34 @@ def query(db: str | Path, sql: str, params: list | dict | None = None) -> pd.Dat
         return con.execute(sql, params or []).df()
 
 
+# One definition of the figures every page and command shows of a run's calls: a model
+# call is a cache miss (what was paid for; a cache hit is free and counted apart), and the
+# run's own calls leave out the probes and diffs made on it afterwards (counted apart), so
+# a blame or diff re-run on a run never changes its figures.
+PAID = "NOT coalesce(cache_hit, false)"
+OWN = "purpose NOT IN ('probe', 'diff')"
+
+
 def list_runs(db: str | Path) -> pd.DataFrame:
-    """One row per run with its progress and totals."""
-    return query(db, """
+    """One row per run with its progress and totals: the run's own model calls (cache
+    misses), their tokens and cost, its cache hits apart, and the model calls of probes
+    and diffs made on it afterwards (`probe_calls`, see PAID and OWN)."""
+    return query(db, f"""
         SELECT r.run_id, r.graph_name, r.method, r.backend, r.model, r.optimizer_model,
                r.seed, r.status, r.started_at, r.ended_at, r.error, r.parent_run_id,
-               s.steps, s.best_val, s.last_val, c.calls, c.tokens, c.cache_hits, c.cost_usd
+               s.steps, s.best_val, s.last_val, c.calls, c.tokens, c.cache_hits, c.cost_usd,
+               c.probe_calls
         FROM runs r
         LEFT JOIN (SELECT run_id, max(step) AS steps, max(val_score) AS best_val,
                           arg_max(val_score, step) AS last_val
                    FROM steps GROUP BY run_id) s USING (run_id)
         LEFT JOIN (SELECT run_id,
-                          -- what was spent: model calls (cache misses) and their tokens;
-                          -- cache hits are free and counted apart
-                          count(*) FILTER (WHERE NOT coalesce(cache_hit, false)) AS calls,
+                          count(*) FILTER (WHERE {PAID} AND {OWN}) AS calls,
                           coalesce(sum(prompt_tokens + completion_tokens)
-                                   FILTER (WHERE NOT coalesce(cache_hit, false)), 0) AS tokens,
-                          count(*) FILTER (WHERE cache_hit) AS cache_hits,
-                          sum(cost_usd) AS cost_usd
+                                   FILTER (WHERE {PAID} AND {OWN}), 0) AS tokens,
+                          count(*) FILTER (WHERE cache_hit AND {OWN}) AS cache_hits,
+                          sum(cost_usd) FILTER (WHERE {OWN}) AS cost_usd,
+                          count(*) FILTER (WHERE {PAID} AND NOT ({OWN})) AS probe_calls
                    FROM llm_calls GROUP BY run_id) c USING (run_id)
         ORDER BY r.started_at DESC""")
 
@@ -87,13 +97,18 @@ def example_trace(db: str | Path, run_id: str, step: int, example_id: str
 
 
 def token_totals(db: str | Path, run_id: str) -> pd.DataFrame:
-    """Calls, tokens, cost and latency per node and phase (purpose)."""
-    return query(db, """
-        SELECT coalesce(node_id, '') AS node_id, purpose, count(*) AS calls,
-               sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens,
-               sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd,
-               sum(CASE WHEN cache_hit THEN 1 ELSE 0 END) AS cache_hits,
-               avg(latency_ms) AS mean_latency_ms
+    """Model calls (cache misses), their tokens, cost and latency per node and phase
+    (purpose; probes and diffs are phases of their own), cache hits apart (see PAID)."""
+    return query(db, f"""
+        SELECT coalesce(node_id, '') AS node_id, purpose,
+               count(*) FILTER (WHERE {PAID}) AS calls,
+               coalesce(sum(prompt_tokens) FILTER (WHERE {PAID}), 0) AS prompt_tokens,
+               coalesce(sum(completion_tokens) FILTER (WHERE {PAID}), 0) AS completion_tokens,
+               coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE {PAID}), 0)
+                   AS tokens,
+               sum(cost_usd) AS cost_usd,
+               count(*) FILTER (WHERE cache_hit) AS cache_hits,
+               avg(latency_ms) FILTER (WHERE {PAID}) AS mean_latency_ms
         FROM llm_calls WHERE run_id = ?
         GROUP BY ALL ORDER BY node_id, purpose""", [run_id])
 
@@ -134,7 +149,7 @@ def node_step_stats(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
 
     edit: 'accepted', 'rejected' (changed but the gate said no), 'unchanged' (the update
     call kept the prompt) or NULL (no update call at this step)."""
-    return query(db, """
+    return query(db, f"""
         WITH acts AS (
             SELECT a.node_id, a.split, a.error, l.score
             FROM node_outputs a
@@ -162,10 +177,11 @@ def node_step_stats(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
                         WHEN bool_or(new_prompt <> old_prompt) THEN 'rejected'
                         ELSE 'unchanged' END AS edit
             FROM updates WHERE run_id = ? AND step = ? GROUP BY node_id),
-        calls AS (
-            SELECT node_id, count(*) AS calls,
-                   sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd
-            FROM llm_calls WHERE run_id = ? AND step = ? AND node_id IS NOT NULL
+        calls AS (  -- the step's own model calls: a blame or diff re-run adds none
+            SELECT node_id, count(*) FILTER (WHERE {PAID}) AS calls,
+                   coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE {PAID}), 0)
+                       AS tokens, sum(cost_usd) AS cost_usd
+            FROM llm_calls WHERE run_id = ? AND step = ? AND node_id IS NOT NULL AND {OWN}
             GROUP BY node_id)
         SELECT node_id, f.activations, f.fail_share, f.errors, g.grad_chars,
                coalesce(g.gradients, 0) AS gradients, e.edit,
@@ -304,10 +320,12 @@ def step_phase_costs(db: str | Path, run_id: str) -> pd.DataFrame:
 
 
 def step_totals(db: str | Path, run_id: str) -> pd.DataFrame:
-    """Calls, tokens and cost per step and phase (purpose)."""
-    return query(db, """
-        SELECT step, purpose, count(*) AS calls,
-               sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd
+    """Model calls (cache misses), their tokens and cost per step and phase (purpose),
+    as token_totals counts them."""
+    return query(db, f"""
+        SELECT step, purpose, count(*) FILTER (WHERE {PAID}) AS calls,
+               coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE {PAID}), 0)
+                   AS tokens, sum(cost_usd) AS cost_usd
         FROM llm_calls WHERE run_id = ? GROUP BY ALL ORDER BY step, purpose""", [run_id])
 
 
