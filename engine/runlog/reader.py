@@ -302,21 +302,38 @@ def example_gradients(db: str | Path, run_id: str, step: int, example_id: str
 
 
 def step_phase_costs(db: str | Path, run_id: str) -> pd.DataFrame:
-    """Per step and phase (purpose): model calls (cache misses), their prompt and completion
-    tokens, the prompt tokens the provider's prefix cache served, their cost, and this
-    engine's cache hits apart (free)."""
-    return query(db, """
-        SELECT step, purpose AS phase,
-               count(*) FILTER (WHERE NOT coalesce(cache_hit, false)) AS model_calls,
-               coalesce(sum(prompt_tokens + completion_tokens)
-                        FILTER (WHERE NOT coalesce(cache_hit, false)), 0) AS tokens,
-               coalesce(sum(cached_tokens) FILTER (WHERE NOT coalesce(cache_hit, false)), 0)
-                   AS provider_cached_tokens,
+    """Per step and phase: model calls (cache misses), their prompt and completion tokens,
+    the prompt tokens the provider's prefix cache served, their cost, and this engine's
+    cache hits apart (free). The phases are the progress line's (engine/runs/progress.py):
+    a call's purpose, except that forward and loss calls on validation examples in a step
+    that made update calls are the `gate`, and calls on test examples the `test`."""
+    return query(db, f"""
+        WITH updated AS (SELECT DISTINCT step FROM llm_calls
+                         WHERE run_id = $run AND purpose = 'update'),
+        split_of AS (SELECT DISTINCT example_id, split FROM examples WHERE run_id = $run),
+        phased AS (
+            SELECT c.*,
+                   CASE WHEN c.purpose NOT IN ('forward', 'loss') THEN c.purpose
+                        WHEN e.split = 'test' THEN 'test'
+                        WHEN e.split = 'val' AND u.step IS NOT NULL THEN 'gate'
+                        ELSE c.purpose END AS phase
+            FROM llm_calls c
+            LEFT JOIN split_of e USING (example_id)
+            LEFT JOIN updated u ON u.step = c.step
+            WHERE c.run_id = $run)
+        SELECT step, phase,
+               count(*) FILTER (WHERE {PAID}) AS model_calls,
+               coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE {PAID}), 0)
+                   AS tokens,
+               coalesce(sum(cached_tokens) FILTER (WHERE {PAID}), 0) AS provider_cached_tokens,
                sum(cost_usd) AS cost_usd,
                count(*) FILTER (WHERE cache_hit) AS cache_hits,
                coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE cache_hit), 0)
                    AS cache_hit_tokens
-        FROM llm_calls WHERE run_id = ? GROUP BY ALL ORDER BY step, phase""", [run_id])
+        FROM phased GROUP BY step, phase
+        ORDER BY step, list_position(['forward', 'loss', 'backward', 'update', 'gate',
+                                      'test', 'probe', 'diff'], phase), phase""",
+                 {"run": run_id})
 
 
 def step_totals(db: str | Path, run_id: str) -> pd.DataFrame:
