@@ -111,6 +111,10 @@ def test_progress_to_a_log_file_is_one_line_a_step(tmp_path):
                                "purpose = 'forward'").fetchone()[0]
     assert [done for step, phase, done, _ in phases if (step, phase) == ("0", "forward")] \
         == [str(forward0)]
+    # the summary's cost per phase names the same phases as the progress lines
+    (summary,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("per phase: ")]
+    named = re.findall(r"(?:^per phase: |, )(\w+) (\d+) calls", summary)
+    assert {phase for phase, _ in named} == {phase for _, phase in keys}
 
 
 LONG_ID = "api-marble-falcon-20261201-183040-semantic-long"

@@ -194,6 +194,10 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
     # In a log file (piped, CI, a dashboard job): one line per phase, written when the
     # next phase starts (or the step ends), with the phase's last count
     phase_line: dict[str, Any] = {"last": None}
+    # each call's phase as the progress line names it (gate, test, ...), for the summary:
+    # the tracker's Progress for a call follows that CallRecord
+    phase_of: dict[str, str] = {}
+    latest_call: dict[str, str | None] = {"id": None}
 
     def write_phase_line() -> None:
         if phase_line["last"] is not None:
@@ -210,8 +214,12 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
             progress.start()
         if isinstance(event, CallRecord):
             calls["n"] += 1
+            latest_call["id"] = event.call_id
             progress.update(task, calls=calls["n"])
         elif isinstance(event, PhaseProgress):
+            if latest_call["id"] is not None:
+                phase_of[latest_call["id"]] = event.phase
+                latest_call["id"] = None
             of = f"/{event.calls_expected}" if event.calls_expected else ""
             progress.update(task, description=f"step {event.step} {event.phase} "
                                               f"{event.calls_done}{of}")
@@ -243,7 +251,7 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
             write_phase_line()  # a run stopped mid-phase: where it was
         if progress.live.is_started:  # stopping a bar never shown prints a blank line
             progress.stop()
-    print_summary(result, db)
+    print_summary(result, db, phase_of)
     return 0 if result.status == "finished" else 1
 
 
@@ -265,15 +273,18 @@ def _changes(accepted: int, step: StepFinished) -> str:
     return "".join(f", {part}" for part in parts)
 
 
-def print_summary(result: Any, db: str = "runs.duckdb") -> None:
+def print_summary(result: Any, db: str = "runs.duckdb",
+                  phase_of: dict[str, str] | None = None) -> None:
     """Per step: score, accepted edits, model calls (cache misses) and their tokens and
-    cost, cache hits apart (free); then the same per phase, and the totals. A run that
+    cost, cache hits apart (free); then the same per phase (the progress line's phases,
+    from `phase_of`: call id -> phase; else the call's purpose), and the totals. A run that
     did not finish (stopped, out of budget, failed) ends with the command that resumes
     it."""
     per_step: dict[int, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     per_phase: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     for call in result.events.of(CallRecord):
-        for row in (per_step[call.step], per_phase[call.purpose]):
+        phase = (phase_of or {}).get(call.call_id, call.purpose)
+        for row in (per_step[call.step], per_phase[phase]):
             if call.cache_hit:
                 row[2] += 1
                 continue
@@ -301,7 +312,7 @@ def print_summary(result: Any, db: str = "runs.duckdb") -> None:
                       f"{_plural(_hand_set(s), 'prompt')} set by hand (not counted as "
                       "accepted edits)", markup=False, highlight=False)
     phases = ", ".join(f"{phase} {calls} calls {tokens} tokens {_money(cost, unknown)}"
-                       + (f" ({hits} cache hits)" if hits else "")
+                       + (f" ({_plural(hits, 'cache hit')})" if hits else "")
                        for phase, (calls, tokens, hits, cost, unknown) in per_phase.items())
     if phases:
         out.print(f"per phase: {phases}", markup=False, highlight=False)
