@@ -24,7 +24,7 @@ import streamlit as st
 
 from dashboard import data, links, live_view
 from dashboard.state import NODE_KEY, PENDING_RUN_KEY, PENDING_VIEW_KEY, SELECTION_KEY, Selection
-from dashboard.views.text import fmt, md
+from dashboard.views.text import fmt, md, plural
 
 PAGES = [
     st.Page("screens/runs.py", title="Runs", url_path="runs",
@@ -126,7 +126,7 @@ def sidebar() -> Selection:
             if not match.empty:
                 r = match.iloc[0]
                 st.caption(f"{md(r['split'])} · score {fmt(r['score'], '.2f')} · "
-                           f"{int(r['gradients'])} gradients")
+                           f"{plural(int(r['gradients']), 'gradient')}")
     graph = data.graph(db, run)
     if graph is not None:
         order = list(graph.model.order)

@@ -346,11 +346,24 @@ def lead_example(db: str, run_id: str, step: int) -> str | None:
     return None
 
 
+def starting_step(db: str, run_id: str) -> int:
+    """The step a run starts from: 0 (its baseline), or a fork's step S (re-measured)."""
+    fork = (run(db, run_id) or {}).get("fork_step")
+    return 0 if fork is None or pd.isna(fork) else int(fork)
+
+
 def steps_done(db: str, run_id: str) -> int:
-    """Optimization steps written: the highest step logged (step 0 is the baseline), the
-    number the Runs table's steps column shows."""
+    """Optimization steps the run wrote itself: those after its starting step (0, the
+    baseline; a fork's S, which it re-measures), so a fork from step 1 that ran one step
+    has written 1, not 2."""
     table = steps(db, run_id)
-    return 0 if table.empty else int(table["step"].max())
+    return 0 if table.empty else max(int(table["step"].max()) - starting_step(db, run_id), 0)
+
+
+def baseline_done(db: str, run_id: str) -> bool:
+    """The run's starting step (step 0, or a fork's S) is in the run log."""
+    table = steps(db, run_id)
+    return bool((table["step"] == starting_step(db, run_id)).any()) if not table.empty else False
 
 
 def current_prompts(db: str, run_id: str) -> dict[str, str]:

@@ -120,8 +120,22 @@ def estimate(spec: RunSpec, timeout: float = 120.0) -> tuple[bool, list[str]]:
         return False, [f"error: the estimate took longer than {timeout:g} s"]
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     if done.returncode != 0:
-        return False, [ln for ln in lines if ln.startswith("error:")][-1:] or lines[-1:]
+        return False, [in_form_terms(ln) for ln in
+                       [ln for ln in lines if ln.startswith("error:")][-1:] or lines[-1:]]
     return True, [ln for ln in lines if not ln.startswith("dry run:")]
+
+
+# the command line's words for what the New-run form calls by its fields' names
+FORM_TERMS = (("(--data-dir or $SEMBACK_DATA_DIR)", "(the form's Data directory field)"),
+              ("pass --data-dir", "fill in the Data directory field"))
+
+
+def in_form_terms(line: str) -> str:
+    """An engine error line as the New-run form's user reads it: flags named by the
+    form's fields."""
+    for flag, name in FORM_TERMS:
+        line = line.replace(flag, name)
+    return line
 
 
 def start(spec: RunSpec) -> Job:

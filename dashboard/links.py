@@ -81,7 +81,10 @@ def write(params: dict[str, Any]) -> None:
             written.pop(key, None)
         else:
             text = str(value)
-            if st.query_params.get(key) != text:
+            # A page link to the page it is on hands the script its new parameters but
+            # leaves the browser's address as it was: one this session has not written
+            # yet is written again, so the address (and Copy link) follows
+            if st.query_params.get(key) != text or written.get(key) != text:
                 st.query_params[key] = text
             written[key] = text
 

@@ -21,17 +21,18 @@ class LiveProgress:
     calls_expected: int
     calls_total: int | None
 
-    def line(self, steps_written: int, steps_total: int | None) -> str:
+    def line(self, steps_written: int, steps_total: int | None, baseline: bool = False
+             ) -> str:
         """One human line: '1 of 5 steps written · now step 2: backward, 12 of 40 calls'.
-        Steps count optimization steps (step 0, the baseline, is not one), as the Runs
-        table's steps column does (see dashboard.data.steps_done)."""
-        parts = [steps_line(steps_written, steps_total)]
+        Steps count optimization steps (step 0, the baseline, is not one: `baseline` says
+        it is written; see dashboard.data.steps_done)."""
+        parts = [steps_line(steps_written, steps_total, baseline)]
         if self.step is not None and self.phase:
-            calls = (f"{self.calls_done} of {self.calls_expected} calls" if
-                     self.calls_expected else f"{self.calls_done} calls")
+            calls = (f"{self.calls_done} of {_count(self.calls_expected, 'call')}" if
+                     self.calls_expected else _count(self.calls_done, "call"))
             parts.append(f"now step {self.step}: {self.phase}, {calls}")
         elif self.calls_total is not None:
-            parts.append(f"{self.calls_total} calls so far")
+            parts.append(f"{_count(self.calls_total, 'call')} so far")
         return " · ".join(parts)
 
 
@@ -58,7 +59,15 @@ def follow_step(step_ids: list[int], current: int | None, following: bool) -> in
 
 
 
-def steps_line(written: int, total: int | None) -> str:
-    """'1 of 2 steps written': optimization steps written of those planned."""
+def _count(n: int, word: str) -> str:
+    """'1 call', '2 calls'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def steps_line(written: int, total: int | None, baseline: bool = False) -> str:
+    """'1 of 2 steps written': optimization steps written of those planned; before the
+    first, 'baseline written · 0 of 2 steps' once the baseline (step 0) is logged."""
     plural = "" if total == 1 else "s"
-    return f"{written} of {total if total is not None else '?'} step{plural} written"
+    counted = f"{written} of {total if total is not None else '?'} step{plural}"
+    return f"baseline written · {counted}" if baseline and written == 0 else \
+        f"{counted} written"

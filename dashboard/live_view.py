@@ -57,14 +57,16 @@ def follow_newest(run: str, status: str, step_ids: list[int]) -> bool:
 
 
 def planned_steps(db: str, run: str) -> int | None:
-    """The number of optimization steps the run was started with (its logged config)."""
+    """The number of optimization steps the run was started with (its logged config; a
+    fork's own steps)."""
     record = data.run(db, run) or {}
     try:
         config = json.loads(record.get("config") or "{}")
     except (TypeError, ValueError):
         return None
     steps = config.get("steps") if isinstance(config, dict) else None
-    return int(steps) if isinstance(steps, int | float) else None
+    # a fork's config counts from step 0; its own steps are those after its start
+    return int(steps) - data.starting_step(db, run) if isinstance(steps, int | float) else None
 
 
 def live_line(db: str, run: str) -> str:
@@ -72,7 +74,7 @@ def live_line(db: str, run: str) -> str:
     written = data.steps_done(db, run)
     job = jobs.find(db, run)
     progress = live_progress(job.progress_file if job else None)
-    return progress.line(written, planned_steps(db, run))
+    return progress.line(written, planned_steps(db, run), data.baseline_done(db, run))
 
 
 @st.fragment(run_every=2.0)

@@ -99,6 +99,22 @@ def test_progress_to_a_log_file_is_one_line_a_step(tmp_path):
     steps = [ln for ln in proc.stderr.splitlines() if ln.startswith("step ") and "train" in ln]
     assert [ln.split(" done")[0] for ln in steps] == ["step 0", "step 1", "step 2"]
     assert "calls so far" in steps[-1]
+    # and one line per phase, with its last count: not a line every few calls
+    import re
+
+    phases = [m.groups() for m in (re.match(r"^step (\d+) (\w+): (\d+)/(\d+) calls",
+                                            ln) for ln in proc.stderr.splitlines()) if m]
+    keys = [(step, phase) for step, phase, _, _ in phases]
+    assert len(keys) == len(set(keys)) and ("0", "forward") in keys and ("1", "gate") in keys
+    with duckdb.connect(str(tmp_path / "r.duckdb"), read_only=True) as con:
+        forward0 = con.execute("SELECT count(*) FROM llm_calls WHERE step = 0 AND "
+                               "purpose = 'forward'").fetchone()[0]
+    assert [done for step, phase, done, _ in phases if (step, phase) == ("0", "forward")] \
+        == [str(forward0)]
+    # the summary's cost per phase names the same phases as the progress lines
+    (summary,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("per phase: ")]
+    named = re.findall(r"(?:^per phase: |, )(\w+) (\d+) calls", summary)
+    assert {phase for phase, _ in named} == {phase for _, phase in keys}
 
 
 LONG_ID = "api-marble-falcon-20261201-183040-semantic-long"
@@ -156,3 +172,73 @@ def test_every_argument_of_every_subcommand_has_help_text(capsys):
             main([name, "--help"])
         text = capsys.readouterr().out
         assert "the run log, a DuckDB file" in text and "the run (python -m engine runs" in text
+
+
+def run_stopped_in_step_zero(tmp_path, db):
+    """A run stopped (as by the dashboard's Stop or Ctrl-C) at its first model call, before
+    step 0 was written: a runs row with no steps."""
+    import asyncio
+
+    from engine.events import CallRecord
+    from engine.runs.execute import RunConfig, execute
+
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+
+    async def stopped():
+        task = None
+
+        def stop_at_first_call(event):
+            if isinstance(event, CallRecord) and not task.cancelling():
+                task.cancel()
+
+        config = RunConfig(graph=str(graph), db=str(db), backend="scripted", steps=1,
+                           train=4, val=4, test=0, run_id="stopped-early")
+        task = asyncio.ensure_future(execute(config, listeners=(stop_at_first_call,)))
+        return await task
+
+    return asyncio.run(stopped())
+
+
+def test_runs_survives_a_run_stopped_during_step_zero(tmp_path, capsys):
+    import json
+
+    db = logged_run(tmp_path)
+    result = run_stopped_in_step_zero(tmp_path, db)
+    assert result.status == "stopped"
+    capsys.readouterr()
+    assert main(["runs", "--db", str(db)]) == 0
+    printed = capsys.readouterr()
+    assert "stopped-early" in printed.out and "error" not in printed.err
+    assert main(["runs", "--db", str(db), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows["stopped-early"]["status"], rows["stopped-early"]["steps"],
+            rows["stopped-early"]["best_val"]) == ("stopped", None, None)
+    assert rows[LONG_ID]["steps"] == 1
+
+
+def test_a_run_stopped_in_step_zero_says_so_and_how_to_resume(tmp_path, capsys):
+    from engine.cli.commands import print_summary
+
+    db = tmp_path / "runs.duckdb"
+    result = run_stopped_in_step_zero(tmp_path, db)
+    capsys.readouterr()
+    print_summary(result, str(db))
+    out = capsys.readouterr().out
+    assert "run stopped-early: stopped; no step finished in this session" in out
+    assert "┃ step" not in out  # no empty step table
+    assert f"to continue it: python -m engine resume stopped-early --db {db}" in out
+
+
+def test_a_refused_run_log_or_step_is_the_only_line_printed(tmp_path, capsys):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    truncated = tmp_path / "truncated.duckdb"
+    truncated.write_bytes(logged_run(tmp_path).read_bytes()[:100_000])
+    capsys.readouterr()
+    for db in (tmp_path / "missing" / "r.duckdb", truncated):
+        assert main(["run", str(graph), "--backend", "scripted", "--db", str(db)]) == 2
+        printed = capsys.readouterr()
+        lines = (printed.out + printed.err).splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:"), lines  # no estimate line
+    assert main(["blame", LONG_ID, "--db", str(tmp_path / "runs.duckdb"), "--step", "7"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.startswith("error: run "), printed.err

@@ -149,13 +149,24 @@ def test_the_selected_run_shows_tokens_and_cost_per_step_and_phase(open_page, lo
     assert at.title[0].value == "Runs"
     costs = next(d.value for d in at.dataframe if "cache hits (free)" in d.value.columns)
     with duckdb.connect(str(log.db), read_only=True) as con:
-        truth = con.execute(
-            "SELECT step, purpose, count(*) FILTER (WHERE NOT cache_hit), "
-            "count(*) FILTER (WHERE cache_hit) FROM llm_calls WHERE run_id = ? "
-            "GROUP BY ALL ORDER BY 1, 2", [log.semantic]).fetchall()
-    shown = [tuple(r) for r in costs[["step", "phase", "model calls", "cache hits (free)"]]
-             .itertuples(index=False)]
-    assert shown == [tuple(t) for t in truth]
+        calls = con.execute(
+            "SELECT c.step, c.purpose, e.split, c.cache_hit FROM llm_calls c LEFT JOIN "
+            "(SELECT DISTINCT example_id, split FROM examples WHERE run_id = ?) e "
+            "USING (example_id) WHERE c.run_id = ?", [log.semantic, log.semantic]).fetchall()
+    # the progress line's phases: validation calls after a step's updates are the gate,
+    # test examples' calls the test
+    updated = {step for step, purpose, _, _ in calls if purpose == "update"}
+    counts: dict = {}
+    for step, purpose, split, hit in calls:
+        phase = purpose if purpose not in ("forward", "loss") else (
+            "test" if split == "test" else "gate" if split == "val" and step in updated
+            else purpose)
+        counts.setdefault((step, phase), [0, 0])[bool(hit)] += 1
+    assert {(s, "gate") for s in updated} <= set(counts)
+    shown = {(r[0], r[1]): [r[2], r[3]] for r in costs[
+        ["step", "phase", "model calls", "cache hits (free)"]].itertuples(index=False)}
+    assert shown == counts
+    truth = [(s, p, *c) for (s, p), c in counts.items()]
     line = [m.value for m in at.markdown if m.value.startswith("**Cost**")]
     spent, hits = sum(t[2] for t in truth), sum(t[3] for t in truth)
     assert line and f"{spent:,} model calls" in line[0] and f"{hits:,} cache hits" in line[0]

@@ -10,6 +10,7 @@ and in every iframe) while its literal text is visible. Saves a screenshot of ev
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -166,3 +167,69 @@ def test_page_screenshots(server, page, name, path):
     page.screenshot(path=str(SHOTS / f"{name}.png"))
     assert (SHOTS / f"{name}.png").stat().st_size > 10_000
     no_script_ran(page)
+
+
+def test_enter_in_a_new_run_field_starts_no_run(server, page):
+    """Enter in a field of the New-run form neither starts a run nor estimates one: only
+    the form's buttons do."""
+    base, log = server
+    page.goto(f"{base}/?run={log.semantic}")
+    settle(page)
+    main = page.locator("[data-testid='stMain']")
+    for label in ("Data directory", "Model", "Steps"):
+        field = main.get_by_label(label, exact=True)
+        if not field.is_visible():
+            main.get_by_text("New run", exact=True).click()
+        field.fill("7" if label == "Steps" else "typed")
+        field.press("Enter")
+        settle(page)
+        page.wait_for_timeout(1500)  # a started job would have written its record by now
+        started = list((log.db.parent / "jobs").rglob("*.json"))
+        assert not started, f"Enter in {label} started {started}"
+    expect(main.get_by_text("Background runs")).to_have_count(0)
+    expect(main.get_by_text(re.compile(r"^Started \S+ \(process"))).to_have_count(0)
+    expect(main.get_by_role("button", name="Start run")).to_be_visible()
+    page.screenshot(path=str(SHOTS / "runs-new-run-enter.png"), full_page=True)
+
+
+def test_inline_diff_keeps_removed_and_added_words_apart(server, page):
+    """gtbp's 'actual → target' diff in the inspector: the struck-out output and the
+    target read as two words, not one."""
+    import duckdb
+
+    base, log = server
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        actual, target = con.execute(
+            "SELECT o.output_text, g.content FROM node_outputs o JOIN gradients g USING "
+            "(run_id, step, example_id, node_id) WHERE o.run_id = ? AND o.step = 1 AND "
+            "o.example_id = ? AND o.node_id = 'final' AND g.kind = 'aggregate'",
+            [log.gtbp, log.example]).fetchone()
+    assert actual.split() and target.split() and actual != target
+    page.goto(f"{base}/inspect?run={log.gtbp}&step=1&example={log.example}&node=final")
+    settle(page)
+    main = page.locator("[data-testid='stMain']")
+    diff = main.locator(".semback-diff").filter(has=page.locator("del")).first
+    expect(diff).to_be_visible()
+    assert diff.locator("del").inner_text() == actual
+    assert diff.locator("ins").inner_text() == target
+    assert diff.inner_text() == f"{actual} {target}"  # not "{actual}{target}"
+    diff.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "inline-diff.png"))
+
+
+def test_trace_link_opens_the_trace_and_the_address_says_so(server, page):
+    """Examples → 'Its trace (every call)': the trace shows and the address carries
+    view=trace, so Copy link reopens the trace, not the table."""
+    base, log = server
+    page.goto(f"{base}/examples?run={log.semantic}&step=1&example={log.example}&view=table")
+    settle(page)
+    main = page.locator("[data-testid='stMain']")
+    main.get_by_role("link", name="Its trace (every call)").click()
+    expect(main.get_by_text(f"Trace of example {log.example} at step 1")).to_be_visible(
+        timeout=30_000)
+    settle(page)
+    assert "view=trace" in page.url and "view=table" not in page.url, page.url
+    page.reload()  # what a copied link reopens
+    settle(page)
+    expect(main.get_by_text(f"Trace of example {log.example} at step 1")).to_be_visible()
+    page.screenshot(path=str(SHOTS / "examples-trace.png"), full_page=True)

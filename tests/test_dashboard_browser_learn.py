@@ -162,3 +162,33 @@ def test_learn_compare_the_methods_fills_in_without_a_reload(server, page):
     main.get_by_text("Gradient efficacy per method").scroll_into_view_if_needed()
     shoot(page, "learn-compare")
     no_script_ran(page)
+
+
+def test_learn_tour_without_a_run_in_the_link_shows_the_sibling_aware_demo_run(server, page):
+    """A sibling-blind demo run newer than the sibling-aware one (the paired run): with no
+    run in the link the tour still shows the sibling-aware run, and its "Without
+    siblings" stage finds the sibling-blind one."""
+    import subprocess
+    import sys
+
+    base, log = server
+    newer = subprocess.run(
+        [sys.executable, "-m", "engine", "run", str(log.db.parent / "demo.yaml"), "--backend",
+         "scripted", "--method", "textgrad", "--steps", "1", "--train", "4", "--val", "4",
+         "--test", "0", "--seed", "0", "--db", str(log.db), "--run-id", "demo-textgrad-newer"],
+        cwd=shared.ROOT, capture_output=True, text=True, timeout=120)
+    assert newer.returncode == 0, newer.stderr
+    page.goto(f"{base}/learn")
+    settle(page)
+    main = page.locator("[data-testid='stMain']")
+    expect(main.get_by_text(f"Showing demo run {log.demo} (step")).to_be_visible()
+    expect(main.get_by_text("demo-textgrad-newer")).to_have_count(0)
+    page.goto(f"{base}/learn?tour=Without+siblings")  # still no run in the link
+    settle(page)
+    expect(main.get_by_text(f"Showing demo run {log.demo} (step")).to_be_visible()
+    expect(main.get_by_text("No sibling-blind run of this graph")).to_have_count(0)
+    expect(main.get_by_role("radiogroup", name="Sibling-blind run")).to_be_visible()
+    expect(main.get_by_text("(textgrad)").first).to_be_visible()
+    assert not page.locator("[data-testid='stException']").count()
+    shoot(page, "learn-tour-run")
+    no_script_ran(page)

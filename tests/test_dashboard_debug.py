@@ -208,6 +208,14 @@ def test_compare_opens_a_fork_beside_its_parent(open_page, log):
     assert at.selectbox(key="other").value == log.semantic
 
 
+def test_compare_pairs_only_runs_of_the_same_graph_unasked(open_page, log):
+    at = open_page("compare", run=log.semantic, step=1)  # same graph and seed
+    assert at.selectbox(key="other").value in (log.textgrad, log.gtbp)
+    at = open_page("compare", run=log.demo, step=1)  # the only run of its graph
+    assert at.selectbox(key="other").value is None
+    assert "No other run of graph **demo** in this run log" in texts(at)
+
+
 # --- links that hold ---------------------------------------------------------------------
 
 

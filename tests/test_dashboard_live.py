@@ -48,3 +48,30 @@ def test_progress_after_a_finished_step_only_and_with_nothing_yet(tmp_path):
     with open(events, "a", encoding="utf-8") as fh:
         fh.write('{"event": "progress", "run_id": "r", "st')
     assert live_progress(events).calls_total == 24
+
+
+def test_steps_line_says_the_baseline_is_written():
+    from dashboard.live import steps_line
+
+    assert steps_line(0, 1) == "0 of 1 step written"
+    assert steps_line(0, 1, baseline=True) == "baseline written · 0 of 1 step"
+    assert steps_line(1, 2, baseline=True) == "1 of 2 steps written"
+    assert live_progress(None).line(0, 3, True) == "baseline written · 0 of 3 steps"
+
+
+def test_a_fork_counts_its_own_steps(tmp_path, capsys):
+    """A fork from step 1 that ran one step has written 1 of 1 step, not '2 of 1'."""
+    from dashboard import data
+    from dashboard.live_view import planned_steps
+    from engine.cli import main
+    from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+
+    db = str(tmp_path / "runs.duckdb")
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    run_engine(graph, db, steps=1, train=4, val=4, run_id="parent")
+    assert main(["run", "--fork", "parent", "--from-step", "1", "--steps", "1", "--db", db,
+                 "--run-id", "child"]) == 0
+    assert [int(s) for s in data.steps(db, "child")["step"]] == [1, 2]
+    assert (data.steps_done(db, "child"), planned_steps(db, "child")) == (1, 1)
+    assert (data.steps_done(db, "parent"), planned_steps(db, "parent")) == (1, 1)
+    assert data.baseline_done(db, "child") and data.baseline_done(db, "parent")

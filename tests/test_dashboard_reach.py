@@ -250,7 +250,7 @@ def test_prompt_history_counts_one_proposal_as_one(open_page, log, tmp_path):
                     [log.semantic])
     at = open_page("history", db=db, run=log.semantic, step=1, node="hint_a")
     body = texts(at)
-    assert "· 1 proposal, " in body and "1 proposals" not in body
+    assert "the starting prompt, 1 proposal (1 accepted)" in body and "1 proposals" not in body
 
 
 def test_a_finished_demo_leads_on_with_a_failing_backpropagated_example(open_page, log,

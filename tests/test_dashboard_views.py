@@ -15,7 +15,7 @@ from dashboard import jobs
 from dashboard.views import graph_model as gh
 from dashboard.views.colors import color_nodes, red_green
 from dashboard.views.diff import diff_html, word_diff
-from dashboard.views.figures import score_curves
+from dashboard.views.figures import compare_curves, score_curves
 from dashboard.views.walk import walk
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -138,6 +138,13 @@ def test_score_curves_mark_accepted_steps():
     fig = score_curves(steps)
     stars = next(t for t in fig.data if t.name == "accepted edit")
     assert list(stars.x) == [1] and list(stars.y) == [0.3]
+    # a fork from step 1: its start carries a prompt set by hand (accepted, no edit the
+    # gate accepted), then step 2 accepts one
+    fork = pd.DataFrame({"step": [1, 2], "train_score": [0.4, 0.6], "val_score": [0.5, 0.7],
+                         "accepted": [True, True], "accepted_edits": [0, 1]})
+    stars = next(t for t in compare_curves(steps, fork, "A", "B").data
+                 if t.name == "B accepted edit")
+    assert list(stars.x) == [2]
 
 
 # --- jobs --------------------------------------------------------------------------------
@@ -156,6 +163,16 @@ def test_build_command_maps_the_form_onto_cli_flags():
 
     args = build_parser().parse_args(cmd[3:])  # the engine accepts every flag
     assert (args.method, args.backend, args.train, args.test) == ("textgrad", "scripted", 4, 0)
+
+
+def test_the_forms_estimate_error_names_the_forms_field(tmp_path, monkeypatch):
+    monkeypatch.delenv("SEMBACK_DATA_DIR", raising=False)
+    graph = jobs.ROOT / "sample_graphs" / "gsm8k.yaml"  # a named dataset: needs a data dir
+    ok, lines = jobs.estimate(jobs.RunSpec(graph=str(graph), db=str(tmp_path / "r.duckdb"),
+                                           backend="scripted", steps=1))
+    assert not ok and len(lines) == 1 and lines[0].startswith("error:")
+    assert "the form's Data directory field" in lines[0], lines
+    assert "--data-dir" not in lines[0] and "SEMBACK_DATA_DIR" not in lines[0]
 
 
 def test_a_job_runs_the_engine_to_completion(tmp_path, monkeypatch):

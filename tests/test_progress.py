@@ -125,7 +125,8 @@ def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_p
                           "--run-id", "parent")
     said = _checked_counts(log)
     assert said == {0: 0, 1: 0} and _summary_accepted(stdout) == {0: 0, 1: 0}
-    assert "step 1 gate: 95/144 calls" in log  # 48 for the candidate, then each edit alone
+    # the candidate, then each edit alone as its own phase (not a gate growing 48 -> 144)
+    assert "step 1 gate: 48/48 calls" in log and "step 1 node_gates: 48/96 calls" in log
     prompt = tmp_path / "answer.txt"
     prompt.write_text("Write the number you are given.", encoding="utf-8")
     # the fork re-measures its hand-set prompt on train and validation at step 1, then runs

@@ -11,7 +11,7 @@ import streamlit as st
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.figures import compare_curves
-from dashboard.views.text import fmt, md, show_diff, show_side_by_side
+from dashboard.views.text import fmt, md, plural, show_diff, show_side_by_side
 from dashboard.views.validation import best_validation, fork_validation
 
 OTHER_KEY = "other"
@@ -20,7 +20,8 @@ PAIR_KEY = "pair"  # the example whose gradients are paired (a row picked in the
 
 def default_other(runs: pd.DataFrame, run: str, db: str = "") -> str | None:
     """A fork's parent (runs.parent_run_id), else a fork of this run, else another run
-    of the same graph and seed, preferring a different method."""
+    of the same graph, preferring the same seed and a different method; None when no
+    other run has this graph (runs of different graphs are not paired unasked)."""
     me = runs[runs["run_id"] == run].iloc[0]
     others = runs[runs["run_id"] != run].copy()
     if others.empty:
@@ -31,8 +32,11 @@ def default_other(runs: pd.DataFrame, run: str, db: str = "") -> str | None:
     children = data.forks(db, run) if db else []
     if children:
         return children[0]
-    others["rank"] = [(g != me["graph_name"], s != me["seed"], m == me["method"])
-                      for g, s, m in zip(others["graph_name"], others["seed"], others["method"])]
+    others = others[others["graph_name"] == me["graph_name"]].copy()
+    if others.empty:
+        return None
+    others["rank"] = [(s != me["seed"], m == me["method"])
+                      for s, m in zip(others["seed"], others["method"])]
     return others.sort_values("rank", kind="stable").iloc[0]["run_id"]
 
 
@@ -242,7 +246,7 @@ def why_they_differ(sel, other: str, step: int, example: str, graph) -> None:
             except ValueError as exc:
                 st.error(f"error: {exc}")
                 return
-        st.session_state["_diff_cost"] = (f"Last diff: {report.calls} calls "
+        st.session_state["_diff_cost"] = (f"Last diff: {plural(report.calls, 'call')} "
                                           f"({report.model_calls} to the model), "
                                           f"{report.tokens:,} tokens, {report.seconds:.1f} s.")
         verdicts = diff_data.latest_diff(sel.db, sel.run, step, other, step)
@@ -322,8 +326,12 @@ if st.session_state.get(OTHER_KEY) not in choices:
     wanted = st.query_params.get(OTHER_KEY)
     st.session_state[OTHER_KEY] = (wanted if wanted in choices
                                    else default_other(runs, sel.run, sel.db))
-other = st.selectbox("Compare with", choices, index=None, key=OTHER_KEY, bind="query-params")
+other = st.selectbox("Compare with", choices, index=None, key=OTHER_KEY, bind="query-params",
+                     placeholder="choose a run")
 if other is None:
+    mine = runs.loc[runs["run_id"] == sel.run, "graph_name"].iloc[0]
+    st.info(f"No other run of graph **{md(mine)}** in this run log: choose a run to "
+            "compare with (runs of different graphs are not paired unasked).")
     st.stop()
 summary(runs, sel.run, other, data.test_scores(sel.db))
 lineage = fork_pair(sel.db, sel.run, other)

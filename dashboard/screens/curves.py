@@ -40,6 +40,9 @@ measure = st.segmented_control("Measure", ["calls", "tokens", "cost_usd"], defau
                                format_func={"calls": "calls", "tokens": "tokens",
                                             "cost_usd": "cost (USD)"}.get, key="curves_measure")
 measure = measure or "tokens"
+st.caption("Model calls (cache misses) and their tokens, as the Runs table counts them; "
+           "cache hits are free and counted apart (table below). Probes and diffs made on the "
+           "run later are phases of their own here and the Runs table's probe calls.")
 left, right = st.columns(2)
 with left:
     st.plotly_chart(usage_by(totals, "node_id", measure), key="usage_node")

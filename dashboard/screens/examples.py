@@ -12,6 +12,7 @@ from dashboard import data, links
 from dashboard.state import need_run, need_step, selection
 from dashboard.views.blame import blame_button, blame_cell
 from dashboard.views.text import fmt, md, show_messages, show_text
+from dashboard.views.trace import trace_header
 
 PAGE_SIZE = 50
 SPLITS = ["all", "train", "val", "test"]
@@ -29,8 +30,9 @@ LABELS = {
         "parse fallbacks", help="replies that needed a parse fallback"),
     "gradients": st.column_config.NumberColumn("gradients", help="gradients it sent back"),
     "blame": st.column_config.TextColumn(
-        "blame (probes)", help="nodes whose probe flipped it toward correct, with the score "
-        "change; 'not probed', or 'probed, nothing fixed it'"),
+        "blame (probes)", help="nodes whose probe raised its score, with the change, as "
+        "python -m engine blame credits them; 'not probed', or 'probed, nothing fixed it'; "
+        "fixes that leaked the target and in-sample edits are named apart, not credited"),
 }
 # The blame column right after the score, so it is on screen without scrolling sideways.
 COLUMNS = ["split", "example_id", "score", "blame", "flipped", "prediction", "target",
@@ -103,7 +105,8 @@ def table(sel, step: int, fields: tuple[str, ...]) -> None:
                                  offset=(page - 1) * PAGE_SIZE, **options)
     st.session_state[ROWS_KEY] = list(rows["example_id"])
     rows["input"] = [input_preview(text, fields) for text in rows["input"]]
-    rows["blame"] = [blame_cell(b, n) for b, n in zip(rows["blame"], rows["probes"])]
+    rows["blame"] = [blame_cell(b, n, leak, inside) for b, n, leak, inside in zip(
+        rows["blame"], rows["probes"], rows["leaked"], rows["in_sample"])]
     rows["flipped"] = rows["flipped"].fillna("")
     kept = rejected_candidate(data.steps(sel.db, sel.run), step)
     if kept is not None:
@@ -161,10 +164,8 @@ def trace(sel, step: int) -> None:
         "retries": calls["retries"], "parse fallback": calls["parse_fallback"],
         "error": calls["error"]})
     st.dataframe(summary, hide_index=True)
-    st.caption(f"{len(calls)} calls · {fmt(calls['latency_ms'].sum(), ',.0f')} ms in total · "
-               f"{fmt((calls['prompt_tokens'] + calls['completion_tokens']).sum(), ',.0f')} "
-               "tokens. Update calls are the step's, for the nodes this example sent "
-               "gradients to.")
+    st.caption(trace_header(calls) + " Update calls are the step's, for the nodes this "
+               "example sent gradients to.")
     order = [p for p in PHASES if p in set(calls["purpose"])] + sorted(
         set(calls["purpose"]) - set(PHASES))
     for phase in order:

@@ -28,6 +28,11 @@ def graph_panel(sel, graph, quantity: str) -> None:
                "arrows: gradients, drawn from the node that wrote them to the node they are "
                "about (count × ∇, mean characters). Dashed rounded boxes (ƒ): Python functions. "
                "Hover a node for its numbers and output.")
+    st.caption("Two lengths, two things: a node's ∇ chars is its aggregated gradient, the "
+               "mean over every example back-propagated at the step; an edge's is what one "
+               "successor sent, before aggregation, for "
+               + ("the selected example" if scope != "all" else "all sampled examples")
+               + ". They agree only where a node has one successor and the scopes match.")
     st.caption(color_nodes(node_rows(sel), quantity).legend)
 
 

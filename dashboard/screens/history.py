@@ -93,7 +93,7 @@ def what_it_changed(sel, node: str, step: int) -> None:
             except ValueError as exc:
                 st.error(f"error: {exc}")
                 return
-        st.caption(f"diff: {report.calls} calls ({report.model_calls} to the model), "
+        st.caption(f"diff: {plural(report.calls, 'call')} ({report.model_calls} to the model), "
                    f"{report.tokens:,} tokens, {report.seconds:.1f} s")
     rows = diff_data.latest_diff(sel.db, sel.run, step, sel.run, step - 1)
     if rows.empty:
@@ -120,8 +120,14 @@ history = data.node_history(sel.db, sel.run, node)
 edits, flips = history["edits"], history["flips"]
 prompts = data.prompt_history(sel.db, sel.run)
 versions = prompts[prompts["node_id"] == node]
-st.caption(f"run **{md(sel.run)}** · {len(versions)} prompt versions · "
-           f"{plural(len(edits), 'proposal')}, {sum(edits['accepted'].fillna(False))} accepted")
+accepted_edits = int(sum(edits["accepted"].fillna(False)))
+# versions logged: the starting prompt, each proposal (kept or not) and prompts set by
+# hand (a fork's start): said apart, so that "2 versions, 0 accepted" does not puzzle
+hand_set = max(int(((versions["accepted"].fillna(False).astype(bool))
+                    & (versions["version"] > 0)).sum()) - accepted_edits, 0)
+st.caption(f"run **{md(sel.run)}** · {plural(len(versions), 'prompt version')}: the starting "
+           f"prompt, {plural(len(edits), 'proposal')} ({accepted_edits} accepted)"
+           + (f", {plural(hand_set, 'prompt')} set by hand" if hand_set else ""))
 if edits.empty:
     st.info(f"No update was proposed for node {node} in this run (it is not trainable, or "
             "no step back-propagated to it yet).")

@@ -12,6 +12,7 @@ from dashboard.views.colors import QUANTITIES
 from dashboard.views.graph_view import draw_graph
 from dashboard.views.learn_stages import (
     FIX_TEXT,
+    SIBLING_BLIND,
     STAGES,
     blame_stage,
     fix_stage,
@@ -93,18 +94,34 @@ def stage_text(stage: str, tour: Selection, graph) -> str:
     return TEXT[stage]
 
 
+def tour_demo_runs(runs) -> list[str]:
+    """Demo runs the tour can show, best first: sibling-aware ones before sibling-blind
+    ones (the tour's stages say "siblings included", and its paired run is the
+    sibling-blind one), runs of their own before forks, newest first."""
+    demos = runs[runs["graph_name"] == "demo"]
+    if demos.empty:
+        return []
+    parents = demos["parent_run_id"] if "parent_run_id" in demos else [None] * len(demos)
+    rank = sorted(zip(demos["method"].isin(SIBLING_BLIND),
+                      [isinstance(p, str) and bool(p) for p in parents],
+                      range(len(demos))))  # list_runs is newest first
+    return [demos.iloc[i]["run_id"] for *_, i in rank]
+
+
 def tour_run(sel: Selection) -> Selection | None:
-    """The run the tour shows: the selected one if it is a demo run, else the newest demo
-    run, with a back-propagated example at a step that proposed edits."""
+    """The run the tour shows: the selected one if it is a sibling-aware demo run, else
+    the best demo run (tour_demo_runs), with a back-propagated example at a step that
+    proposed edits."""
     if not data.exists(sel.db):
         return None
     runs = data.runs(sel.db)
-    demos = runs[runs["graph_name"] == "demo"]
-    if sel.run in set(demos["run_id"]) and sel.step is not None:
-        return sel
-    if demos.empty:
+    ranked = tour_demo_runs(runs)
+    if not ranked:
         return None
-    run = demos.iloc[0]["run_id"]
+    aware = set(runs.loc[~runs["method"].isin(SIBLING_BLIND), "run_id"])
+    if sel.run in aware.intersection(ranked) and sel.step is not None:
+        return sel
+    run = ranked[0]
     steps = data.steps(sel.db, run)
     if steps.empty:
         return None

@@ -42,6 +42,7 @@ def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
         "test": [tests.get(r) for r in runs["run_id"]],
         "calls": runs["calls"], "tokens": runs["tokens"],
         "cost (USD)": runs["cost_usd"], "cache hits": runs["cache_hits"],
+        "probe calls": runs.get("probe_calls"),
         "started": [datetime.fromtimestamp(t) if pd.notna(t) else None
                     for t in runs["started_at"]],
     })
@@ -68,7 +69,11 @@ def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
             "test": st.column_config.NumberColumn(format="%.3f", help="test-split score"),
             "cost (USD)": st.column_config.NumberColumn(format="$%.4f"),
             "calls": st.column_config.NumberColumn(
-                format="%d", help="model calls (cache misses): what was paid for"),
+                format="%d", help="the run's own model calls (cache misses): what was paid "
+                                  "for; probes and diffs made on it later are counted apart"),
+            "probe calls": st.column_config.NumberColumn(
+                format="%d", help="model calls of the probes (blame, What-if) and diffs "
+                                  "made on this run after it ran"),
             "tokens": st.column_config.NumberColumn(
                 format="%d", help="prompt and completion tokens of the model calls"),
             "cache hits": st.column_config.NumberColumn(
@@ -146,20 +151,27 @@ def _jobs_body(db: str) -> None:
     changed = False
     for job in jobs.list_jobs(db)[:8]:
         alive = jobs.poll(job)
-        steps_done, status = 0, "starting"
+        steps_done, baseline, status = 0, False, "starting"
         if not runs.empty and job.run_id in set(runs["run_id"]):
             steps_done = data.steps_done(db, job.run_id)
+            baseline = data.baseline_done(db, job.run_id)
             status = runs.loc[runs["run_id"] == job.run_id, "status"].iloc[0]
         if not alive and status in ("starting", "running"):
             status = f"ended (exit code {job.returncode})"
+        elif alive and (job.stopped or status == "stopped"):
+            # the run log says 'stopped' as soon as the engine is told, but the calls in
+            # flight (a local model's can take a minute) end before the process does
+            status = "stopping: the calls in flight end first"
         total = job.steps
         with st.container(border=True):
             head, button = st.columns([5, 1])
             head.markdown(f"**{md(job.run_id)}** · {md(status)} · {int(job.seconds)} s")
             head.progress(min(steps_done / total, 1.0) if total else float(not alive),
-                          text=live_progress(job.progress_file).line(steps_done, total)
-                          if alive else steps_line(steps_done, total))
-            if alive and button.button("Stop", key=f"stop_{job.run_id}"):
+                          text=live_progress(job.progress_file).line(steps_done, total,
+                                                                     baseline)
+                          if alive else steps_line(steps_done, total, baseline))
+            if alive and button.button("Stop", key=f"stop_{job.run_id}",
+                                       disabled=job.stopped):
                 jobs.stop(job)
                 st.toast(f"Sent SIGTERM to {job.run_id}")
             elif not alive and button.button("Dismiss", key=f"forget_{job.run_id}"):
@@ -209,7 +221,9 @@ def new_run_form(db: str) -> None:
         # outside the form, so that choosing a method shows only that method's fields
         method = st.selectbox("Method", sorted(METHODS), key="new_run_method",
                               index=sorted(METHODS).index(DEFAULTS.method))
-        with st.form("new_run"):
+        # Enter in a field must not start a run (Streamlit submits a form on Enter by
+        # default): only the buttons do
+        with st.form("new_run", enter_to_submit=False):
             c1, c2 = st.columns(2)
             choice = c1.selectbox("Graph", [*samples, UPLOAD],
                                   index=samples.index("demo.yaml") if "demo.yaml" in samples

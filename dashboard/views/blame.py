@@ -39,15 +39,22 @@ def blame_button(db: str, run: str, step: int, *, key: str, label: str = LABEL,
     return False
 
 
-def blame_cell(blame: object, probes: object) -> str:
-    """The Examples table's blame column: which nodes' probes flipped the example, or
-    which of the two empty cases it is."""
+def blame_cell(blame: object, probes: object, leaked: object = None,
+               in_sample: object = None) -> str:
+    """The Examples table's blame column: which nodes' probes raised the example's score
+    (as `engine blame` credits them), or which of the two empty cases it is; gains that
+    leaked the target or came from an edit the update call wrote after seeing this
+    example are named apart, never as blame."""
     count = int(probes) if isinstance(probes, int | float) and probes == probes else 0
     if count == 0:
         return "not probed"
-    if isinstance(blame, str) and blame:
-        return blame
-    return f"probed ({count}), nothing fixed it"
+    parts = [blame] if isinstance(blame, str) and blame else [
+        f"probed ({count}), nothing fixed it"]
+    if isinstance(leaked, str) and leaked:
+        parts.append(f"leaked the target: {leaked}")
+    if isinstance(in_sample, str) and in_sample:
+        parts.append(f"in-sample edit: {in_sample}")
+    return " · ".join(parts)
 
 
 APPLIED_KEY = "_blame_seen"  # blame jobs whose end a page has already acted on

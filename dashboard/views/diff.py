@@ -57,7 +57,11 @@ def diff_html(old: str, new: str, only_changes: bool = False, context_words: int
     Every piece of text is escaped. `only_changes` elides long unchanged stretches."""
     diff = word_diff(old, new)
     parts: list[str] = []
+    previous = ("equal", " ")
     for op, text in diff.pieces:
+        if _glued(previous, (op, text)):
+            parts.append(" ")  # "Write" struck out then "The": two words, not "WriteThe"
+        previous = (op, text)
         if op == "equal":
             if only_changes:
                 text = _elide(text, context_words)
@@ -91,6 +95,14 @@ def side_by_side_html(old: str, new: str, only_changes: bool = False,
         'font-size:0.85rem;line-height:1.5">'
         + ("".join(p) if p else '<span style="color:#888">(empty)</span>') + "</div>"
         for p in (left, right))
+
+
+def _glued(before: tuple[str, str], after: tuple[str, str]) -> bool:
+    """A removed run met by an added one (or the reverse) with no whitespace between:
+    shown inline they would read as one word."""
+    ops = {before[0], after[0]}
+    return (ops == {"removed", "added"} and bool(before[1]) and bool(after[1])
+            and not before[1][-1].isspace() and not after[1][0].isspace())
 
 
 def _elide(text: str, keep: int) -> str:

@@ -38,7 +38,11 @@ def add_score_traces(fig: go.Figure, steps: pd.DataFrame, label: str = "",
                              line=dict(dash="dot", color=train_color)))
     fig.add_trace(go.Scatter(x=steps["step"], y=steps["val_score"], mode="lines+markers",
                              name=f"{prefix}validation", line=dict(dash=dash, color=val_color)))
-    accepted = steps[steps["accepted"].fillna(False).astype(bool)]
+    # a star where the gate accepted an edit: a fork's starting step carries prompts set
+    # by hand (steps.accepted is true there), which no gate accepted
+    edited = (steps["accepted_edits"].fillna(0) > 0 if "accepted_edits" in steps
+              else steps["accepted"].fillna(False).astype(bool))
+    accepted = steps[edited]
     fig.add_trace(go.Scatter(
         x=accepted["step"], y=accepted["val_score"], mode="markers",
         name=f"{prefix}accepted edit",

@@ -96,10 +96,16 @@ def cost_table(db: str, run_id: str) -> None:
     costs = data.step_phase_costs(db, run_id)
     if costs.empty:
         return
-    spent, hits = int(costs["model_calls"].sum()), int(costs["cache_hits"].sum())
-    total = costs["cost_usd"].sum(min_count=1)
-    st.markdown(f"**Cost**: {spent:,} model calls, {int(costs['tokens'].sum()):,} tokens, "
+    # the headline is the run's own, as the Runs table counts it (reader.OWN); the probes
+    # and diffs made on it later keep their rows (phases probe, diff) and are said apart
+    own = costs[~costs["phase"].isin(["probe", "diff"])]
+    spent, hits = int(own["model_calls"].sum()), int(own["cache_hits"].sum())
+    total = own["cost_usd"].sum(min_count=1)
+    later = int(costs["model_calls"].sum()) - spent
+    st.markdown(f"**Cost**: {spent:,} model calls, {int(own['tokens'].sum()):,} tokens, "
                 f"{'unknown price' if pd.isna(total) else f'${total:.4f}'}; "
-                f"{hits:,} cache hits (free)")
+                f"{hits:,} cache hits (free)"
+                + (f"; probes and diffs made on the run later: {later:,} model calls"
+                   if later else ""))
     st.dataframe(costs.rename(columns=COST_LABELS), hide_index=True, key="cost_table",
                  column_config={"cost (USD)": st.column_config.NumberColumn(format="$%.4f")})

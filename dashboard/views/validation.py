@@ -8,6 +8,7 @@ import streamlit as st
 
 from dashboard import data
 from dashboard.data import Score
+from dashboard.views.text import plural
 
 
 def change_sentence(before: Score, after: Score) -> tuple[str, str]:
@@ -19,8 +20,8 @@ def change_sentence(before: Score, after: Score) -> tuple[str, str]:
     verdict = ("rose" if after.value > before.value else
                "fell" if after.value < before.value else "did not change")
     same_n = before.n == after.n
-    on = (f"on {before.n} examples" if same_n else
-          f"on {before.n} and {after.n} examples")
+    on = (f"on {plural(before.n, 'example')}" if same_n else
+          f"on {before.n} and {plural(after.n, 'example')}")
     sentence = f"Validation {verdict} ({before.value:.3f} → {after.value:.3f}) {on}"
     a, b = before.interval(), after.interval()
     if verdict == "did not change" or a is None or b is None:

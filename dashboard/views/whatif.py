@@ -142,7 +142,11 @@ def probe_results(sel: Selection) -> None:
                 show_text("after", row.get("after_output"), expanded=True)
             outputs = probe_data.probe_outputs(sel.db, row["probe_id"])
             for out in outputs.to_dict("records"):
-                show_text(f"re-run {out['node_id']}", out.get("output_text"))
+                # the intervened node's own new text is the change, not a re-run
+                label = (f"{out['node_id']} (changed by the probe)"
+                         if out["node_id"] == row.get("node_id") else
+                         f"re-run {out['node_id']}")
+                show_text(label, out.get("output_text"))
 
 
 def fork_panel(sel: Selection, view: dict[str, pd.DataFrame], is_function: bool,

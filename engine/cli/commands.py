@@ -90,10 +90,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings.setdefault("backend", default_backend_kind())
     config = RunConfig(graph=args.graph, **settings)
     graph = _graph_with_functions(args)
+    if not args.dry_run:  # a run log it cannot write: its refusal is the only line printed
+        from engine.runlog.schema import check_writable
+
+        check_writable(config.db)
     if not _print_estimate(config, graph, args.dry_run):
         return 0
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
-                          config.steps, progress_file=args.progress_file)
+                          config.steps, progress_file=args.progress_file, db=config.db)
 
 
 def _print_estimate(config: Any, graph: Any, dry_run: bool) -> bool:
@@ -139,10 +143,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _with_progress(lambda listeners: resume(
         args.db, args.run_id, listeners=listeners, functions=functions,
         max_calls=budget.get("max_calls"), max_cost=budget.get("max_cost")), steps, done,
-        progress_file=args.progress_file)
+        progress_file=args.progress_file, db=args.db)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from engine.runlog.reader import list_runs
     from engine.runlog.schema import check_readable
 
@@ -150,7 +156,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     runs = list_runs(args.db).iloc[::-1]  # oldest first, as they were started
 
     def value(v: Any) -> Any:
-        return None if v is None or v != v else v  # NULL and NaN read as None
+        # NULL reads as None, NaN or pd.NA (a run stopped before step 0 was written has
+        # no steps, so no step count and no score): `v != v` is ambiguous for pd.NA
+        return None if v is None or pd.isna(v) else v
 
     rows = [(r.run_id, r.graph_name, r.method, value(r.model), r.status,
              None if value(r.steps) is None else int(r.steps), value(r.best_val))
@@ -177,12 +185,25 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
-                   progress_file: str | None = None) -> int:
+                   progress_file: str | None = None, db: str = "runs.duckdb") -> int:
     """Run with a progress bar that appears on the first event, so that input refused
     before the run starts prints only its one error line. With `progress_file`, the
     progress events also go there as JSON lines (what the dashboard follows)."""
     calls = {"n": 0}
     accepted: dict[int, int] = defaultdict(int)  # accepted proposals per step
+    # In a log file (piped, CI, a dashboard job): one line per phase, written when the
+    # next phase starts (or the step ends), with the phase's last count
+    phase_line: dict[str, Any] = {"last": None}
+    # each call's phase as the progress line names it (gate, test, ...), for the summary:
+    # the tracker's Progress for a call follows that CallRecord
+    phase_of: dict[str, str] = {}
+    latest_call: dict[str, str | None] = {"id": None}
+
+    def write_phase_line() -> None:
+        if phase_line["last"] is not None:
+            console.print(progress_line(phase_line["last"]), markup=False, highlight=False)
+            phase_line["last"] = None
+
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[calls]} calls"),
                         TimeElapsedColumn(), console=console)
@@ -193,18 +214,26 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
             progress.start()
         if isinstance(event, CallRecord):
             calls["n"] += 1
+            latest_call["id"] = event.call_id
             progress.update(task, calls=calls["n"])
         elif isinstance(event, PhaseProgress):
+            if latest_call["id"] is not None:
+                phase_of[latest_call["id"]] = event.phase
+                latest_call["id"] = None
             of = f"/{event.calls_expected}" if event.calls_expected else ""
             progress.update(task, description=f"step {event.step} {event.phase} "
                                               f"{event.calls_done}{of}")
-            if not console.is_terminal and _progress_worth_a_line(event, calls):
-                console.print(progress_line(event), markup=False, highlight=False)
+            last = phase_line["last"]
+            if not console.is_terminal:
+                if last is not None and (last.step, last.phase) != (event.step, event.phase):
+                    write_phase_line()
+                phase_line["last"] = event
         elif isinstance(event, Proposal):
             accepted[event.step] += int(event.accepted)
         elif isinstance(event, StepFinished):
             progress.update(task, advance=1, description=f"step {event.step} done")
             if not console.is_terminal:  # a log file (e.g. a dashboard job): one line a step
+                write_phase_line()
                 console.print(f"step {event.step} done: train {_fmt(event.train_score)}, "
                               f"val {_fmt(event.val_score)}"
                               f"{_changes(accepted[event.step], event)}; "
@@ -218,9 +247,11 @@ def _with_progress(start: Callable[[tuple], Any], steps: int, done: int = 0,
     try:
         result = asyncio.run(start(listeners))
     finally:
+        if not console.is_terminal:
+            write_phase_line()  # a run stopped mid-phase: where it was
         if progress.live.is_started:  # stopping a bar never shown prints a blank line
             progress.stop()
-    print_summary(result)
+    print_summary(result, db, phase_of)
     return 0 if result.status == "finished" else 1
 
 
@@ -242,20 +273,18 @@ def _changes(accepted: int, step: StepFinished) -> str:
     return "".join(f", {part}" for part in parts)
 
 
-def _progress_worth_a_line(event: Any, state: dict) -> bool:
-    """In a log file: a line when a phase starts, every 5 calls, and when it completes."""
-    phase = (event.step, event.phase)
-    first, state["phase"] = state.get("phase") != phase, phase
-    return first or event.calls_done % 5 == 0 or event.calls_done == event.calls_expected
-
-
-def print_summary(result: Any) -> None:
+def print_summary(result: Any, db: str = "runs.duckdb",
+                  phase_of: dict[str, str] | None = None) -> None:
     """Per step: score, accepted edits, model calls (cache misses) and their tokens and
-    cost, cache hits apart (free); then the same per phase, and the totals."""
+    cost, cache hits apart (free); then the same per phase (the progress line's phases,
+    from `phase_of`: call id -> phase; else the call's purpose), and the totals. A run that
+    did not finish (stopped, out of budget, failed) ends with the command that resumes
+    it."""
     per_step: dict[int, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     per_phase: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     for call in result.events.of(CallRecord):
-        for row in (per_step[call.step], per_phase[call.purpose]):
+        phase = (phase_of or {}).get(call.call_id, call.purpose)
+        for row in (per_step[call.step], per_phase[phase]):
             if call.cache_hit:
                 row[2] += 1
                 continue
@@ -272,14 +301,18 @@ def print_summary(result: Any) -> None:
         calls, tokens, hits, cost, unknown = per_step[s.step]
         table.add_row(str(s.step), _fmt(s.train_score), _fmt(s.val_score), str(edits[s.step]),
                       str(calls), str(tokens), _money(cost, unknown), str(hits))
-    out.print(table)
+    if table.row_count:
+        out.print(table)
+    else:  # stopped during its first step: nothing of it was written
+        out.print(f"run {result.run_id}: {result.status}; no step finished in this session",
+                  markup=False, highlight=False)
     for s in result.events.of(StepFinished):
         if _hand_set(s):
             out.print(f"step {s.step}: the fork's starting state, "
                       f"{_plural(_hand_set(s), 'prompt')} set by hand (not counted as "
                       "accepted edits)", markup=False, highlight=False)
     phases = ", ".join(f"{phase} {calls} calls {tokens} tokens {_money(cost, unknown)}"
-                       + (f" ({hits} cache hits)" if hits else "")
+                       + (f" ({_plural(hits, 'cache hit')})" if hits else "")
                        for phase, (calls, tokens, hits, cost, unknown) in per_phase.items())
     if phases:
         out.print(f"per phase: {phases}", markup=False, highlight=False)
@@ -291,10 +324,13 @@ def print_summary(result: Any) -> None:
     out.print(line)
     if getattr(result, "reason", None):
         out.print(f"stopped: {result.reason}", markup=False, highlight=False)
+    if result.status != "finished":
+        out.print(f"to continue it: python -m engine resume {result.run_id} --db {db}",
+                  markup=False, highlight=False)
     gates = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
              if "node_gate_calls" in s.metrics]
     if gates:
-        out.print(f"per-node gates: {len(gates)} steps scored edits alone, "
+        out.print(f"per-node gates: {_plural(len(gates), 'step')} scored edits alone, "
                   f"{sum(m['node_gate_calls'] for m in gates):.0f} calls "
                   f"({sum(m['node_gate_model_calls'] for m in gates):.0f} to the model), "
                   f"{sum(m['node_gate_seconds'] for m in gates):.1f} s")

@@ -166,7 +166,8 @@ def cmd_blame(args: argparse.Namespace) -> int:
         report = asyncio.run(blame(args.db, args.run_id, args.step, args.examples,
                                    methods=methods, repeats=args.repeats, progress=progress))
     finally:
-        bar.stop()
+        if bar.live.is_started:  # stopping a bar never shown prints a blank line
+            bar.stop()
     if args.json:
         print(json.dumps(report.as_json(), ensure_ascii=False, indent=1))
         return 0
@@ -310,4 +311,5 @@ def cmd_fork(args: argparse.Namespace, with_progress: Any) -> int:
         return 0
     # the bar counts the steps the fork logs: its starting step S again, then S+1, ...
     return with_progress(lambda listeners: run_fork(plan, listeners=listeners),
-                         plan.config.steps, args.from_step, progress_file=args.progress_file)
+                         plan.config.steps, args.from_step, progress_file=args.progress_file,
+                         db=db)

@@ -30,14 +30,31 @@ _EXAMPLE_ROWS = f"""
         SELECT example_id, count(*) AS gradients FROM gradients
         WHERE run_id = $run AND step = $step AND kind IN ('gradient', 'target')
         GROUP BY example_id),
-    blame AS (
+    sampled AS (  -- back-propagated at the step: the update call saw these examples
+        SELECT DISTINCT example_id FROM gradients WHERE run_id = $run AND step = $step),
+    gains AS (  -- per (example, node): the best score change of the probes that count as
+                -- credit, and whether a gain leaked the target or was an in-sample edit
+        SELECT p.example_id, p.node_id, count(*) AS probes,
+               max(p.after_score - p.before_score) FILTER (
+                   WHERE NOT coalesce(p.leaks_target, false)
+                   AND NOT (p.kind = 'edit' AND s.example_id IS NOT NULL)) AS gain,
+               bool_or(p.after_score > p.before_score AND coalesce(p.leaks_target, false))
+                   AS leaked,
+               bool_or(p.after_score > p.before_score AND p.kind = 'edit'
+                       AND s.example_id IS NOT NULL AND NOT coalesce(p.leaks_target, false))
+                   AS in_sample
+        FROM probes p LEFT JOIN sampled s USING (example_id)
+        WHERE p.run_id = $run AND p.step = $step AND p.error IS NULL
+        GROUP BY ALL),
+    blame AS (  -- leaks and in-sample edits are shown apart, never credited (as in blame)
         SELECT example_id,
-               string_agg(node_id || ' ' || printf('%+.2f', after_score - before_score), ', '
-                          ORDER BY after_score - before_score DESC)
-                   FILTER (WHERE after_score > before_score) AS blame,
-               count(*) AS probes
-        FROM probes WHERE run_id = $run AND step = $step AND error IS NULL
-        GROUP BY example_id),
+               string_agg(node_id || ' ' || printf('%+.2f', gain), ', '
+                          ORDER BY gain DESC, node_id) FILTER (WHERE gain > 0) AS blame,
+               string_agg(node_id, ', ' ORDER BY node_id) FILTER (WHERE leaked) AS leaked,
+               string_agg(node_id, ', ' ORDER BY node_id) FILTER (WHERE in_sample)
+                   AS in_sample,
+               sum(probes) AS probes
+        FROM gains GROUP BY example_id),
     ex AS (
         SELECT split, example_id, min(position) AS position, any_value(fields) AS fields
         FROM examples WHERE run_id = $run GROUP BY ALL),
@@ -50,7 +67,8 @@ _EXAMPLE_ROWS = f"""
                coalesce(a.errors, 0) + (l.error IS NOT NULL)::INT AS errors,
                coalesce(a.fallbacks, 0) AS fallbacks,
                coalesce(l.error, a.first_error) AS error,
-               coalesce(g.gradients, 0) AS gradients, b.blame, coalesce(b.probes, 0) AS probes,
+               coalesce(g.gradients, 0) AS gradients, b.blame, b.leaked, b.in_sample,
+               coalesce(b.probes, 0) AS probes,
                ex.position
         FROM losses l
         LEFT JOIN prev p USING (split, example_id)
@@ -68,6 +86,11 @@ def example_rows(db: str | Path, run_id: str, step: int, *, split: str | None = 
     """One row per example evaluated at `step` (split, input fields as JSON, prediction, target,
     score, failing, flipped 'fixed'/'broke' since step-1, errors and parse fallbacks,
     gradients received, blame from probes), filtered and paged in the database.
+
+    Blame, as `engine blame` counts it: `blame` lists the nodes whose probe raised the
+    score (the best change per node), leaving out interventions that carried the target
+    (`leaked` names those nodes) and edits probed on an example the update call saw
+    (`in_sample`); `probes` counts the error-free probes.
 
     `search` matches (case-insensitively) the example's input fields, any node's output
     and any gradient for it at this step. Column `total` is the number of matching rows."""

@@ -10,29 +10,39 @@ import pandas as pd
 from engine.runlog.schema import connect
 
 
-def query(db: str | Path, sql: str, params: list | None = None) -> pd.DataFrame:
+def query(db: str | Path, sql: str, params: list | dict | None = None) -> pd.DataFrame:
     with connect(db, read_only=True) as con:
         return con.execute(sql, params or []).df()
 
 
+# One definition of the figures every page and command shows of a run's calls: a model
+# call is a cache miss (what was paid for; a cache hit is free and counted apart), and the
+# run's own calls leave out the probes and diffs made on it afterwards (counted apart), so
+# a blame or diff re-run on a run never changes its figures.
+PAID = "NOT coalesce(cache_hit, false)"
+OWN = "purpose NOT IN ('probe', 'diff')"
+
+
 def list_runs(db: str | Path) -> pd.DataFrame:
-    """One row per run with its progress and totals."""
-    return query(db, """
+    """One row per run with its progress and totals: the run's own model calls (cache
+    misses), their tokens and cost, its cache hits apart, and the model calls of probes
+    and diffs made on it afterwards (`probe_calls`, see PAID and OWN)."""
+    return query(db, f"""
         SELECT r.run_id, r.graph_name, r.method, r.backend, r.model, r.optimizer_model,
-               r.seed, r.status, r.started_at, r.ended_at, r.error,
-               s.steps, s.best_val, s.last_val, c.calls, c.tokens, c.cache_hits, c.cost_usd
+               r.seed, r.status, r.started_at, r.ended_at, r.error, r.parent_run_id,
+               s.steps, s.best_val, s.last_val, c.calls, c.tokens, c.cache_hits, c.cost_usd,
+               c.probe_calls
         FROM runs r
         LEFT JOIN (SELECT run_id, max(step) AS steps, max(val_score) AS best_val,
                           arg_max(val_score, step) AS last_val
                    FROM steps GROUP BY run_id) s USING (run_id)
         LEFT JOIN (SELECT run_id,
-                          -- what was spent: model calls (cache misses) and their tokens;
-                          -- cache hits are free and counted apart
-                          count(*) FILTER (WHERE NOT coalesce(cache_hit, false)) AS calls,
+                          count(*) FILTER (WHERE {PAID} AND {OWN}) AS calls,
                           coalesce(sum(prompt_tokens + completion_tokens)
-                                   FILTER (WHERE NOT coalesce(cache_hit, false)), 0) AS tokens,
-                          count(*) FILTER (WHERE cache_hit) AS cache_hits,
-                          sum(cost_usd) AS cost_usd
+                                   FILTER (WHERE {PAID} AND {OWN}), 0) AS tokens,
+                          count(*) FILTER (WHERE cache_hit AND {OWN}) AS cache_hits,
+                          sum(cost_usd) FILTER (WHERE {OWN}) AS cost_usd,
+                          count(*) FILTER (WHERE {PAID} AND NOT ({OWN})) AS probe_calls
                    FROM llm_calls GROUP BY run_id) c USING (run_id)
         ORDER BY r.started_at DESC""")
 
@@ -87,13 +97,18 @@ def example_trace(db: str | Path, run_id: str, step: int, example_id: str
 
 
 def token_totals(db: str | Path, run_id: str) -> pd.DataFrame:
-    """Calls, tokens, cost and latency per node and phase (purpose)."""
-    return query(db, """
-        SELECT coalesce(node_id, '') AS node_id, purpose, count(*) AS calls,
-               sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens,
-               sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd,
-               sum(CASE WHEN cache_hit THEN 1 ELSE 0 END) AS cache_hits,
-               avg(latency_ms) AS mean_latency_ms
+    """Model calls (cache misses), their tokens, cost and latency per node and phase
+    (purpose; probes and diffs are phases of their own), cache hits apart (see PAID)."""
+    return query(db, f"""
+        SELECT coalesce(node_id, '') AS node_id, purpose,
+               count(*) FILTER (WHERE {PAID}) AS calls,
+               coalesce(sum(prompt_tokens) FILTER (WHERE {PAID}), 0) AS prompt_tokens,
+               coalesce(sum(completion_tokens) FILTER (WHERE {PAID}), 0) AS completion_tokens,
+               coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE {PAID}), 0)
+                   AS tokens,
+               sum(cost_usd) AS cost_usd,
+               count(*) FILTER (WHERE cache_hit) AS cache_hits,
+               avg(latency_ms) FILTER (WHERE {PAID}) AS mean_latency_ms
         FROM llm_calls WHERE run_id = ?
         GROUP BY ALL ORDER BY node_id, purpose""", [run_id])
 
@@ -134,7 +149,7 @@ def node_step_stats(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
 
     edit: 'accepted', 'rejected' (changed but the gate said no), 'unchanged' (the update
     call kept the prompt) or NULL (no update call at this step)."""
-    return query(db, """
+    return query(db, f"""
         WITH acts AS (
             SELECT a.node_id, a.split, a.error, l.score
             FROM node_outputs a
@@ -162,10 +177,11 @@ def node_step_stats(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
                         WHEN bool_or(new_prompt <> old_prompt) THEN 'rejected'
                         ELSE 'unchanged' END AS edit
             FROM updates WHERE run_id = ? AND step = ? GROUP BY node_id),
-        calls AS (
-            SELECT node_id, count(*) AS calls,
-                   sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd
-            FROM llm_calls WHERE run_id = ? AND step = ? AND node_id IS NOT NULL
+        calls AS (  -- the step's own model calls: a blame or diff re-run adds none
+            SELECT node_id, count(*) FILTER (WHERE {PAID}) AS calls,
+                   coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE {PAID}), 0)
+                       AS tokens, sum(cost_usd) AS cost_usd
+            FROM llm_calls WHERE run_id = ? AND step = ? AND node_id IS NOT NULL AND {OWN}
             GROUP BY node_id)
         SELECT node_id, f.activations, f.fail_share, f.errors, g.grad_chars,
                coalesce(g.gradients, 0) AS gradients, e.edit,
@@ -286,28 +302,47 @@ def example_gradients(db: str | Path, run_id: str, step: int, example_id: str
 
 
 def step_phase_costs(db: str | Path, run_id: str) -> pd.DataFrame:
-    """Per step and phase (purpose): model calls (cache misses), their prompt and completion
-    tokens, the prompt tokens the provider's prefix cache served, their cost, and this
-    engine's cache hits apart (free)."""
-    return query(db, """
-        SELECT step, purpose AS phase,
-               count(*) FILTER (WHERE NOT coalesce(cache_hit, false)) AS model_calls,
-               coalesce(sum(prompt_tokens + completion_tokens)
-                        FILTER (WHERE NOT coalesce(cache_hit, false)), 0) AS tokens,
-               coalesce(sum(cached_tokens) FILTER (WHERE NOT coalesce(cache_hit, false)), 0)
-                   AS provider_cached_tokens,
+    """Per step and phase: model calls (cache misses), their prompt and completion tokens,
+    the prompt tokens the provider's prefix cache served, their cost, and this engine's
+    cache hits apart (free). The phases are the progress line's (engine/runs/progress.py):
+    a call's purpose, except that forward and loss calls on validation examples in a step
+    that made update calls are the `gate`, and calls on test examples the `test`."""
+    return query(db, f"""
+        WITH updated AS (SELECT DISTINCT step FROM llm_calls
+                         WHERE run_id = $run AND purpose = 'update'),
+        split_of AS (SELECT DISTINCT example_id, split FROM examples WHERE run_id = $run),
+        phased AS (
+            SELECT c.*,
+                   CASE WHEN c.purpose NOT IN ('forward', 'loss') THEN c.purpose
+                        WHEN e.split = 'test' THEN 'test'
+                        WHEN e.split = 'val' AND u.step IS NOT NULL THEN 'gate'
+                        ELSE c.purpose END AS phase
+            FROM llm_calls c
+            LEFT JOIN split_of e USING (example_id)
+            LEFT JOIN updated u ON u.step = c.step
+            WHERE c.run_id = $run)
+        SELECT step, phase,
+               count(*) FILTER (WHERE {PAID}) AS model_calls,
+               coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE {PAID}), 0)
+                   AS tokens,
+               coalesce(sum(cached_tokens) FILTER (WHERE {PAID}), 0) AS provider_cached_tokens,
                sum(cost_usd) AS cost_usd,
                count(*) FILTER (WHERE cache_hit) AS cache_hits,
                coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE cache_hit), 0)
                    AS cache_hit_tokens
-        FROM llm_calls WHERE run_id = ? GROUP BY ALL ORDER BY step, phase""", [run_id])
+        FROM phased GROUP BY step, phase
+        ORDER BY step, list_position(['forward', 'loss', 'backward', 'update', 'gate',
+                                      'test', 'probe', 'diff'], phase), phase""",
+                 {"run": run_id})
 
 
 def step_totals(db: str | Path, run_id: str) -> pd.DataFrame:
-    """Calls, tokens and cost per step and phase (purpose)."""
-    return query(db, """
-        SELECT step, purpose, count(*) AS calls,
-               sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd
+    """Model calls (cache misses), their tokens and cost per step and phase (purpose),
+    as token_totals counts them."""
+    return query(db, f"""
+        SELECT step, purpose, count(*) FILTER (WHERE {PAID}) AS calls,
+               coalesce(sum(prompt_tokens + completion_tokens) FILTER (WHERE {PAID}), 0)
+                   AS tokens, sum(cost_usd) AS cost_usd
         FROM llm_calls WHERE run_id = ? GROUP BY ALL ORDER BY step, purpose""", [run_id])
 
 
@@ -334,22 +369,47 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
     """Per node at one step, from the probes: failing examples probed by following the
     gradient or replacing the output, how many of them that flipped to correct, and the
     same for the node's edit applied alone; leaks counts flips whose intervention
-    contained the target (not credit, so not among the flips)."""
+    contained the target (not credit, so not among the flips).
+
+    The edit counts are `engine blame`'s: only probes of the optimizer's own proposal at
+    the step (not a prompt typed in What-if), one per example (with repeats, the
+    majority's flip), leaving out flips that leak the target and examples the update call
+    saw (in-sample)."""
     return query(db, """
-        SELECT node_id,
-            count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
-                AND before_score < 1 AND error IS NULL) AS probed,
-            count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
-                AND before_score < 1 AND after_score >= 1
-                AND NOT coalesce(leaks_target, false)) AS flips,
-            count(DISTINCT example_id) FILTER (WHERE kind = 'edit' AND before_score < 1
-                AND error IS NULL) AS edit_probed,
-            count(DISTINCT example_id) FILTER (WHERE kind = 'edit' AND before_score < 1
-                AND after_score >= 1) AS edit_flips,
-            count(DISTINCT example_id) FILTER (WHERE before_score < 1 AND after_score >= 1
-                AND coalesce(leaks_target, false)) AS leaks
-        FROM probes WHERE run_id = ? AND step = ? GROUP BY node_id ORDER BY node_id""",
-                 [run_id, step])
+        WITH proposal_draws AS (
+            SELECT p.node_id, p.example_id,
+                   count(*) FILTER (WHERE p.error IS NULL) AS ok,
+                   count(*) FILTER (WHERE p.error IS NULL AND p.after_score >= 1) AS fixed,
+                   bool_or(p.error IS NULL AND p.after_score >= 1
+                           AND coalesce(p.leaks_target, false)) AS leaked,
+                   p.example_id IN (SELECT example_id FROM gradients
+                                    WHERE run_id = $run AND step = $step) AS in_sample
+            FROM probes p
+            WHERE p.run_id = $run AND p.step = $step AND p.kind = 'edit'
+              AND p.before_score < 1
+              AND EXISTS (SELECT 1 FROM updates u WHERE u.run_id = p.run_id
+                          AND u.step = p.step AND u.node_id = p.node_id
+                          AND u.new_prompt = p.intervention)
+            GROUP BY p.node_id, p.example_id),
+        edits AS (
+            SELECT node_id, count(*) FILTER (WHERE ok > 0) AS edit_probed,
+                   count(*) FILTER (WHERE fixed * 2 > ok AND NOT leaked AND NOT in_sample)
+                       AS edit_flips
+            FROM proposal_draws GROUP BY node_id),
+        others AS (
+            SELECT node_id,
+                count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
+                    AND before_score < 1 AND error IS NULL) AS probed,
+                count(DISTINCT example_id) FILTER (WHERE kind IN ('gradient', 'output')
+                    AND before_score < 1 AND after_score >= 1
+                    AND NOT coalesce(leaks_target, false)) AS flips,
+                count(DISTINCT example_id) FILTER (WHERE before_score < 1 AND after_score >= 1
+                    AND coalesce(leaks_target, false)) AS leaks
+            FROM probes WHERE run_id = $run AND step = $step GROUP BY node_id)
+        SELECT o.node_id, o.probed, o.flips, coalesce(e.edit_probed, 0) AS edit_probed,
+               coalesce(e.edit_flips, 0) AS edit_flips, o.leaks
+        FROM others o LEFT JOIN edits e USING (node_id) ORDER BY o.node_id""",
+                 {"run": run_id, "step": int(step)})
 
 
 def step_call_costs(db: str | Path, run_id: str) -> list[dict]:

@@ -5,8 +5,10 @@ The phase of a call follows from the order of a step's calls, so the core emits 
 extra: forward calls before the step's first backward call are `forward` (the baseline
 step scores train and validation together: step 0, or the step a fork starts from when it
 re-measures its edited prompts), then `loss` (judge calls), `backward` and `update`;
-forward calls after the step's update calls are the validation `gate`; forward calls of
-the last step after its StepFinished are the `test` split.
+forward calls after the step's update calls are the validation `gate` (under
+`--node-gates auto`, the calls past the candidate's are `node_gates`: each edit scored
+alone after a rejected candidate); forward calls of the last step after its StepFinished
+are the `test` split.
 
 Calls expected are an estimate from the graph and the split sizes: exact for forward,
 gate and test (one call per LLM node per example; cached replies count as calls), an
@@ -28,7 +30,7 @@ from engine.core.backward import Method
 from engine.core.optimizer import node_gates_apply
 from engine.events import CallRecord, Progress, StepFinished
 
-PHASES = ("forward", "loss", "backward", "update", "gate", "test")
+PHASES = ("forward", "loss", "backward", "update", "gate", "node_gates", "test")
 
 
 class ProgressTracker:
@@ -73,6 +75,12 @@ class ProgressTracker:
         if call.purpose == "backward":
             return "backward"
         if self.seen_update:
+            # under auto, the per-node gates run once the candidate is rejected: their
+            # own phase, so the gate's count does not grow from 48 to 144 mid-phase
+            candidate = self.sizes["val"] * self.per_example
+            if self.phase == "node_gates" or (self.phase == "gate" and self.node_gates == "auto"
+                                              and self.done >= candidate):
+                return "node_gates"
             return "gate"
         return "loss" if call.purpose == "loss" else "forward"
 
@@ -82,15 +90,12 @@ class ProgressTracker:
         if phase == "forward":
             baseline = step == self.baseline_step
             return (self.sizes["train"] + (self.sizes["val"] if baseline else 0)) * n
-        if phase == "gate":  # the candidate, and each edit alone under per-node gates
-            candidate = self.sizes["val"] * n
-            # under auto they run only once the candidate is rejected: counted from the
-            # first call past the candidate's
-            gates_on = self.node_gates == "on" or (self.node_gates == "auto"
-                                                    and done > candidate)
-            alone = self.seen_update if gates_on and \
-                node_gates_apply("on", self.seen_update) else 0
-            return candidate * (1 + alone)
+        candidate = self.sizes["val"] * n
+        alone = self.seen_update if node_gates_apply("on", self.seen_update) else 0
+        if phase == "gate":  # the candidate; with --node-gates on, each edit alone beside it
+            return candidate * (1 + (alone if self.node_gates == "on" else 0))
+        if phase == "node_gates":  # under auto: each edit alone, after a rejected candidate
+            return candidate * alone
         return {"test": self.sizes["test"] * n,
                 "backward": self.backward, "update": self.updates}.get(phase, 0)
 
