@@ -1,18 +1,21 @@
 """A plain-Python pipeline of three `openai` SDK calls, traced with OpenInference, for
 `python -m engine import-traces` (docs/traces.md).
 
-`count` and `topic` read a sentence; `answer` reads both of their replies and gives the
-number the sentence counts. The `count` prompt is plainly at fault: it asks for twice the
-number. Run it against any OpenAI-compatible server on 127.0.0.1 (the embedded model
+`who` and `numbers` read a sentence ("Maria has 3 apples in the basket and adds 15
+more."); `total` reads both of their replies, never the sentence, and gives the sum. The
+`numbers` prompt is plainly at fault: it asks for the first word of the text (a name)
+instead of the two numbers (sample_graphs/blame_fault.yaml is the same pipeline as a graph). Run it against any OpenAI-compatible server on 127.0.0.1 (the embedded model
 served by llama.cpp, or the scripted server of the tests):
 
     python sample_graphs/traced_pipeline.py --base-url http://127.0.0.1:8080/v1 \\
         --model qwen --out traces.jsonl --limit 12
     python -m engine import-traces traces.jsonl --db traces.duckdb --targets targets.jsonl \\
         --metric numeric
+    python -m engine backprop RUN_ID --db traces.duckdb
+    python -m engine blame RUN_ID --db traces.duckdb
 
 It writes the spans as OTLP JSON lines (one ExportTraceServiceRequest a line, the
-OpenTelemetry Collector's file format) to --out, and each sentence's expected count to
+OpenTelemetry Collector's file format) to --out, and each sentence's expected sum to
 --targets (default: targets.jsonl beside --out).
 """
 
@@ -31,13 +34,12 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
-DATA = Path(__file__).parent / "data" / "demo_counts.jsonl"
+DATA = Path(__file__).parent / "data" / "blame_fault.jsonl"
 PROMPTS = {
-    "count": "You count things. Read the sentence, find the number it gives, and write "
-             "twice that number as a short sentence, like: The number is 14.",
-    "topic": "You name topics. Say in a few words what the sentence is about.",
-    "answer": "You give final answers. From the count note, reply with the number only, "
-              "in digits.",
+    "who": "Who: say in one short sentence who the sentence is about.",
+    "numbers": "Numbers: copy the first word of the text.",  # the planted fault
+    "total": "Total: add up the numbers you are given and reply with the sum, as digits "
+             "only.",
 }
 
 
@@ -72,14 +74,13 @@ def ask(client: OpenAI, model: str, system: str, user: str) -> str:
     return (reply.choices[0].message.content or "").strip()
 
 
-def pipeline(client: OpenAI, model: str, sentence: str, prompts: dict[str, str]) -> str:
-    tracer = trace.get_tracer("traced_pipeline")
+def pipeline(client: OpenAI, model: str, sentence: str, prompts: dict[str, str],
+             tracer: trace.Tracer) -> str:
     with tracer.start_as_current_span("pipeline", attributes={
             "openinference.span.kind": "CHAIN", "input.value": sentence}) as span:
-        count = ask(client, model, prompts["count"], f"Sentence: {sentence}")
-        topic = ask(client, model, prompts["topic"], f"Sentence: {sentence}")
-        answer = ask(client, model, prompts["answer"],
-                     f"Count note: {count}\nTopic: {topic}")
+        who = ask(client, model, prompts["who"], f"Text: {sentence}")
+        numbers = ask(client, model, prompts["numbers"], f"Text: {sentence}")
+        answer = ask(client, model, prompts["total"], f"Note: {who}\nNumbers: {numbers}")
         span.set_attribute("output.value", answer)
     return answer
 
@@ -89,7 +90,7 @@ def run(base_url: str, model: str, out: str | Path, limit: int, targets: str | P
     """Run the pipeline on the first `limit` sentences, tracing every call to `out`."""
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(OTLPJsonLinesExporter(out)))
-    trace.set_tracer_provider(provider)
+    tracer = provider.get_tracer("traced_pipeline")
     OpenAIInstrumentor().instrument(tracer_provider=provider)
     client = OpenAI(base_url=base_url, api_key="not-needed")
     rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()][:limit]
@@ -97,8 +98,8 @@ def run(base_url: str, model: str, out: str | Path, limit: int, targets: str | P
     try:
         with open(targets, "w", encoding="utf-8") as fh:
             for row in rows:
-                answers.append(pipeline(client, model, row["text"], prompts or PROMPTS))
-                fh.write(json.dumps({"input": row["text"], "target": row["count"]}) + "\n")
+                answers.append(pipeline(client, model, row["text"], prompts or PROMPTS, tracer))
+                fh.write(json.dumps({"input": row["text"], "target": row["answer"]}) + "\n")
     finally:
         OpenAIInstrumentor().uninstrument()
         provider.shutdown()
@@ -110,7 +111,7 @@ def main() -> None:
     parser.add_argument("--base-url", required=True, help="an OpenAI-compatible server")
     parser.add_argument("--model", default="local", help="the model name to ask for")
     parser.add_argument("--out", default="traces.jsonl", help="the OTLP JSON lines file")
-    parser.add_argument("--targets", help="expected counts (default: targets.jsonl beside "
+    parser.add_argument("--targets", help="expected sums (default: targets.jsonl beside "
                                           "--out)")
     parser.add_argument("--limit", type=int, default=12, help="sentences to run")
     args = parser.parse_args()
