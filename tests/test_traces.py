@@ -83,12 +83,16 @@ def test_the_recorded_messages_are_the_nodes_forward_messages(tmp_path, capsys):
                             [got["run_id"], hex_id("trace-0", 32)[:16]]).fetchall()
         splits = con.execute("SELECT DISTINCT split FROM examples WHERE run_id = ?",
                              [got["run_id"]]).fetchall()
+        # the pipeline read each reply whole: no output-tag fallback is reported
+        fallbacks = con.execute("SELECT count(*) FROM node_outputs WHERE run_id = ? AND "
+                                "parse_error IS NOT NULL", [got["run_id"]]).fetchall()
     answer = next(c for c in calls if c[0] == "you_give")
     assert json.loads(answer[1]) == [
         {"role": "system", "content": SYSTEMS["answer"]},
         {"role": "user", "content": "Count note: The number is 14.\nTopic: Topic: packed and things"}]
     assert answer[2:] == ("14", "openai", "fake-model")
     assert (got["scored"], got["failing"], splits) == (0, 0, [("unscored",)])
+    assert fallbacks == [(0,)]
 
 
 def test_a_node_key_attribute_names_the_call_sites(tmp_path, capsys):
