@@ -3,8 +3,8 @@
 
 `who` and `numbers` read a sentence ("Maria has 3 apples in the basket and adds 15
 more."); `total` reads both of their replies, never the sentence, and gives the sum. The
-`numbers` prompt is plainly at fault: it asks for the first word of the text (a name)
-instead of the two numbers (sample_graphs/blame_fault.yaml is the same pipeline as a graph). Run it against any OpenAI-compatible server on 127.0.0.1 (the embedded model
+`numbers` prompt is plainly at fault: it asks how the person feels instead of for the two
+numbers (sample_graphs/blame_fault.yaml is the same pipeline as a graph). Run it against any OpenAI-compatible server on 127.0.0.1 (the embedded model
 served by llama.cpp, or the scripted server of the tests):
 
     python sample_graphs/traced_pipeline.py --base-url http://127.0.0.1:8080/v1 \\
@@ -37,7 +37,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 DATA = Path(__file__).parent / "data" / "blame_fault.jsonl"
 PROMPTS = {
     "who": "Who: say in one short sentence who the sentence is about.",
-    "numbers": "Numbers: copy the first word of the text.",  # the planted fault
+    # the planted fault: it should pass on the two numbers
+    "numbers": "Numbers: say in one short sentence how the person feels.",
     "total": "Total: add up the numbers you are given and reply with the sum, as digits "
              "only.",
 }

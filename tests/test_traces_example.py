@@ -28,15 +28,15 @@ def load_pipeline():
 
 
 def responder(body: dict) -> str:
-    """The pipeline as a literal-minded model runs it (numbers copies the first word, as
-    its prompt says); a probe's rewrite of `numbers` passes the two numbers on, of `who`
+    """The pipeline as a literal-minded model runs it (numbers says how the person feels,
+    as its prompt asks); a probe's rewrite of `numbers` passes the two numbers on, of `who`
     changes nothing that matters."""
     messages = body["messages"]
     system, user = messages[0]["content"], messages[-1]["content"]
     if system.startswith("Who:"):
         return f"It is about {user.split()[1]}."
     if system.startswith("Numbers:"):
-        return f"The first word is {user.split()[1]}."
+        return f"{user.split()[1]} feels fine."
     if system.startswith("Total:"):
         return str(sum(int(n) for n in re.findall(DIGITS, user)))
     if REWRITE in user:
@@ -65,10 +65,10 @@ def imported(tmp_path, capsys):
 
 def test_the_example_pipelines_traces_import_as_three_calls_and_two_flows(imported):
     server, _, got, answers = imported
-    assert answers == ["0"] * 6  # the numbers call passes a name on, never a number
+    assert answers == ["0"] * 6  # the numbers call passes a mood on, never a number
     assert [(n["id"], n["calls"], n["prompt"]) for n in got["nodes"]] == [
         ("who", 6, "Who: say in one short sentence who the sentence is about."),
-        ("numbers", 6, "Numbers: copy the first word of the text."),
+        ("numbers", 6, "Numbers: say in one short sentence how the person feels."),
         ("total", 6, "Total: add up the numbers you are given and reply with the sum, as "
                      "digits only.")]
     assert got["edges"] == [["numbers", "total"], ["who", "total"]]
