@@ -144,6 +144,26 @@ def test_an_ambiguous_flow_beside_clear_ones_is_listed_in_the_json(tmp_path, cap
                                  "8 characters is no evidence of flow"}]
 
 
+def test_a_reply_that_repeats_the_input_is_no_evidence_of_flow(tmp_path, capsys):
+    """A small model's `who` call echoed the sentence: the echo stands in `numbers`'s
+    message only because the sentence does. Seen on the embedded model."""
+    spans = []
+    for i, (sentence, n) in enumerate(SENTENCES[:2]):
+        trace = f"e{i}"
+        who = sentence if i == 0 else f"It is about someone, case {i}."
+        numbers = f"The numbers are {n} and {n}."
+        spans += [chain_span(trace, "pipeline", sentence),
+                  llm_span(trace, "chat", "Who.", f"Text: {sentence}", who, 1),
+                  llm_span(trace, "chat", "Numbers.", f"Text: {sentence}", numbers, 2),
+                  llm_span(trace, "chat", "Total.", f"Note: {who}\nNumbers: {numbers}", n, 3)]
+    traces = write_lines(tmp_path / "t.jsonl", spans)
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"))
+    assert got["edges"] == [["numbers", "total"], ["who", "total"]]
+    assert {(a["from"][0], a["to"], a["reason"]) for a in got["ambiguous"]} == {
+        ("who", "numbers", "the text is also in the pipeline's input"),
+        ("who", "total", "the text is also in the pipeline's input")}
+
+
 # --- bad input: one line, status 2, the run log untouched --------------------------------
 
 
