@@ -4,7 +4,8 @@
   (or by the span attribute `node_key` names); a node's prompt is its system message.
 - Edges are content flow: an earlier call's reply (or the text between its <output>
   tags) that appears in a later call's non-system messages, in the same trace. A text
-  shorter than MIN_EVIDENCE characters, or the same text from two calls, is reported in
+  shorter than MIN_EVIDENCE characters, the same text from two calls, or a reply that
+  repeats the pipeline's input (the later call may have it from there) is reported in
   `ambiguous`, never taken as an edge.
 - Each trace is one example: its input is the root span's `input.value`, else the first
   call's last user message.
@@ -232,6 +233,10 @@ def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
             ambiguous.append({"trace_id": trace.trace_id, "from": ups, "to": node,
                               "text": text[:80], "reason": "the same text came from "
                               f"{len(ups)} calls"})
+        elif trace.root_input and text in trace.root_input:
+            ambiguous.append({"trace_id": trace.trace_id, "from": ups, "to": node,
+                              "text": text[:80], "reason": "the text is also in the "
+                              "pipeline's input"})
         elif len(text) < MIN_EVIDENCE:
             ambiguous.append({"trace_id": trace.trace_id, "from": ups, "to": node,
                               "text": text, "reason": f"a text shorter than {MIN_EVIDENCE} "
