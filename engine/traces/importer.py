@@ -207,7 +207,8 @@ def pipeline_graph(pipeline: Pipeline, metric: str, name: str) -> GraphSpec:
     elif metric == "judge":
         raise TraceError("--metric judge is not available on imported traces: choose "
                          f"{', '.join(m for m in METRICS if m != 'judge')} or FILE.py:NAME")
-    doc = {"name": f"traces-{_name(name)}",
+    stem = _name(name)
+    doc = {"name": stem if stem.startswith("traces") else f"traces-{stem}",
            "description": "imported from OpenTelemetry traces (python -m engine "
                           "import-traces)",
            "input_fields": [INPUT], "target_field": TARGET,
