@@ -281,3 +281,16 @@ def test_a_run_exported_as_otel_imports_with_its_graphs_nodes_and_edges(tmp_path
     assert sorted(tuple(e) for e in got["edges"]) == sorted(
         (up, n.id) for n in original.nodes for up in original.predecessors(n.id))
     assert got["traces"] == 8 and got["ambiguous"] == []  # step 0: 4 train, 4 val examples
+
+
+def test_a_python_metric_grades_the_final_output(tmp_path, capsys):
+    metric = tmp_path / "metric.py"
+    metric.write_text("def twice(example, prediction):\n"
+                      "    return float(prediction == str(2 * int(example['target'])))\n")
+    traces = write_lines(tmp_path / "t.jsonl", example_spans(right=1))
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"),
+                   "--targets", str(targets_file(tmp_path)), "--metric", f"{metric}:twice")
+    assert (got["scored"], got["failing"]) == (4, 1)  # three traces doubled the count
+    with duckdb.connect(str(tmp_path / "r.duckdb"), read_only=True) as con:
+        config = json.loads(con.execute("SELECT config FROM runs").fetchall()[0][0])
+    assert config["code"]["metric"]["qualname"] == "twice"
