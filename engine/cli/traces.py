@@ -85,6 +85,11 @@ def cmd_backprop(args: argparse.Namespace) -> int:
 
     result = asyncio.run(backprop(args.db, args.run_id, method=args.method,
                                   base_url=args.base_url, model=args.model))
+    if result.status != "finished":  # a step is recorded whole or not at all
+        print(f"run '{args.run_id}': backprop {result.status}"
+              f"{': ' + result.reason if result.reason else ''}; step "
+              f"{result.state.step + 1 if result.state else 1} was not recorded")
+        return 1
     gradients = result.events.of(Gradient)
     proposals = result.events.of(Proposal)
     step = result.state.step
