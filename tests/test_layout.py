@@ -128,6 +128,9 @@ LAYERS = {  # a package may import only the packages listed for it (and itself)
     "engine.core": {"engine.events", "engine.llm", "engine.prompts", "engine.data"},
     "engine.runlog": {"engine.events", "engine.llm", "engine.core", "engine.prompts",
                       "engine.data"},
+    # imported traces: a run is made with the run machinery; probes and the CLI sit above
+    "engine.traces": {"engine.events", "engine.llm", "engine.core", "engine.prompts",
+                      "engine.data", "engine.runlog", "engine.runs"},
 }
 
 

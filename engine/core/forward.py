@@ -20,6 +20,7 @@ from engine.data.examples import Example
 from engine.events import Activation
 from engine.llm.client import LLMClient
 from engine.prompts import templates as P
+from engine.prompts.recorded import RECORDED_FIELD, recorded_messages
 
 
 @dataclass(frozen=True)
@@ -189,12 +190,16 @@ async def _shared_call(ctx: RunContext, prompts: Prompts, example: Example, node
 async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: Node,
                      values: dict[str, str], split: str, records: list | None = None
                      ) -> Activation:
-    answer_format = ctx.graph.answer_format if node.output else ""
-    messages = ctx.prompt_set.forward(prompts.text[node.id], values, answer_format,
-                                      frozenset(ctx.graph.input_fields))
+    if node.recorded:  # a call imported from traces: the pipeline's own messages
+        messages = recorded_messages(prompts.text[node.id],
+                                     example.fields.get(RECORDED_FIELD, ""), node.id, values)
+    else:
+        answer_format = ctx.graph.answer_format if node.output else ""
+        messages = ctx.prompt_set.forward(prompts.text[node.id], values, answer_format,
+                                          frozenset(ctx.graph.input_fields))
     request = ctx.client.request(
         "forward", messages, max_tokens=node.max_tokens or ctx.max_tokens,
-        stop=ctx.prompt_set.forward_stop,
+        stop=() if node.recorded else ctx.prompt_set.forward_stop,
         meta={"role": "forward", "node": node.id, "output_node": node.output,
               "inputs": list(node.inputs)})
     record = await ctx.client.call(request, step=ctx.step, node_id=node.id,
@@ -204,8 +209,9 @@ async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: N
     if record.error:
         return _activation(ctx, split, example, node, prompts, values, error=record.error,
                            call_id=record.call_id)
-    output, problem = P.parse_output(record.response,
-                                     stopped=bool(request.stop) and record.finish_reason != "length")
+    # the pipeline read a recorded call's reply as it came: no output tags to look for
+    output, problem = (record.response, None) if node.recorded else P.parse_output(
+        record.response, stopped=bool(request.stop) and record.finish_reason != "length")
     return _activation(ctx, split, example, node, prompts, values, output=output,
                        raw=record.response, parse_error=problem, call_id=record.call_id)
 

@@ -41,6 +41,8 @@ NODE_KEYS = {
     "output": "true on exactly one node: the graph's answer",
     "max_tokens": "generation limit for this node's forward call",
     "description": "what the node does; a function node's task in the backward pass",
+    "recorded": "true for a call imported from traces: its messages are each example's "
+                "recorded call, its inputs put back where the trace had them",
 }
 METRICS = ("exact_match", "numeric", "choice", "yes_no", "auto", "judge")
 SPLIT_KEYS = ("train", "val", "test")
@@ -70,6 +72,9 @@ class Node:
     max_tokens: int | None = None
     line: int | None = None
     description: str = ""
+    # a call imported from traces (engine/traces): its forward messages are the example's
+    # recorded call with its inputs in their slots (engine/prompts/recorded.py)
+    recorded: bool = False
     # a Python callable bound to this function node (engine.api.builder); None: FUNCTIONS[function]
     fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
@@ -371,7 +376,11 @@ def _parse_node(item: yaml.Node, path, bound: Mapping[str, Callable[..., Any]]) 
         raise GraphError(path, "'function' is only allowed with kind: function",
                          node=node_id, line=fields["function"][1])
     prompt = value("prompt", "")
-    if kind == "llm" and not (isinstance(prompt, str) and prompt.strip()):
+    recorded = value("recorded", False)
+    if not isinstance(recorded, bool) or (recorded and kind != "llm"):
+        raise GraphError(path, "'recorded' must be true or false, on an llm node",
+                         node=node_id, line=fields["recorded"][1])
+    if kind == "llm" and not recorded and not (isinstance(prompt, str) and prompt.strip()):
         raise GraphError(path, "an llm node needs a non-empty 'prompt'", node=node_id, line=line)
     for flag in ("trainable", "output"):
         if flag in fields and not isinstance(value(flag), bool):
@@ -397,6 +406,7 @@ def _parse_node(item: yaml.Node, path, bound: Mapping[str, Callable[..., Any]]) 
         line=line,
         description=_description(value("description", ""), path, node_id, fields),
         fn=bound.get(function) if kind == "function" else None,
+        recorded=recorded,
     )
 
 

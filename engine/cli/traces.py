@@ -1,0 +1,102 @@
+"""Command line of imported traces (engine/traces):
+
+    python -m engine import-traces FILE --db DB [--node-key ATTR] [--targets FILE.jsonl]
+                                   [--metric NAME|FILE.py:NAME] [--base-url URL]
+                                   [--model NAME] [--run-id ID] [--json]
+    python -m engine backprop RUN_ID --db DB [--method M] [--base-url URL] [--model NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+from engine.core.graph import METRICS
+
+
+def register_cli(sub: Any) -> None:
+    p = sub.add_parser("import-traces", help="make a run of a pipeline's OpenTelemetry "
+                                             "traces (OTLP JSON lines)")
+    p.add_argument("file", help="spans in the OTLP JSON encoding, one ExportTraceServiceRequest "
+                                "a line (the Collector's file exporter; export --format otel)")
+    p.add_argument("--db", default="runs.duckdb",
+                   help="the run log, a DuckDB file (default: runs.duckdb)")
+    p.add_argument("--node-key", metavar="ATTR",
+                   help="group LLM spans into call sites by this span attribute (default: "
+                        "span name and system message)")
+    p.add_argument("--targets", metavar="FILE.jsonl",
+                   help='expected outputs, one JSON object a line: {"trace_id": "<32 hex>", '
+                        '"target": "..."} or {"input": "<root input>", "target": "..."}; '
+                        "traces without one are kept unscored")
+    p.add_argument("--metric", default="exact_match", metavar="NAME|FILE.py:NAME",
+                   help=f"grader of the final output: {', '.join(m for m in METRICS if m != 'judge')}"
+                        " or a Python metric (example, prediction) -> score "
+                        "(default: exact_match)")
+    p.add_argument("--base-url", metavar="URL",
+                   help="the OpenAI-compatible server that re-runs call (default: "
+                        "OPENAI_BASE_URL)")
+    p.add_argument("--model", help="the model re-runs ask for (default: the recorded one)")
+    p.add_argument("--run-id", help="name the run (default: generated)")
+    p.add_argument("--json", action="store_true",
+                   help="print run_id, nodes, edges, traces, scored, failing and ambiguous "
+                        "as one JSON object")
+    p.set_defaults(func=cmd_import_traces)
+
+    p = sub.add_parser("backprop", help="back-propagate a run's failing examples at its "
+                                        "last step and propose prompts (e.g. an imported run)")
+    p.add_argument("run_id", help="the run (python -m engine runs lists the ids)")
+    p.add_argument("--db", default="runs.duckdb",
+                   help="the run log, a DuckDB file (default: runs.duckdb)")
+    p.add_argument("--method", help="credit assignment (default: the run's; docs/methods.md)")
+    p.add_argument("--base-url", metavar="URL",
+                   help="the OpenAI-compatible server for the model calls (recorded for "
+                        "the run's probes and blame too)")
+    p.add_argument("--model", help="the model to call (default: the run's)")
+    p.set_defaults(func=cmd_backprop)
+
+
+def cmd_import_traces(args: argparse.Namespace) -> int:
+    from engine.traces.importer import import_traces
+
+    result = import_traces(args.file, args.db, node_key=args.node_key, targets=args.targets,
+                           metric=args.metric, base_url=args.base_url, model=args.model,
+                           run_id=args.run_id)
+    if args.json:
+        print(json.dumps(result.as_json(), ensure_ascii=False, indent=1))
+        return 0
+    p = result.pipeline
+    print(f"imported {len(p.traces)} traces into run '{result.run_id}' ({args.db}): "
+          f"{len(p.nodes)} calls, {len(p.edges)} flows; {result.scored} scored, "
+          f"{result.failing} failing")
+    for node in p.nodes.values():
+        reads = ", ".join(node.inputs)
+        print(f"  {node.id} <- {reads}{'  (final output)' if node.id == p.output else ''}")
+    for flow in p.ambiguous:
+        print(f"  ambiguous: {', '.join(flow['from'])} -> {flow['to']} in trace "
+              f"{flow['trace_id']}: {flow['reason']}")
+    return 0
+
+
+def cmd_backprop(args: argparse.Namespace) -> int:
+    from engine.events import Gradient, Proposal
+    from engine.traces.backprop import backprop
+
+    result = asyncio.run(backprop(args.db, args.run_id, method=args.method,
+                                  base_url=args.base_url, model=args.model))
+    if result.status != "finished":  # a step is recorded whole or not at all
+        print(f"run '{args.run_id}': backprop {result.status}"
+              f"{': ' + result.reason if result.reason else ''}; step "
+              f"{result.state.step + 1 if result.state else 1} was not recorded")
+        return 1
+    gradients = result.events.of(Gradient)
+    proposals = result.events.of(Proposal)
+    step = result.state.step
+    print(f"run '{args.run_id}' step {step}: {len(gradients)} gradients on "
+          f"{len({g.example_id for g in gradients})} failing examples, "
+          f"{len(proposals)} proposals (status {result.status})")
+    for proposal in proposals:
+        print(f"  {proposal.node_id}: {' '.join(proposal.new_prompt.split())[:100]}")
+    print(f"next: python -m engine blame {args.run_id} --db {args.db} --step {step}")
+    return 0

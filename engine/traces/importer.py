@@ -1,0 +1,245 @@
+"""`import-traces`: a pipeline's traces become a run in the run log.
+
+The run is an ordinary one at step 0: its graph has one `recorded` LLM node per call site
+(engine/prompts/recorded.py), its training examples are the scored traces (unscored ones
+are kept in the split `unscored`), and its forward pass is the recorded calls, replayed:
+a backend that answers each request with the reply the trace recorded runs the graph
+through the run's client, so the node outputs, losses, calls and reply cache are written
+exactly as a run writes them. Later forward passes with the same prompts are cache hits;
+any change (a probe, a proposal) calls the user's model through the OpenAI-compatible
+backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.core.forward import Prompts, RunContext, forward_pass
+from engine.core.graph import METRICS, GraphError, GraphSpec, parse_graph
+from engine.core.loss import compute_losses, mean_score
+from engine.data.examples import Example
+from engine.events import EventBus, PromptVersion, StepFinished
+from engine.llm.base import LLMError, LLMReply, LLMRequest, estimate_tokens
+from engine.llm.cache import Cache
+from engine.prompts.recorded import RECORDED_FIELD, recorded_messages
+from engine.prompts.sets import prompt_set
+from engine.runlog.schema import RunLogError
+from engine.runlog.state import run_exists
+from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
+from engine.runs.execute import default_max_tokens, make_client
+from engine.runs.settings import RunConfig
+from engine.traces import TraceError
+from engine.traces.infer import INPUT, Pipeline, Trace, infer_pipeline
+from engine.traces.otlp import read_spans
+
+TARGET = "target"
+UNSCORED = "unscored"  # the split of traces with no target: kept, never graded
+
+
+@dataclass
+class ImportResult:
+    run_id: str
+    pipeline: Pipeline
+    scored: int
+    failing: int
+
+    def as_json(self) -> dict[str, Any]:
+        p = self.pipeline
+        return {"run_id": self.run_id,
+                "nodes": [{"id": n.id, "calls": n.calls, "prompt": n.prompt}
+                          for n in p.nodes.values()],
+                "edges": [list(e) for e in p.edges],
+                "traces": len(p.traces), "scored": self.scored, "failing": self.failing,
+                "ambiguous": p.ambiguous}
+
+
+def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = None,
+                  targets: str | Path | None = None, metric: str = "exact_match",
+                  base_url: str | None = None, model: str | None = None,
+                  run_id: str | None = None) -> ImportResult:
+    """Read the spans, infer the pipeline, and write it as a run. Every check comes before
+    the first write: bad input raises TraceError (or RunLogError) and writes nothing."""
+    pipeline = infer_pipeline(read_spans(path), node_key)
+    target_of = read_targets(targets, pipeline.traces) if targets else {}
+    graph = pipeline_graph(pipeline, metric, Path(path).stem)
+    examples = [example_of(t, target_of.get(t.example_id)) for t in pipeline.traces]
+    open_for_writing(db)
+    config = RunConfig(graph=str(path), backend="openai", model=model or pipeline.model
+                       or "recorded", db=str(db), steps=0, base_url=base_url, gate=True,
+                       temperature=pipeline.temperature or 0.0,
+                       run_id=run_id or f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
+                                        f"{secrets.token_hex(2)}")
+    if run_exists(str(db), config.run_id) if Path(db).exists() else False:
+        raise RunLogError(f"{db}: a run '{config.run_id}' already exists")
+    if graph.metric_fn is not None:
+        from engine.runs.code import code_origins
+
+        config.code = code_origins(graph)
+    scored = [e for e in examples if e.target is not None]
+    unscored = [replace(e, target="") for e in examples if e.target is None]
+    losses = asyncio.run(_write_run(config, graph, scored, unscored,
+                                    Replay(graph, pipeline.traces, examples)))
+    return ImportResult(config.run_id, pipeline, len(scored),
+                        sum(1 for x in losses if x.score < 1.0))
+
+
+class Replay:
+    """A backend named `openai` that answers each request with the reply its trace
+    recorded, so that the run's cache keys are those a later call to the user's
+    OpenAI-compatible server makes."""
+
+    name = "openai"
+    supports_schema = False
+
+    def __init__(self, graph: GraphSpec, traces: list[Trace], examples: list[Example]
+                 ) -> None:
+        self._replies: dict[str, Any] = {}
+        for trace, example in zip(traces, examples):
+            for n in graph.nodes:
+                values = {name: trace.calls[name].output if name in trace.calls
+                          else example.fields.get(name, "") for name in n.inputs}
+                messages = recorded_messages(n.prompt, example.fields[RECORDED_FIELD], n.id,
+                                             values)
+                self._replies.setdefault(json.dumps(messages), trace.calls[n.id])
+
+    async def complete(self, request: LLMRequest) -> LLMReply:
+        call = self._replies.get(json.dumps([list(m) for m in request.messages]))
+        if call is None:
+            raise LLMError("import-traces: a replayed call differs from every recorded one")
+        prompt_tokens, completion_tokens = call.tokens
+        return LLMReply(call.output, prompt_tokens or estimate_tokens(request.user_text),
+                        completion_tokens or estimate_tokens(call.output), call.model,
+                        finish_reason="stop")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
+                     unscored: list[Example], backend: Replay) -> list:
+    cache = Cache("readwrite")
+    client = make_client(config, cache, backend, backend)
+    writer = RunLogWriter(config.db, config.run_id, cache)
+    bus = EventBus([writer])
+    client.on_call, client.on_event, client.run_id = bus.emit, bus.emit, config.run_id
+    rows = [{"run_id": config.run_id, "split": split, "example_id": e.id, "position": i,
+             "fields": json.dumps(e.fields, ensure_ascii=False), "target": e.target}
+            for split, part in (("train", scored), (UNSCORED, unscored))
+            for i, e in enumerate(part)]
+    writer.start_run(run_row(config.run_id, graph, config.to_json(), "openai",
+                             client.forward_model, client.optimizer_model), rows)
+    max_tokens, optimizer_max_tokens = default_max_tokens(config)
+    ctx = RunContext(graph, client, bus.emit, config.run_id, 0, max_tokens,
+                     optimizer_max_tokens, prompt_set(config.prompts))
+    started, prompts = time.time(), Prompts.initial(graph)
+    try:
+        for node in graph.nodes:
+            bus.emit(PromptVersion(config.run_id, node.id, 0, prompts.text[node.id], 0, True))
+        traces = await forward_pass(ctx, prompts, scored, "train")
+        losses = await compute_losses(ctx, traces, "train")
+        await forward_pass(ctx, prompts, unscored, UNSCORED)
+        bus.emit(StepFinished(config.run_id, 0, mean_score(losses), None, False, started,
+                              time.time(), metrics={"traces": float(len(scored) +
+                                                                    len(unscored))}))
+    except BaseException as exc:
+        writer.finish("failed", f"{exc.__class__.__name__}: {exc}")
+        raise
+    writer.finish("finished")
+    return losses
+
+
+def example_of(trace: Trace, target: str | None) -> Example:
+    fields = {INPUT: trace.root_input,
+              RECORDED_FIELD: json.dumps(trace.templates, ensure_ascii=False)}
+    return Example(trace.example_id, fields, target)  # type: ignore[arg-type]
+
+
+def read_targets(path: str | Path, traces: list[Trace]) -> dict[str, str]:
+    """example id -> target, from `{"trace_id": ..., "target": ...}` or `{"input": ...,
+    "target": ...}` lines. TraceError on a bad line or a file that matches no trace."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TraceError(f"--targets {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"--targets {path}: cannot read ({exc.__class__.__name__})") from None
+    by_trace = {}
+    for t in traces:
+        by_trace.setdefault(t.trace_id, []).append(t)
+    by_input = {}
+    for t in traces:
+        by_input.setdefault(t.root_input.strip(), []).append(t)
+    found: dict[str, str] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get(TARGET), str) or not (
+                isinstance(row.get("trace_id"), str) or isinstance(row.get("input"), str)):
+            raise TraceError(f"{path}:{number}: expected a JSON object with 'target' and "
+                             "'trace_id' (32 hex digits) or 'input' (the trace's root input)")
+        matched = by_trace.get(row["trace_id"].lower(), []) if "trace_id" in row else \
+            by_input.get(row["input"].strip(), [])
+        for t in matched:
+            found[t.example_id] = row[TARGET]
+    if not found:
+        raise TraceError(f"--targets {path}: no line matches a trace of the file (by "
+                         "trace_id or input)")
+    return found
+
+
+def pipeline_graph(pipeline: Pipeline, metric: str, name: str) -> GraphSpec:
+    """The graph of recorded nodes; `metric` is a grader name or FILE.py:NAME."""
+    metric_fn = None
+    if metric not in METRICS:
+        metric_fn = _python_metric(metric)
+    elif metric == "judge":
+        raise TraceError("--metric judge is not available on imported traces: choose "
+                         f"{', '.join(m for m in METRICS if m != 'judge')} or FILE.py:NAME")
+    stem = _name(name)
+    doc = {"name": stem if stem.startswith("traces") else f"traces-{stem}",
+           "description": "imported from OpenTelemetry traces (python -m engine "
+                          "import-traces)",
+           "input_fields": [INPUT], "target_field": TARGET,
+           "metric": "exact_match" if metric_fn else metric,
+           "nodes": [{"id": n.id, "prompt": n.prompt, "inputs": n.inputs, "recorded": True,
+                      **({"output": True} if n.id == pipeline.output else {})}
+                     for n in pipeline.nodes.values()]}
+    try:
+        graph = parse_graph(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True),
+                            "<traces>")
+    except GraphError as exc:
+        raise TraceError(f"the traces do not make a graph: {exc}") from None
+    if metric_fn is None:
+        return graph
+    doc["metric"] = metric.rpartition(":")[2]
+    return replace(graph, metric=doc["metric"], metric_fn=metric_fn,
+                   yaml_text=yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+
+
+def _name(stem: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in stem)[:40] or "traces"
+
+
+def _python_metric(spec: str):
+    from engine.core.functions import load_functions
+
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where.endswith(".py"):
+        raise TraceError(f"--metric {spec!r}: choose one of {', '.join(METRICS)} or "
+                         "FILE.py:NAME (a Python metric)")
+    fn = load_functions(where).get(name)
+    if not callable(fn):
+        raise TraceError(f"--metric {spec!r}: {where} has no function '{name}'")
+    return fn

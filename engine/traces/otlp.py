@@ -1,0 +1,255 @@
+"""Spans in the OTLP JSON encoding (one `ExportTraceServiceRequest` a line, as the
+OpenTelemetry Collector's file exporter writes them, and as `export --format otel` does),
+read into the LLM calls they record.
+
+A call is read through its attributes, never through span order: OpenInference's
+flattened messages (`llm.input_messages.N.message.*`), else the GenAI conventions'
+`gen_ai.input.messages`, else an OpenAI request body in `input.value`; its reply likewise.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.traces import TraceError
+
+SYSTEM_ROLES = ("system", "developer")
+
+
+@dataclass
+class Span:
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    start: int
+    end: int
+    attributes: dict[str, Any]
+
+
+@dataclass
+class Call:
+    """One LLM call as a span recorded it."""
+
+    span: Span
+    messages: list[tuple[str, str]]
+    output: str
+    model: str = ""
+    temperature: float | None = None
+    tokens: tuple[int, int] = (0, 0)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def system(self) -> str:
+        return next((c for r, c in self.messages if r in SYSTEM_ROLES), "")
+
+    def non_system(self) -> list[tuple[str, str]]:
+        """The messages after the first system message: what the node's template keeps."""
+        out, dropped = [], False
+        for role, content in self.messages:
+            if role in SYSTEM_ROLES and not dropped:
+                dropped = True
+                continue
+            out.append((role, content))
+        return out
+
+
+def read_spans(path: str | Path) -> list[Span]:
+    """Every span of an OTLP JSON lines file. TraceError (one line) when the file is not
+    OTLP JSON."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read the file ({exc.__class__.__name__})") from None
+    spans: list[Span] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            document = json.loads(line)
+        except json.JSONDecodeError:
+            raise TraceError(f"{path}:{number}: not OTLP JSON (each line must be one JSON "
+                             "ExportTraceServiceRequest, as the Collector's file exporter "
+                             "writes)") from None
+        resources = _get(document, "resourceSpans", "resource_spans") \
+            if isinstance(document, dict) else None
+        if not isinstance(resources, list):
+            raise TraceError(f"{path}:{number}: not OTLP JSON (no resourceSpans: expected an "
+                             "ExportTraceServiceRequest a line)")
+        try:
+            spans.extend(_spans_of(resources))
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise TraceError(f"{path}:{number}: not OTLP JSON ({exc.__class__.__name__}: "
+                             f"{exc})") from None
+    if not spans:
+        raise TraceError(f"{path}: no spans in the file")
+    return spans
+
+
+def _get(mapping: dict, *keys: str) -> Any:
+    for key in keys:
+        if key in mapping:
+            return mapping[key]
+    return None
+
+
+def _spans_of(resources: list[dict]) -> list[Span]:
+    out = []
+    for resource in resources:
+        for scope in _get(resource, "scopeSpans", "scope_spans") or []:
+            for raw in scope.get("spans") or []:
+                out.append(Span(
+                    trace_id=_hex(_get(raw, "traceId", "trace_id")),
+                    span_id=_hex(_get(raw, "spanId", "span_id")),
+                    parent_id=_hex(_get(raw, "parentSpanId", "parent_span_id") or ""),
+                    name=str(raw.get("name") or ""),
+                    start=int(_get(raw, "startTimeUnixNano", "start_time_unix_nano") or 0),
+                    end=int(_get(raw, "endTimeUnixNano", "end_time_unix_nano") or 0),
+                    attributes={a["key"]: _value(a.get("value") or {})
+                                for a in raw.get("attributes") or []}))
+    return out
+
+
+def _hex(value: Any) -> str:
+    """An OTLP id as lowercase hex: the Collector writes hex, protobuf's JSON base64."""
+    text = str(value or "")
+    if not text:
+        return ""
+    try:
+        bytes.fromhex(text)
+        return text.lower()
+    except ValueError:
+        pass
+    try:
+        return base64.b64decode(text, validate=True).hex()
+    except (binascii.Error, ValueError):
+        raise ValueError(f"span id {text!r:.40} is neither hex nor base64") from None
+
+
+def _value(value: dict) -> Any:
+    for key in ("stringValue", "string_value"):
+        if key in value:
+            return value[key]
+    for key in ("intValue", "int_value"):
+        if key in value:
+            return int(value[key])
+    for key in ("doubleValue", "double_value"):
+        if key in value:
+            return float(value[key])
+    for key in ("boolValue", "bool_value"):
+        if key in value:
+            return bool(value[key])
+    array = _get(value, "arrayValue", "array_value")
+    if array is not None:
+        return [_value(v) for v in array.get("values") or []]
+    return None
+
+
+# --- the LLM calls ---------------------------------------------------------------------
+
+
+def is_llm_span(span: Span) -> bool:
+    kind = str(span.attributes.get("openinference.span.kind") or "").upper()
+    operation = span.attributes.get("gen_ai.operation.name")
+    return kind == "LLM" or (not kind and operation in ("chat", "text_completion"))
+
+
+def llm_call(span: Span) -> Call:
+    a = span.attributes
+    params = _json(a.get("llm.invocation_parameters"))
+    temperature = a.get("gen_ai.request.temperature")
+    if temperature is None and isinstance(params, dict):
+        temperature = params.get("temperature")
+    return Call(span, input_messages(a), output_text(a),
+                str(a.get("llm.model_name") or a.get("gen_ai.request.model")
+                    or a.get("gen_ai.response.model") or ""),
+                float(temperature) if isinstance(temperature, (int, float)) else None,
+                (int(a.get("llm.token_count.prompt") or a.get("gen_ai.usage.input_tokens") or 0),
+                 int(a.get("llm.token_count.completion")
+                     or a.get("gen_ai.usage.output_tokens") or 0)))
+
+
+def input_messages(a: dict[str, Any]) -> list[tuple[str, str]]:
+    flat = _flattened(a, "llm.input_messages")
+    if flat:
+        return flat
+    parts = _json(a.get("gen_ai.input.messages"))
+    if isinstance(parts, list):
+        return [(str(m.get("role") or "user"), _parts_text(m)) for m in parts
+                if isinstance(m, dict)]
+    body = _json(a.get("input.value"))
+    messages = body.get("messages") if isinstance(body, dict) else body
+    if isinstance(messages, list):
+        return [(str(m.get("role") or "user"), _content_text(m.get("content")))
+                for m in messages if isinstance(m, dict)]
+    return []
+
+
+def output_text(a: dict[str, Any]) -> str:
+    flat = _flattened(a, "llm.output_messages")
+    if flat:
+        return flat[0][1]
+    parts = _json(a.get("gen_ai.output.messages"))
+    if isinstance(parts, list) and parts and isinstance(parts[0], dict):
+        return _parts_text(parts[0])
+    value = a.get("output.value")
+    body = _json(value)
+    if isinstance(body, dict) and isinstance(body.get("choices"), list) and body["choices"]:
+        choice = body["choices"][0] or {}
+        return _content_text((choice.get("message") or {}).get("content") or choice.get("text"))
+    return "" if value is None else str(value)
+
+
+def _flattened(a: dict[str, Any], prefix: str) -> list[tuple[str, str]]:
+    """OpenInference's `prefix.N.message.role` / `.content` (or `.contents.M...text`)."""
+    found: dict[int, dict[str, Any]] = {}
+    for key, value in a.items():
+        if not key.startswith(prefix + "."):
+            continue
+        index, _, rest = key[len(prefix) + 1:].partition(".")
+        if not index.isdigit():
+            continue
+        message = found.setdefault(int(index), {"parts": {}})
+        if rest == "message.role":
+            message["role"] = value
+        elif rest == "message.content":
+            message["content"] = value
+        elif rest.startswith("message.contents.") and rest.endswith(".message_content.text"):
+            message["parts"][int(rest.split(".")[2])] = value
+    out = []
+    for index in sorted(found):
+        m = found[index]
+        text = m.get("content")
+        if text is None:
+            text = "".join(str(m["parts"][i]) for i in sorted(m["parts"]))
+        out.append((str(m.get("role") or "user"), str(text)))
+    return out
+
+
+def _parts_text(message: dict[str, Any]) -> str:
+    parts = message.get("parts")
+    if isinstance(parts, list):
+        return "".join(str(p.get("content") or "") for p in parts if isinstance(p, dict))
+    return _content_text(message.get("content"))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, list):  # OpenAI's content parts
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _json(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return None

@@ -1,0 +1,125 @@
+"""A plain-Python pipeline of three `openai` SDK calls, traced with OpenInference, for
+`python -m engine import-traces` (docs/traces.md).
+
+`who` and `numbers` read a sentence ("Maria has 3 apples in the basket and adds 15
+more."); `total` reads both of their replies, never the sentence, and gives the sum. The
+`numbers` prompt is plainly at fault: it asks how the person feels instead of for the two
+numbers (sample_graphs/blame_fault.yaml is the same pipeline as a graph). Run it against any OpenAI-compatible server on 127.0.0.1 (the embedded model
+served by llama.cpp, or the scripted server of the tests):
+
+    python sample_graphs/traced_pipeline.py --base-url http://127.0.0.1:8080/v1 \\
+        --model qwen --out traces.jsonl --limit 12
+    python -m engine import-traces traces.jsonl --db traces.duckdb --targets targets.jsonl \\
+        --metric numeric
+    python -m engine backprop RUN_ID --db traces.duckdb
+    python -m engine blame RUN_ID --db traces.duckdb
+
+It writes the spans as OTLP JSON lines (one ExportTraceServiceRequest a line, the
+OpenTelemetry Collector's file format) to --out, and each sentence's expected sum to
+--targets (default: targets.jsonl beside --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from google.protobuf import json_format
+from openai import OpenAI
+from openinference.instrumentation.openai import OpenAIInstrumentor
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+DATA = Path(__file__).parent / "data" / "blame_fault.jsonl"
+PROMPTS = {
+    "who": "Who: say in one short sentence who the sentence is about.",
+    # the planted fault: it should pass on the two numbers
+    "numbers": "Numbers: say in one short sentence how the person feels.",
+    "total": "Total: add up the numbers you are given and reply with the sum, as digits "
+             "only.",
+}
+
+
+class OTLPJsonLinesExporter(SpanExporter):
+    """Spans as OTLP JSON lines, ids in hex, as the Collector's file exporter writes them."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = json_format.MessageToDict(encode_spans(spans))
+        for resource in line.get("resourceSpans", []):
+            for scope in resource.get("scopeSpans", []):
+                for span in scope.get("spans", []):
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if span.get(key):  # protobuf's JSON writes bytes as base64
+                            import base64
+
+                            span[key] = base64.b64decode(span[key]).hex()
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def ask(client: OpenAI, model: str, system: str, user: str) -> str:
+    reply = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=64,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
+    return (reply.choices[0].message.content or "").strip()
+
+
+def pipeline(client: OpenAI, model: str, sentence: str, prompts: dict[str, str],
+             tracer: trace.Tracer) -> str:
+    with tracer.start_as_current_span("pipeline", attributes={
+            "openinference.span.kind": "CHAIN", "input.value": sentence}) as span:
+        who = ask(client, model, prompts["who"], f"Text: {sentence}")
+        numbers = ask(client, model, prompts["numbers"], f"Text: {sentence}")
+        answer = ask(client, model, prompts["total"], f"Note: {who}\nNumbers: {numbers}")
+        span.set_attribute("output.value", answer)
+    return answer
+
+
+def run(base_url: str, model: str, out: str | Path, limit: int, targets: str | Path,
+        prompts: dict[str, str] | None = None) -> list[str]:
+    """Run the pipeline on the first `limit` sentences, tracing every call to `out`."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPJsonLinesExporter(out)))
+    tracer = provider.get_tracer("traced_pipeline")
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    client = OpenAI(base_url=base_url, api_key="not-needed")
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()][:limit]
+    answers = []
+    try:
+        with open(targets, "w", encoding="utf-8") as fh:
+            for row in rows:
+                answers.append(pipeline(client, model, row["text"], prompts or PROMPTS, tracer))
+                fh.write(json.dumps({"input": row["text"], "target": row["answer"]}) + "\n")
+    finally:
+        OpenAIInstrumentor().uninstrument()
+        provider.shutdown()
+    return answers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", required=True, help="an OpenAI-compatible server")
+    parser.add_argument("--model", default="local", help="the model name to ask for")
+    parser.add_argument("--out", default="traces.jsonl", help="the OTLP JSON lines file")
+    parser.add_argument("--targets", help="expected sums (default: targets.jsonl beside "
+                                          "--out)")
+    parser.add_argument("--limit", type=int, default=12, help="sentences to run")
+    args = parser.parse_args()
+    targets = args.targets or Path(args.out).with_name("targets.jsonl")
+    for answer in run(args.base_url, args.model, args.out, args.limit, targets):
+        print(answer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""import-traces: a pipeline's OTLP JSON spans become a run (engine/traces)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from engine.cli.commands import main
+from tests.support.otlp_traces import (
+    SYSTEMS,
+    chain_span,
+    hex_id,
+    llm_span,
+    three_call_trace,
+    write_lines,
+)
+
+SENTENCES = [("Lena packed 7 boxes for the trip.", "7"),
+             ("Omar planted 12 trees in the garden.", "12"),
+             ("The bus waited for 5 minutes.", "5"),
+             ("Nina baked 9 pies for the fair.", "9")]
+
+
+def example_spans(right: int = 0) -> list[dict]:
+    """Four traces of the three-call pipeline; the first `right` count the number right."""
+    spans = []
+    for i, (sentence, n) in enumerate(SENTENCES):
+        value = int(n) if i < right else 2 * int(n)
+        spans += three_call_trace(i, sentence, f"The number is {value}.",
+                                  f"Topic: {sentence.split()[1]} and things", str(value))
+    return spans
+
+
+def targets_file(tmp_path: Path) -> Path:
+    path = tmp_path / "targets.jsonl"
+    path.write_text("".join(json.dumps({"input": s, "target": n}) + "\n"
+                            for s, n in SENTENCES), encoding="utf-8")
+    return path
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_example_shape_imports_as_three_calls_and_two_flows(tmp_path, capsys):
+    traces = write_lines(tmp_path / "t.jsonl", example_spans(right=1))
+    db = tmp_path / "r.duckdb"
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(db),
+                   "--targets", str(targets_file(tmp_path)), "--metric", "numeric")
+    assert [(n["id"], n["calls"], n["prompt"]) for n in got["nodes"]] == [
+        ("you_count", 4, SYSTEMS["count"]), ("you_name", 4, SYSTEMS["topic"]),
+        ("you_give", 4, SYSTEMS["answer"])]
+    assert got["edges"] == [["you_count", "you_give"], ["you_name", "you_give"]]
+    assert (got["traces"], got["scored"], got["failing"], got["ambiguous"]) == (4, 4, 3, [])
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT example_id, node_id, output_text FROM node_outputs "
+                           "WHERE run_id = ? AND node_id = 'you_give' ORDER BY example_id",
+                           [got["run_id"]]).fetchall()
+        scores = con.execute("SELECT score FROM losses WHERE run_id = ? ORDER BY example_id",
+                             [got["run_id"]]).fetchall()
+        inputs = {r[0] for r in con.execute(
+            "SELECT json_extract_string(fields, '$.input') FROM examples WHERE run_id = ?",
+            [got["run_id"]]).fetchall()}
+    assert sorted(r[2] for r in rows) == ["10", "18", "24", "7"]  # the recorded replies
+    assert sorted(s[0] for s in scores) == [0.0, 0.0, 0.0, 1.0]
+    assert inputs == {s for s, _ in SENTENCES}  # the root span's input.value
+
+
+def test_the_recorded_messages_are_the_nodes_forward_messages(tmp_path, capsys):
+    """Rendering a node's template with the logged values gives back the recorded call:
+    the run's calls carry the pipeline's own messages, answered from the trace."""
+    traces = write_lines(tmp_path / "t.jsonl", example_spans())
+    db = tmp_path / "r.duckdb"
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(db))
+    with duckdb.connect(str(db), read_only=True) as con:
+        calls = con.execute("SELECT node_id, messages, response, backend, model FROM llm_calls "
+                            "WHERE run_id = ? AND example_id = ? ORDER BY node_id",
+                            [got["run_id"], hex_id("trace-0", 32)[:16]]).fetchall()
+        splits = con.execute("SELECT DISTINCT split FROM examples WHERE run_id = ?",
+                             [got["run_id"]]).fetchall()
+        # the pipeline read each reply whole: no output-tag fallback is reported
+        fallbacks = con.execute("SELECT count(*) FROM node_outputs WHERE run_id = ? AND "
+                                "parse_error IS NOT NULL", [got["run_id"]]).fetchall()
+    answer = next(c for c in calls if c[0] == "you_give")
+    assert json.loads(answer[1]) == [
+        {"role": "system", "content": SYSTEMS["answer"]},
+        {"role": "user", "content": "Count note: The number is 14.\nTopic: Topic: packed and things"}]
+    assert answer[2:] == ("14", "openai", "fake-model")
+    assert (got["scored"], got["failing"], splits) == (0, 0, [("unscored",)])
+    assert fallbacks == [(0,)]
+
+
+def test_a_node_key_attribute_names_the_call_sites(tmp_path, capsys):
+    spans = []
+    for i, (sentence, n) in enumerate(SENTENCES[:2]):
+        trace = f"k{i}"
+        for j, (site, system, user, out) in enumerate([
+                ("counter", f"Count for request {i}.", sentence, f"The number is {n}."),
+                ("final", f"Answer for request {i}.", f"Note: The number is {n}.", n)]):
+            spans.append(llm_span(trace, "chat", system, user, out, j + 1,
+                                  extra={"app.step": site}))
+    traces = write_lines(tmp_path / "t.jsonl", spans)
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"),
+                   "--node-key", "app.step")
+    assert [n["id"] for n in got["nodes"]] == ["counter", "final"]
+    assert got["edges"] == [["counter", "final"]]
+
+
+def test_ambiguous_flows_are_reported_not_guessed(tmp_path, capsys):
+    spans = []
+    for i, (sentence, n) in enumerate(SENTENCES[:2]):
+        trace = f"a{i}"
+        same = f"The sentence counts {n} things."
+        spans += [llm_span(trace, "chat", "First reader.", sentence, same, 1),
+                  llm_span(trace, "chat", "Second reader.", sentence, same, 2),
+                  llm_span(trace, "chat", "Short one.", sentence, "ok", 3),
+                  llm_span(trace, "chat", "Final.", f"Notes: {same} / ok", n, 4)]
+    traces = write_lines(tmp_path / "t.jsonl", spans)
+    code = main(["import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"), "--json"])
+    out = capsys.readouterr().err
+    # with both flows refused, three calls feed nothing: no final call can be named
+    assert code == 2 and out.startswith("error:")
+    assert "first, second, short" in out and "ambiguous flows from" in out
+
+
+def test_an_ambiguous_flow_beside_clear_ones_is_listed_in_the_json(tmp_path, capsys):
+    """In one trace the reader's reply is too short to be evidence; another trace shows the
+    flow plainly: the edge comes from that trace, the doubt is listed with its trace."""
+    spans = []
+    for i, reply in enumerate(["It counts 7 things here.", "ok"]):
+        trace = f"b{i}"
+        spans += [llm_span(trace, "chat", "Reader.", SENTENCES[i][0], reply, 1),
+                  llm_span(trace, "chat", "Final.", f"Note: {reply}", SENTENCES[i][1], 2)]
+    traces = write_lines(tmp_path / "t.jsonl", spans)
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"))
+    assert got["edges"] == [["reader", "final"]]
+    assert got["ambiguous"] == [{"trace_id": hex_id("b1", 32), "from": ["reader"],
+                                 "to": "final", "text": "ok", "reason": "a text shorter than "
+                                 "8 characters is no evidence of flow"}]
+
+
+def test_a_reply_that_repeats_the_input_is_no_evidence_of_flow(tmp_path, capsys):
+    """A small model's `who` call echoed the sentence: the echo stands in `numbers`'s
+    message only because the sentence does. Seen on the embedded model."""
+    spans = []
+    for i, (sentence, n) in enumerate(SENTENCES[:2]):
+        trace = f"e{i}"
+        who = sentence if i == 0 else f"It is about someone, case {i}."
+        numbers = f"The numbers are {n} and {n}."
+        spans += [chain_span(trace, "pipeline", sentence),
+                  llm_span(trace, "chat", "Who.", f"Text: {sentence}", who, 1),
+                  llm_span(trace, "chat", "Numbers.", f"Text: {sentence}", numbers, 2),
+                  llm_span(trace, "chat", "Total.", f"Note: {who}\nNumbers: {numbers}", n, 3)]
+    traces = write_lines(tmp_path / "t.jsonl", spans)
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"))
+    assert got["edges"] == [["numbers", "total"], ["who", "total"]]
+    assert {(a["from"][0], a["to"], a["reason"]) for a in got["ambiguous"]} == {
+        ("who", "numbers", "the text is also in the pipeline's input"),
+        ("who", "total", "the text is also in the pipeline's input")}
+
+
+# --- bad input: one line, status 2, the run log untouched --------------------------------
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def existing_log(tmp_path, capsys) -> Path:
+    """A run log with one imported run in it already."""
+    db = tmp_path / "log.duckdb"
+    traces = write_lines(tmp_path / "ok.jsonl", example_spans())
+    assert main(["import-traces", str(traces), "--db", str(db)]) == 0
+    capsys.readouterr()
+    return db
+
+
+def _refused(capsys, db: Path, *argv: str) -> str:
+    before = _digest(db)
+    assert main(["import-traces", *argv, "--db", str(db)]) == 2
+    captured = capsys.readouterr()
+    out = captured.err
+    assert out.startswith("error: ") and out.count("\n") == 1 and not captured.out, out
+    assert _digest(db) == before
+    return out
+
+
+def test_a_file_that_is_not_otlp_is_refused(tmp_path, existing_log, capsys):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"spans": []}\n', encoding="utf-8")
+    assert "not OTLP JSON" in _refused(capsys, existing_log, str(path))
+    path.write_text("hello\n", encoding="utf-8")
+    assert "x.jsonl:1: not OTLP JSON" in _refused(capsys, existing_log, str(path))
+
+
+def test_spans_without_llm_calls_are_refused(tmp_path, existing_log, capsys):
+    path = write_lines(tmp_path / "x.jsonl", [chain_span("c", "pipeline", "hello")])
+    assert "no LLM spans" in _refused(capsys, existing_log, str(path))
+
+
+def test_several_unrelated_pipelines_are_refused(tmp_path, existing_log, capsys):
+    other = [llm_span(f"o{i}", "chat", "Translate to French.", f"Sentence {i} here.",
+                      f"Phrase {i} ici.", 1) for i in range(2)]
+    path = write_lines(tmp_path / "x.jsonl", example_spans() + other)
+    assert "several unrelated pipelines" in _refused(capsys, existing_log, str(path))
+
+
+def test_a_trace_whose_content_flows_in_a_cycle_is_refused(tmp_path, existing_log, capsys):
+    spans = [llm_span("cy", "chat", "Draft.", "Write about boats.", "Boats float on water.", 1),
+             llm_span("cy", "chat", "Edit.", "Edit: Boats float on water.",
+                      "Boats float well on water.", 2),
+             llm_span("cy", "chat", "Draft.", "Write about: Boats float well on water.",
+                      "Boats float on rivers too.", 3)]
+    path = write_lines(tmp_path / "x.jsonl", spans)
+    out = _refused(capsys, existing_log, str(path))
+    assert "trace " + hex_id("cy", 32) in out and "called twice" in out
+
+
+def test_content_flowing_both_ways_across_traces_is_a_cycle(tmp_path, existing_log, capsys):
+    spans = [llm_span("c1", "chat", "Alpha.", "Start here please.", "Alpha says hello there.", 1),
+             llm_span("c1", "chat", "Beta.", "Alpha says hello there.", "Beta answers back.", 2),
+             llm_span("c2", "chat", "Beta.", "Start here please.", "Beta goes first now.", 1),
+             llm_span("c2", "chat", "Alpha.", "Beta goes first now.", "Alpha follows after.", 2)]
+    path = write_lines(tmp_path / "x.jsonl", spans)
+    assert "content flows in a cycle" in _refused(capsys, existing_log, str(path))
+
+
+def test_a_target_file_that_matches_nothing_is_refused(tmp_path, existing_log, capsys):
+    traces = write_lines(tmp_path / "t.jsonl", example_spans())
+    targets = tmp_path / "targets.jsonl"
+    targets.write_text(json.dumps({"trace_id": "0" * 32, "target": "7"}) + "\n" +
+                       json.dumps({"input": "no such sentence", "target": "3"}) + "\n")
+    out = _refused(capsys, existing_log, str(traces), "--targets", str(targets))
+    assert "no line matches a trace" in out
+    targets.write_text("not json\n")
+    assert "targets.jsonl:1: expected a JSON object" in _refused(
+        capsys, existing_log, str(traces), "--targets", str(targets))
+
+
+def test_targets_by_trace_id_leave_the_other_traces_unscored(tmp_path, capsys):
+    traces = write_lines(tmp_path / "t.jsonl", example_spans())
+    targets = tmp_path / "targets.jsonl"
+    targets.write_text(json.dumps({"trace_id": hex_id("trace-1", 32), "target": "24"}) + "\n")
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"),
+                   "--targets", str(targets), "--metric", "numeric")
+    assert (got["traces"], got["scored"], got["failing"]) == (4, 1, 0)
+
+
+# --- a run of this project, exported as spans and imported again ---------------------------
+
+
+def test_a_run_exported_as_otel_imports_with_its_graphs_nodes_and_edges(tmp_path, capsys):
+    from engine.core.graph import load_graph
+    from engine.llm.scripted import ScriptedBackend
+    from tests.support.graphs import DIAMOND, arithmetic_rows, run_engine, write_graph
+
+    def responder(request):
+        node = request.meta.get("node")
+        if request.purpose == "forward" and not request.meta.get("output_node"):
+            digest = hashlib.sha256(request.user_text.encode()).hexdigest()[:6]
+            return f"Thinking. <output>Note by {node} about {digest}</output>"
+        return None
+
+    graph = write_graph(tmp_path, DIAMOND, arithmetic_rows(12))
+    db = tmp_path / "orig.duckdb"
+    result = run_engine(graph, db, ScriptedBackend(responder=responder), steps=1, train=4,
+                        val=4)
+    spans = tmp_path / "run.otel.jsonl"
+    assert main(["export", result.run_id, "--db", str(db), "--format", "otel", "--out",
+                 str(spans)]) == 0
+    capsys.readouterr()
+    got = run_json(capsys, "import-traces", str(spans), "--db", str(tmp_path / "back.duckdb"))
+    original = load_graph(graph)
+    assert sorted(n["id"] for n in got["nodes"]) == sorted(original.node_ids)
+    assert sorted(tuple(e) for e in got["edges"]) == sorted(
+        (up, n.id) for n in original.nodes for up in original.predecessors(n.id))
+    assert got["traces"] == 8 and got["ambiguous"] == []  # step 0: 4 train, 4 val examples
+
+
+def test_a_python_metric_grades_the_final_output(tmp_path, capsys):
+    metric = tmp_path / "metric.py"
+    metric.write_text("def twice(example, prediction):\n"
+                      "    return float(prediction == str(2 * int(example['target'])))\n")
+    traces = write_lines(tmp_path / "t.jsonl", example_spans(right=1))
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"),
+                   "--targets", str(targets_file(tmp_path)), "--metric", f"{metric}:twice")
+    assert (got["scored"], got["failing"]) == (4, 1)  # three traces doubled the count
+    with duckdb.connect(str(tmp_path / "r.duckdb"), read_only=True) as con:
+        config = json.loads(con.execute("SELECT config FROM runs").fetchall()[0][0])
+    assert config["code"]["metric"]["qualname"] == "twice"
