@@ -128,16 +128,19 @@ def test_the_server_binds_127_0_0_1_on_a_free_port_with_slots_and_stops(tmp_path
 PARENT = """
 import sys, time
 sys.path.insert(0, {repo!r})
+import engine.llm.server
 from engine.llm.server import LlamaServer
+{before}
 server = LlamaServer({model!r}, binary={binary!r}, slots=1, ctx_per_slot=512).start()
 print(server.process.pid, flush=True)
 {after}
 """
 
 
-def start_parent(tmp_path, binary: Path, model: Path, after: str) -> tuple[subprocess.Popen,
-                                                                           int]:
-    code = PARENT.format(repo=str(REPO), model=str(model), binary=str(binary), after=after)
+def start_parent(tmp_path, binary: Path, model: Path, after: str,
+                 before: str = "") -> tuple[subprocess.Popen, int]:
+    code = PARENT.format(repo=str(REPO), model=str(model), binary=str(binary), after=after,
+                         before=before)
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
     line = parent.stdout.readline()
@@ -147,13 +150,19 @@ def start_parent(tmp_path, binary: Path, model: Path, after: str) -> tuple[subpr
 
 @pytest.mark.parametrize("how", ["killed", "exits"])
 def test_the_server_ends_with_its_parent(tmp_path, fake_binary, how):
+    """Killed: only the kernel's parent-death signal can stop it. Exits without stopping
+    it: the atexit hook does, checked here with the parent-death signal off."""
     after = "time.sleep(600)" if how == "killed" else "sys.exit(0)"
-    parent, child = start_parent(tmp_path, fake_binary, model_file(tmp_path), after)
+    before = "" if how == "killed" else "engine.llm.server._die_with_parent = lambda: None"
+    parent, child = start_parent(tmp_path, fake_binary, model_file(tmp_path), after, before)
     if how == "killed":
         assert not gone(child, within=0.5)
         parent.send_signal(signal.SIGKILL)  # no atexit, no finally: only the kernel's signal
     parent.wait(timeout=30)
-    assert gone(child), f"llama-server (pid {child}) outlived its parent"
+    survived = not gone(child)
+    if survived:
+        os.kill(child, signal.SIGKILL)  # not left behind by a failing test
+    assert not survived, f"llama-server (pid {child}) outlived its parent"
 
 
 def test_a_missing_binary_is_one_clear_error(tmp_path, monkeypatch):
@@ -333,4 +342,7 @@ def test_the_real_server_serves_reuses_prefixes_and_ends_with_its_parent(tmp_pat
                                  "time.sleep(600)")
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=30)
-    assert gone(child), f"llama-server (pid {child}) outlived its parent"
+    survived = not gone(child)
+    if survived:
+        os.kill(child, signal.SIGKILL)
+    assert not survived, f"llama-server (pid {child}) outlived its parent"
