@@ -43,7 +43,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +66,7 @@ CACHE_RAM_MIB = 256
 START_TIMEOUT = 180.0  # seconds for the model to load and /health to answer 200
 SERVING_MODES = ("auto", "server", "in-process")
 _PR_SET_PDEATHSIG = 1
-_LIVE: weakref.WeakSet[LlamaServer] = weakref.WeakSet()
+_LIVE: set[LlamaServer] = set()  # running servers, stopped at exit even if dropped
 
 
 def server_binary() -> Path | None:
