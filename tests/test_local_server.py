@@ -333,7 +333,8 @@ def test_the_real_server_serves_reuses_prefixes_and_ends_with_its_parent(tmp_pat
     first, rest, structured, port, addresses = asyncio.run(go())
     assert addresses == ["0100007F"]
     assert first.completion_tokens >= 1 and first.cached_tokens == 0
-    assert all(r.cached_tokens > 50 for r in rest), [r.cached_tokens for r in rest]
+    # of the two sent together, the one that lands on the first call's slot reuses its prefix
+    assert max(r.cached_tokens for r in rest) > 50, [r.cached_tokens for r in rest]
     reply = json.loads(structured.text)
     assert set(reply) == {"reasoning", "answer"} and 1 <= len(reply["answer"]) <= 40
     assert listening(port) == []
