@@ -101,7 +101,7 @@ async def prefix_reuse(backend) -> tuple[int, int]:
 
 async def measure(path: Path, serving: str, concurrent: int, max_tokens: int) -> None:
     local = LocalBackend(model_path=path)
-    backend = served(local, serving, slots=concurrent)
+    backend = served(local, serving, slots=concurrent, timeout=600)  # a loaded machine is slow
     if serving == "server" and backend is local:
         print(f"== {serving}: llama-server is not installed; skipped")
         return
