@@ -90,8 +90,9 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> Any:
-    """A preexec_fn that asks the kernel to send the child SIGTERM when its parent dies
-    (Linux); None elsewhere. The C function is looked up here, before the fork."""
+    """A preexec_fn that asks the kernel to send the child SIGKILL when its parent dies
+    (Linux); None elsewhere. SIGKILL, not SIGTERM: llama-server catches SIGTERM to shut down
+    gracefully and was seen to live on after it (it holds nothing worth saving). The C function is looked up here, before the fork."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -101,7 +102,7 @@ def _die_with_parent() -> Any:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before the request took effect
             os.kill(os.getpid(), signal.SIGKILL)
 
