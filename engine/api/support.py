@@ -145,7 +145,8 @@ def _row(row: Any, split: str, index: int) -> tuple[str, dict[str, str]]:
 def make_backends(backend: str | Backend | None, optimizer_backend: str | Backend | None, *,
                   model: str | None = None, optimizer_model: str | None = None,
                   base_url: str | None = None, api_key: str | None = None,
-                  timeout: float = DEFAULTS.timeout, chat_format: str | None = None
+                  timeout: float = DEFAULTS.timeout, chat_format: str | None = None,
+                  local_serving: str = DEFAULTS.local_serving
                   ) -> tuple[Backend, Backend | None, dict[str, Any]]:
     """(forward backend, optimizer backend or None for the same, names for RunConfig).
     The API key goes into the backend object only, never into the names. With backend
@@ -155,7 +156,8 @@ def make_backends(backend: str | Backend | None, optimizer_backend: str | Backen
 
     def build(spec: str | Backend) -> tuple[Backend, str, str | None]:
         if isinstance(spec, str):
-            local = {"model": model, "chat_format": chat_format} if spec == "local" else {}
+            local = ({"model": model, "chat_format": chat_format, "serving": local_serving}
+                     if spec == "local" else {})
             return (make_backend(spec, base_url=base_url, api_key=api_key, timeout=timeout,
                                  **local), spec, default_model(spec))
         if not callable(getattr(spec, "complete", None)):
@@ -198,7 +200,8 @@ async def run_optimization(spec: GraphSpec, train: Data | None, val: Data | None
     forward, optimizer, names = make_backends(
         backend, optimizer_backend, model=model, optimizer_model=optimizer_model,
         base_url=base_url, api_key=api_key, timeout=float(config.get("timeout", DEFAULTS.timeout)),
-        chat_format=config.get("chat_format"))
+        chat_format=config.get("chat_format"),
+        local_serving=config.get("local_serving", DEFAULTS.local_serving))
     config["db"] = str(config.get("db", DEFAULTS.db))
     if config.get("data_dir") is not None:
         config["data_dir"] = str(config["data_dir"])

@@ -23,13 +23,16 @@ _DEFAULT_MODELS = {
 def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None = None,
                  timeout: float = 120.0,
                  scripted_options: dict[str, Any] | None = None, model: str | None = None,
-                 chat_format: str | None = None, contexts: int | None = None) -> Backend:
+                 chat_format: str | None = None, contexts: int | None = None,
+                 serving: str = "auto") -> Backend:
     """A new backend of `kind`; raises LLMError when it cannot be set up (no key, a
     missing package, a local model file that is not a GGUF model) and ValueError for an
     unknown kind. For "local", `model` is a named model (engine/llm/models.py) or a GGUF
     file's path (default: the default named model),
     `chat_format` overrides the file's chat template and `contexts` caps the llama contexts
-    serving calls at once."""
+    serving calls at once (llama contexts in-process, llama-server's slots when served);
+    `serving` is "server" (llama-server, engine/llm/server.py), "in-process"
+    (llama-cpp-python) or "auto" (the server when its binary is installed)."""
     if kind == "openai":
         from engine.llm.openai_backend import OpenAIBackend
 
@@ -37,7 +40,10 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
     if kind == "local":
         from engine.llm.local import LocalBackend
 
-        return LocalBackend(model=model or None, chat_format=chat_format, contexts=contexts)
+        from engine.llm.server import served
+
+        local = LocalBackend(model=model or None, chat_format=chat_format, contexts=contexts)
+        return served(local, serving, slots=contexts, timeout=timeout)
     if kind == "scripted":
         from engine.llm.scripted import ScriptedBackend
 

@@ -221,12 +221,8 @@ class LocalBackend:
     def _generate(self, context: _Context, request: LLMRequest) -> LLMReply:
         with context.lock:
             llama = self._load(context)
-            wanted = request.max_tokens
-            if request.schema is not None:
-                wanted = max(wanted, token_budget(request.schema))
-            max_tokens = max(1, min(wanted, self.n_ctx // 2))
-            messages = fit_messages(llama, request.messages,
-                                    self.n_ctx - max_tokens - _TEMPLATE_TOKENS)
+            max_tokens = reply_tokens(request, self.n_ctx)
+            messages = fit_messages(llama, request.messages, prompt_budget(self.n_ctx, max_tokens))
             kwargs: dict[str, Any] = {
                 "messages": messages, "temperature": request.temperature,
                 "max_tokens": max_tokens,
@@ -378,3 +374,18 @@ def _tokenize(llama: Any, text: str) -> list[int]:
 
 def _detokenize(llama: Any, tokens: list[int]) -> str:
     return llama.detokenize(tokens).decode("utf-8", errors="ignore") if tokens else ""
+
+
+def reply_tokens(request: LLMRequest, n_ctx: int) -> int:
+    """The token limit a request is generated under in a context of `n_ctx` tokens: its own,
+    raised to its schema's bound (the grammar's string limits end a constrained reply), at
+    most half the context."""
+    wanted = request.max_tokens
+    if request.schema is not None:
+        wanted = max(wanted, token_budget(request.schema))
+    return max(1, min(wanted, n_ctx // 2))
+
+
+def prompt_budget(n_ctx: int, max_tokens: int) -> int:
+    """The prompt tokens `fit_messages` may keep when `max_tokens` are to be generated."""
+    return n_ctx - max_tokens - _TEMPLATE_TOKENS

@@ -73,7 +73,8 @@ class OpenAIBackend:
     def __repr__(self) -> str:
         return f"OpenAIBackend(base_url={self.base_url!r})"
 
-    async def complete(self, request: LLMRequest) -> LLMReply:
+    def request_body(self, request: LLMRequest) -> dict[str, Any]:
+        """The JSON body of the chat-completions request `request` becomes."""
         kwargs: dict[str, Any] = {
             "model": request.model,
             "messages": [{"role": role, "content": content} for role, content in request.messages],
@@ -88,6 +89,10 @@ class OpenAIBackend:
             kwargs["stop"] = list(request.stop)
         if request.schema is not None:
             kwargs["response_format"] = response_format(request)
+        return kwargs
+
+    async def complete(self, request: LLMRequest) -> LLMReply:
+        kwargs = self.request_body(request)
         try:
             client = self._clients[next(self._turn) % len(self._clients)]
             # The SDK's generic `post` (its documented way to reach any endpoint) sends the

@@ -127,7 +127,7 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
 
     # --concurrency 1 keeps the embedded model to one llama context (with every core)
     local = {"model": config.model, "chat_format": config.chat_format,
-             "contexts": config.concurrency}
+             "contexts": config.concurrency, "serving": config.local_serving}
     options = local if config.backend == "local" else {}
     if forward_backend is None and config.backend == "scripted" and config.scripted_responder:
         from engine.runs.code import load_responder

@@ -76,6 +76,12 @@ def _backends() -> list[str]:
     return list(BACKENDS)
 
 
+def _serving_modes() -> list[str]:
+    from engine.llm.server import SERVING_MODES
+
+    return list(SERVING_MODES)
+
+
 def _methods() -> list[str]:
     from engine.methods import METHODS
 
@@ -125,6 +131,11 @@ class RunConfig:
                                       help="with --backend local: the chat format "
                                            "(llama-cpp-python's names, e.g. chatml) of a GGUF "
                                            "file that has no chat template")
+    local_serving: str = setting("auto", choices=_serving_modes,
+                                 help="with --backend local: serve the model with llama.cpp's "
+                                      "server (llama-server: calls decoded together, prompt "
+                                      "prefixes reused) or in-process (llama-cpp-python); "
+                                      "auto: the server when it is installed")
     optimizer_backend: str | None = setting(None, choices=_backends,
                                             help="backend for loss, backward and update calls "
                                                  "(default: --backend)")

@@ -1,0 +1,349 @@
+"""The embedded model served by llama-server (engine/llm/server.py): the managed process
+(127.0.0.1, a free port, health-checked, stopped with its backend, at exit, and when its
+parent is killed), one clear error when it cannot start, what each call sends, and the
+cached prompt tokens reaching llm_calls.cached_tokens.
+
+Most tests run a stand-in for the binary (tests/support/fake_llama_server.py), so they run
+everywhere; the ones marked `llama_server` run the real binary on the embedded SmolLM2 and
+are skipped, with the reason, where `./dev setup` has not built it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import duckdb
+import pytest
+
+from engine.llm.base import LLMError, LLMRequest
+from engine.llm.client import LLMClient, RetryPolicy
+from engine.llm.local import REPEAT_PENALTY, REPEAT_PENALTY_JSON, LocalBackend
+from engine.llm.schema import token_budget
+from engine.llm.server import (
+    BINARY_ENV,
+    DEFAULT_SLOTS,
+    LlamaServer,
+    LocalServerBackend,
+    served,
+    server_binary,
+)
+from engine.runs.execute import RunConfig, execute
+from tests.support.graphs import REPO, TWO_HINTS, arithmetic_rows, write_graph
+from tests.support.models import embedded_model_missing
+
+FAKE = REPO / "tests" / "support" / "fake_llama_server.py"
+SCHEMA = {"type": "object", "properties": {
+    "reasoning": {"type": "string", "maxLength": 200},
+    "answer": {"type": "string", "minLength": 1, "maxLength": 40}},
+    "required": ["reasoning", "answer"], "additionalProperties": False}
+
+
+@pytest.fixture
+def fake_binary(tmp_path, monkeypatch) -> Path:
+    """An executable stand-in for llama-server; its log is tmp_path/fake.jsonl."""
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("FAKE_LLAMA_LOG", str(tmp_path / "fake.jsonl"))
+    monkeypatch.delenv("FAKE_LLAMA_MODE", raising=False)
+    return binary
+
+
+def fake_log(tmp_path) -> list[dict]:
+    path = tmp_path / "fake.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def model_file(tmp_path) -> Path:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+    return path
+
+
+def listening(port: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) listening on `port`."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                found.append(address)
+    return found
+
+
+def gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` ends (or is a zombie) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def real_server_missing() -> str | None:
+    if server_binary() is None:
+        return "llama-server is not built here (./dev setup builds it into .venv/bin)"
+    return embedded_model_missing()
+
+
+def stand_in(path: Path) -> SimpleNamespace:
+    """What LocalServerBackend takes from the in-process backend it serves."""
+    return SimpleNamespace(model_path=path, model_name=path.name, n_ctx=2048, chat_format=None)
+
+
+# --- the process -------------------------------------------------------------------------
+
+
+def test_the_server_binds_127_0_0_1_on_a_free_port_with_slots_and_stops(tmp_path, fake_binary):
+    server = LlamaServer(model_file(tmp_path), binary=fake_binary, slots=3, ctx_per_slot=1024)
+    with server:
+        assert server.running and server.port > 0
+        assert listening(server.port) == ["0100007F"]  # 127.0.0.1 only
+        argv = fake_log(tmp_path)[0]["argv"]
+        flags = dict(zip(argv, argv[1:], strict=False))
+        assert flags["--host"] == "127.0.0.1" and flags["--port"] == str(server.port)
+        assert flags["--parallel"] == "3" and flags["--ctx-size"] == "3072"
+        assert flags["--threads"] == str(len(os.sched_getaffinity(0)))
+        assert "--cont-batching" in argv
+        pid = server.process.pid
+    assert not server.running and gone(pid, within=1)
+    assert listening(server.port) == []
+
+
+PARENT = """
+import sys, time
+sys.path.insert(0, {repo!r})
+import engine.llm.server
+from engine.llm.server import LlamaServer
+{before}
+server = LlamaServer({model!r}, binary={binary!r}, slots=1, ctx_per_slot=512).start()
+print(server.process.pid, flush=True)
+{after}
+"""
+
+
+def start_parent(tmp_path, binary: Path, model: Path, after: str,
+                 before: str = "") -> tuple[subprocess.Popen, int]:
+    code = PARENT.format(repo=str(REPO), model=str(model), binary=str(binary), after=after,
+                         before=before)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    line = parent.stdout.readline()
+    assert line.strip().isdigit(), f"the parent did not start a server: {line!r}"
+    return parent, int(line)
+
+
+@pytest.mark.parametrize("how", ["killed", "exits"])
+def test_the_server_ends_with_its_parent(tmp_path, fake_binary, how):
+    """Killed: only the kernel's parent-death signal can stop it. Exits without stopping
+    it: the atexit hook does, checked here with the parent-death signal off."""
+    after = "time.sleep(600)" if how == "killed" else "sys.exit(0)"
+    before = "" if how == "killed" else "engine.llm.server._die_with_parent = lambda: None"
+    parent, child = start_parent(tmp_path, fake_binary, model_file(tmp_path), after, before)
+    if how == "killed":
+        assert not gone(child, within=0.5)
+        parent.send_signal(signal.SIGKILL)  # no atexit, no finally: only the kernel's signal
+    parent.wait(timeout=30)
+    survived = not gone(child)
+    if survived:
+        os.kill(child, signal.SIGKILL)  # not left behind by a failing test
+    assert not survived, f"llama-server (pid {child}) outlived its parent"
+
+
+def test_a_missing_binary_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(BINARY_ENV, str(tmp_path / "no-such-llama-server"))
+    assert server_binary() is None
+    with pytest.raises(LLMError) as caught:
+        served(stand_in(model_file(tmp_path)), "server")
+    message = str(caught.value)
+    assert "\n" not in message and "llama-server is not installed" in message
+    assert "./dev setup" in message and "--local-serving in-process" in message
+    # auto serves in-process instead
+    local = stand_in(model_file(tmp_path))
+    assert served(local, "auto") is local
+
+
+def test_a_model_the_server_cannot_load_is_one_clear_error(tmp_path, fake_binary, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "fail")
+    server = LlamaServer(model_file(tmp_path), binary=fake_binary)
+    with pytest.raises(LLMError) as caught:
+        server.start()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "could not serve model.gguf (exit status 1)" in message
+    assert "error loading model: tensor data is not within the file bounds" in message
+    assert not server.running
+
+
+def test_a_server_that_never_gets_ready_is_stopped(tmp_path, fake_binary, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "never-ready")
+    server = LlamaServer(model_file(tmp_path), binary=fake_binary, start_timeout=1.5)
+    with pytest.raises(LLMError, match="did not become ready within 1.5 s"):
+        server.start()
+    pid = fake_log(tmp_path)[0]["pid"]
+    assert not server.running and gone(pid, within=2)
+
+
+def test_serving_modes_choose_the_backend(tmp_path, fake_binary, monkeypatch):
+    monkeypatch.setenv(BINARY_ENV, str(fake_binary))
+    local = stand_in(model_file(tmp_path))
+    assert served(local, "in-process") is local
+    backend = served(local, "auto", slots=2)
+    assert isinstance(backend, LocalServerBackend) and backend.slots == 2
+    assert backend.name == "local" and backend.model_name == "model.gguf"
+    assert served(local, "server").slots == DEFAULT_SLOTS
+    # a llama-cpp-python chat format is the in-process backend's
+    with_format = SimpleNamespace(**{**vars(local), "chat_format": "chatml"})
+    assert served(with_format, "auto") is with_format
+    with pytest.raises(ValueError, match="unknown local serving 'fast'"):
+        served(local, "fast")
+
+
+# --- the calls ---------------------------------------------------------------------------
+
+
+def test_each_call_sends_what_llama_server_needs(tmp_path, fake_binary):
+    backend = LocalServerBackend(stand_in(model_file(tmp_path)), binary=fake_binary)
+
+    async def go():
+        try:
+            text = await backend.complete(LLMRequest(
+                messages=(("user", "Say hi"),), model="m", purpose="forward", max_tokens=32,
+                stop=("</output>",), seed=3))
+            structured = await backend.complete(LLMRequest(
+                messages=(("user", "Judge it"),), model="m", purpose="backward",
+                max_tokens=32, schema=SCHEMA))
+        finally:
+            await backend.aclose()
+        return text, structured
+
+    text, structured = asyncio.run(go())
+    requests = [e["request"] for e in fake_log(tmp_path) if "request" in e]
+    assert len(requests) == 2
+    plain, constrained = requests
+    assert plain["cache_prompt"] is True and constrained["cache_prompt"] is True
+    assert plain["repeat_penalty"] == REPEAT_PENALTY
+    assert plain["stop"] == ["</output>"] and plain["seed"] == 3 and plain["max_tokens"] == 32
+    assert "response_format" not in plain
+    assert constrained["repeat_penalty"] == REPEAT_PENALTY_JSON
+    # the schema goes whole, its length limits included: they end a constrained reply
+    assert constrained["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}}
+    assert constrained["max_tokens"] == token_budget(SCHEMA)
+    assert text.model == "model.gguf" and structured.constrained is True
+    assert json.loads(structured.text)["answer"]
+    assert not backend.server.running
+
+
+def test_a_failed_start_is_reported_once_and_not_retried(tmp_path, fake_binary, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "fail")
+    backend = LocalServerBackend(stand_in(model_file(tmp_path)), binary=fake_binary)
+    client = LLMClient(forward_backend=backend, forward_model="model.gguf",
+                       retry=RetryPolicy(max_retries=2, timeout=30))
+
+    async def go():
+        try:
+            return [await client.call(client.request("forward", [("user", "hi")]), step=0)
+                    for _ in range(2)]
+        finally:
+            await client.aclose()
+
+    records = asyncio.run(go())
+    for record in records:
+        assert "error loading model" in record.error and record.retries == 0
+    assert len([e for e in fake_log(tmp_path) if "argv" in e]) == 1  # started once
+
+
+def test_cached_prompt_tokens_reach_llm_calls(tmp_path, fake_binary):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    db = tmp_path / "runs.duckdb"
+    backend = LocalServerBackend(stand_in(model_file(tmp_path)), binary=fake_binary)
+    config = RunConfig(graph=str(graph), backend="local", steps=1, train=4, val=4, test=0,
+                       cache="off", db=str(db))
+    asyncio.run(execute(config, forward_backend=backend))
+    requests = [e["request"] for e in fake_log(tmp_path) if "request" in e]
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT backend, model, prompt_tokens, cached_tokens "
+                           "FROM llm_calls").fetchall()
+    assert len(rows) == len(requests) > 0
+    assert {(r[0], r[1]) for r in rows} == {("local", "model.gguf")}
+    assert sum(r[3] > 0 for r in rows) > 0, "the shared prefixes were served from the cache"
+    assert all(0 <= r[3] <= r[2] for r in rows)
+    assert not backend.server.running
+
+
+def test_the_command_line_refuses_a_missing_server_in_one_line(tmp_path, monkeypatch):
+    reason = embedded_model_missing()
+    if reason:
+        pytest.skip(reason)
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    env = {**os.environ, BINARY_ENV: str(tmp_path / "none"), "PYTHONPATH": str(REPO)}
+    env.pop("OPENAI_API_KEY", None)
+    done = subprocess.run([sys.executable, "-m", "engine", "run", str(graph), "--backend",
+                           "local", "--local-serving", "server", "--steps", "0",
+                           "--db", str(tmp_path / "runs.duckdb")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: llama-server is not installed")
+
+
+# --- the real binary ---------------------------------------------------------------------
+
+
+@pytest.mark.embedded_model
+def test_the_real_server_serves_reuses_prefixes_and_ends_with_its_parent(tmp_path):
+    reason = real_server_missing()
+    if reason:
+        pytest.skip(reason)
+    local = LocalBackend(n_ctx=1024)
+    backend = LocalServerBackend(local, slots=2)
+    system = ("You answer arithmetic questions. Think step by step, then give the answer "
+              "as a number. ") * 8
+
+    async def go():
+        try:
+            ask = [LLMRequest(messages=(("system", system), ("user", f"What is {n} + {n}?")),
+                              model="m", purpose="forward", max_tokens=8) for n in (2, 3, 4)]
+            first = await backend.complete(ask[0])
+            rest = await asyncio.gather(*(backend.complete(r) for r in ask[1:]))
+            structured = await backend.complete(LLMRequest(
+                messages=(("user", "Is 2 + 2 = 4? Reply in JSON."),), model="m",
+                purpose="backward", max_tokens=16, schema=SCHEMA))
+            port = backend.server.port
+            return first, rest, structured, port, listening(port)
+        finally:
+            await backend.aclose()
+
+    first, rest, structured, port, addresses = asyncio.run(go())
+    assert addresses == ["0100007F"]
+    assert first.completion_tokens >= 1 and first.cached_tokens == 0
+    # of the two sent together, the one that lands on the first call's slot reuses its prefix
+    assert max(r.cached_tokens for r in rest) > 50, [r.cached_tokens for r in rest]
+    reply = json.loads(structured.text)
+    assert set(reply) == {"reasoning", "answer"} and 1 <= len(reply["answer"]) <= 40
+    assert listening(port) == []
+
+    parent, child = start_parent(tmp_path, server_binary(), local.model_path,
+                                 "time.sleep(600)")
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    survived = not gone(child)
+    if survived:
+        os.kill(child, signal.SIGKILL)
+    assert not survived, f"llama-server (pid {child}) outlived its parent"
