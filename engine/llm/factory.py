@@ -39,7 +39,6 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
         return OpenAIBackend(base_url=base_url, api_key=api_key, timeout=timeout)
     if kind == "local":
         from engine.llm.local import LocalBackend
-
         from engine.llm.server import served
 
         local = LocalBackend(model=model or None, chat_format=chat_format, contexts=contexts)
