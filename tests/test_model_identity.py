@@ -105,3 +105,84 @@ def test_parse_output_reads_an_output_cut_by_the_stop_but_not_one_cut_by_the_lim
     assert output == "7" and problem and "unclosed" in problem
     # a closed block is read as before; the stop adds nothing to it
     assert parse_output("<output>3</output>", stopped=True) == ("3", None)
+
+
+class _Made(ScriptedBackend):
+    """What engine.llm.factory.make_backend would build for a local model: its file's
+    name and SHA-256 (the test's stand-in for LocalBackend)."""
+
+    name = "local"
+
+    def __init__(self, model: str, **_):
+        super().__init__()
+        from engine.llm.models import resolve_model
+
+        resolved = resolve_model(model)
+        self.model_name, self.model_sha256 = resolved.name, resolved.sha256
+
+
+def _client(tmp_path, monkeypatch, **settings):
+    from engine.llm import factory
+    from engine.llm.cache import Cache
+    from engine.runs.execute import make_client
+
+    made: list[str] = []
+
+    def make_backend(kind, **options):
+        made.append(str(options["model"]))
+        return _Made(options["model"])
+
+    monkeypatch.setattr(factory, "make_backend", make_backend)
+    config = RunConfig(graph="g.yaml", backend="local", db=str(tmp_path / "r.duckdb"),
+                       **settings)
+    return make_client(config, Cache("off"), None, None), made
+
+
+def test_an_optimizer_model_of_its_own_gets_a_backend_of_its_own(tmp_path, monkeypatch):
+    """--optimizer-model naming another embedded model loads that model for the optimizer's
+    calls (a local backend runs one file); the run log names and hashes what ran."""
+    small, large = tmp_path / "small.gguf", tmp_path / "large.gguf"
+    small.write_bytes(b"GGUF small"), large.write_bytes(b"GGUF large")
+    client, made = _client(tmp_path, monkeypatch, model=str(small),
+                           optimizer_model=str(large))
+    assert made == [str(small), str(large)]
+    assert client.optimizer_backend is not client.forward_backend
+    assert (client.forward_model, client.optimizer_model) == ("small.gguf", "large.gguf")
+    assert client.optimizer_backend.model_sha256 != client.forward_backend.model_sha256
+    # the same file named again is the same model: one backend serves both
+    client, made = _client(tmp_path, monkeypatch, model=str(small),
+                           optimizer_model=str(small))
+    assert made == [str(small)] and client.optimizer_backend is client.forward_backend
+
+
+def test_the_default_model_pairs_with_the_larger_optimizer_when_it_is_installed(
+        tmp_path, monkeypatch, capsys):
+    from engine.llm import models
+
+    files = {}
+    for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        files[name] = tmp_path / f"{name}.gguf"
+        files[name].write_bytes(name.encode())
+    monkeypatch.setattr(models, "_resolve_named",
+                        lambda spec: models.ResolvedModel(spec.name, files[spec.name], 1,
+                                                          spec.name * 2, spec.licence))
+    installed = {"qwen2.5-coder-1.5b": True}
+    monkeypatch.setattr(models, "list_models", lambda: [
+        models.ModelListing(n, installed.get(n, True), None, None, None, "")
+        for n in models.MODELS])
+    client, made = _client(tmp_path, monkeypatch, model="qwen2.5-coder-0.5b")
+    assert made == ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+    assert client.optimizer_model == "qwen2.5-coder-1.5b"
+    # not installed: the model writes its own gradients, and a note says how to install
+    installed["qwen2.5-coder-1.5b"] = False
+    client, made = _client(tmp_path, monkeypatch, model="qwen2.5-coder-0.5b")
+    assert made == ["qwen2.5-coder-0.5b"]
+    assert client.optimizer_backend is client.forward_backend
+    assert "python -m engine models install qwen2.5-coder-1.5b" in capsys.readouterr().err
+    # a model with no pair, and an optimizer model given by hand, are left as they are
+    installed["qwen2.5-coder-1.5b"] = True
+    client, made = _client(tmp_path, monkeypatch, model="qwen2.5-coder-1.5b")
+    assert made == ["qwen2.5-coder-1.5b"]
+    client, made = _client(tmp_path, monkeypatch, model="qwen2.5-coder-0.5b",
+                           optimizer_model="qwen2.5-coder-0.5b")
+    assert made == ["qwen2.5-coder-0.5b"]

