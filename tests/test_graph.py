@@ -10,7 +10,7 @@ import pytest
 
 from engine.cli import main
 from engine.core.graph import GraphError, load_graph, parse_graph
-from tests.support.graphs import REPO, TWO_HINTS, write_graph
+from tests.support.graphs import REPO, TWO_HINTS, arithmetic_rows, write_graph
 
 HEAD = """name: g
 input_fields: [question]
@@ -128,3 +128,25 @@ def test_run_validates_before_running(tmp_path, capsys):
     assert main(["run", str(path), "--backend", "scripted", "--db", str(db)]) == 2
     assert "several output nodes" in capsys.readouterr().err
     assert not db.exists()
+
+
+def test_a_graphs_steps_are_runs_default_and_the_flag_overrides_them(tmp_path, capsys):
+    """`steps: N` in a graph file is `run`'s default --steps for it (the demo's is 1, the
+    one-click demo's plan); --steps still wins; a bad value is one clear error."""
+    from tests.support.runlog import rows
+
+    path = write_graph(tmp_path, TWO_HINTS.replace("nodes:", "steps: 1\nsplits: "
+                       "{train: 3, val: 3, test: 0}\nnodes:", 1), arithmetic_rows(8))
+    assert load_graph(str(path)).steps == 1 and load_graph(
+        str(write_graph(tmp_path, TWO_HINTS, name="plain.yaml"))).steps is None
+    db = tmp_path / "runs.duckdb"
+    for run_id, flags in (("graph-default", []), ("flag", ["--steps", "2"])):
+        assert main(["run", str(path), "--backend", "scripted", "--db", str(db),
+                     "--run-id", run_id, *flags]) == 0
+    assert rows(db, "SELECT run_id, max(step) FROM steps GROUP BY run_id ORDER BY run_id"
+                ) == [("flag", 2), ("graph-default", 1)]
+    bad = write_graph(tmp_path, TWO_HINTS.replace("nodes:", "steps: -1\nnodes:", 1),
+                      name="bad.yaml")
+    capsys.readouterr()
+    assert main(["validate", str(bad)]) == 2
+    assert "'steps' must be a whole number, 0 or more" in capsys.readouterr().err

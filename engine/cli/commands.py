@@ -88,8 +88,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("run needs a graph file (or --fork RUN_ID --from-step S)")
     settings = given_settings(args)
     settings.setdefault("backend", default_backend_kind())
-    config = RunConfig(graph=args.graph, **settings)
     graph = _graph_with_functions(args)
+    declared = (graph or load_graph(args.graph)).steps
+    if declared is not None:  # the graph's own default (the demo's is 1), under --steps
+        settings.setdefault("steps", declared)
+    config = RunConfig(graph=args.graph, **settings)
     if not args.dry_run:  # a run log it cannot write: its refusal is the only line printed
         from engine.runlog.schema import check_writable
 

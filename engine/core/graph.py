@@ -29,6 +29,7 @@ GRAPH_KEYS = {
     "rubric": "grading rubric for metric: judge",
     "answer_format": "instruction appended to the output node's forward prompt",
     "splits": "default split sizes: {train, val, test}",
+    "steps": "default number of optimization steps for `run` (its --steps; default 4)",
     "nodes": "the list of nodes",
 }
 NODE_KEYS = {
@@ -126,6 +127,7 @@ class GraphSpec:
     rubric: str = ""
     answer_format: str = ""
     splits: dict[str, int] = field(default_factory=dict)
+    steps: int | None = None  # `run`'s default --steps for this graph (None: run's own)
     path: str = ""
     yaml_text: str = ""
     # a Python metric (engine.api.builder): (example, prediction) -> float | (float, feedback)
@@ -234,6 +236,7 @@ def parse_graph(text: str, path: str | Path = "<graph>",
                          line=top["metric"][1])
     input_fields = _string_list(top, "input_fields", path, required=True)
     splits = _splits(top, path)
+    steps = _steps(top, path)
 
     if "nodes" not in top:
         raise GraphError(path, "missing required key 'nodes'", line=1)
@@ -252,6 +255,7 @@ def parse_graph(text: str, path: str | Path = "<graph>",
         rubric=str(scalar("rubric", "") or ""),
         answer_format=str(scalar("answer_format", "") or ""),
         splits=splits,
+        steps=steps,
         path=str(path),
         yaml_text=text,
     )
@@ -338,6 +342,19 @@ def _splits(top: dict, path) -> dict[str, int]:
         if out[key] < 0:
             raise GraphError(path, f"split '{key}' must not be negative", line=kline)
     return out
+
+
+def _steps(top: dict, path) -> int | None:
+    if "steps" not in top:
+        return None
+    value_node, line = top["steps"]
+    try:
+        steps = int(value_node.value) if isinstance(value_node, yaml.ScalarNode) else -1
+    except (TypeError, ValueError):
+        steps = -1
+    if steps < 0:
+        raise GraphError(path, "'steps' must be a whole number, 0 or more", line=line)
+    return steps
 
 
 def _parse_node(item: yaml.Node, path, bound: Mapping[str, Callable[..., Any]]) -> Node:
