@@ -182,7 +182,10 @@ def update_pane(update: dict, *, node: str | None = None, show_call: bool = True
     reason = update.get("reject_reason")
     if isinstance(reason, str) and reason:
         st.caption(f"gate: {md(reason)}")
-    only = st.toggle("show only what changed", key=f"only_{node}_{update.get('step')}")
+    # one pane per proposal: the run and the verdict too (the Learn tour's gate stage can
+    # show an accepted and a rejected proposal of the same node and step, from two runs)
+    only = st.toggle("show only what changed", key=f"only_{update.get('run_id')}_{node}_"
+                     f"{update.get('step')}_{verdict.split()[0]}")
     show_diff(update.get("old_prompt") or "", update.get("new_prompt") or "", only_changes=only)
     if update.get("parse_error") and not pd.isna(update["parse_error"]):
         st.caption(f"note: {update['parse_error']}")
