@@ -170,6 +170,18 @@ def prompt_history(db: str, run_id: str) -> pd.DataFrame:
 
 
 @st.cache_data(**CACHE_OPTIONS)
+def _paired_gradients(db: str, run_a: str, run_b: str, step: int, node_id: str,
+                      version: Stamp) -> pd.DataFrame:
+    return reader.paired_gradients(db, run_a, run_b, step, node_id)
+
+
+def paired_gradients(db: str, run_a: str, run_b: str, step: int, node_id: str
+                     ) -> pd.DataFrame:
+    """One node's gradients in two runs, example by example (reader.paired_gradients)."""
+    return _paired_gradients(db, run_a, run_b, int(step), node_id, stamp(db))
+
+
+@st.cache_data(**CACHE_OPTIONS)
 def _example_gradients(db: str, run_id: str, step: int, example_id: str, version: Stamp
                        ) -> pd.DataFrame:
     return reader.example_gradients(db, run_id, step, example_id)

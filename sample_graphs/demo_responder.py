@@ -2,9 +2,10 @@
 out in seconds and the same way every time: the starting prompts score 0, the hand-fixed
 `note` prompt (data/demo_fixed_prompts.yaml) makes every answer right.
 
-- forward: a task that asks for a number ("how many", "number") writes the first number of
-  its inputs ("none" when there is none); a task that asks for one word writes the first
-  word of its inputs; any other task ("Answer.") repeats its first input;
+- forward: a task that names the kind of thing counted ("kind of thing") writes the word
+  after the text's first number; a task that asks for a number ("how many", "number")
+  writes the first number of its inputs ("none" when there is none); a task that asks for
+  one word writes the first word of its inputs; any other task repeats its first input;
 - every other call (loss, backward, update, probes) gets the scripted backend's default
   reply, so the optimizer's edits (the default appends a generic sentence) never fix
   `note`: a person's fork does.
@@ -37,7 +38,10 @@ def demo_responder() -> Callable[[LLMRequest], str | None]:
             return None
         task, inputs = _task_and_inputs(request)
         joined = " ".join(inputs)
-        if "how many" in task or "number" in task:
+        if "kind of thing" in task:
+            counted = re.search(r"\d+\s+([A-Za-z]+)", joined)
+            out = counted.group(1) if counted else "things"
+        elif "how many" in task or "number" in task:
             numbers = re.findall(r"\d+", joined)
             out = numbers[0] if numbers else "none"
         elif "one word" in task:

@@ -118,7 +118,7 @@ def _summary_accepted(stdout: str) -> dict[int, int]:
 
 def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_path):
     db = str(tmp_path / "runs.duckdb")
-    # the parent: one gated step whose two edits are rejected, then scored alone
+    # the parent: one gated step whose three edits are rejected, then scored alone
     # (per-node gates under auto): the gate's count must still bound its calls
     stdout, log = _engine("run", str(DEMO), "--backend", "scripted", "--scripted-responder",
                           DEMO_MODEL, "--steps", "1", "--node-gates", "auto", "--db", db,
@@ -126,7 +126,8 @@ def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_p
     said = _checked_counts(log)
     assert said == {0: 0, 1: 0} and _summary_accepted(stdout) == {0: 0, 1: 0}
     # the candidate, then each edit alone as its own phase (not a gate growing 48 -> 144)
-    assert "step 1 gate: 48/48 calls" in log and "step 1 node_gates: 48/96 calls" in log
+    # (24 val x 3 nodes; per-node gates: 3 edits x 72 calls, most answered by the cache)
+    assert "step 1 gate: 72/72 calls" in log and "step 1 node_gates: 72/216 calls" in log
     prompt = tmp_path / "answer.txt"
     prompt.write_text("Write the number you are given.", encoding="utf-8")
     # the fork re-measures its hand-set prompt on train and validation at step 1, then runs
@@ -135,11 +136,11 @@ def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_p
                           f"answer=@{prompt}", "--steps", "1", "--no-gate", "--db", db,
                           "--run-id", "fork")
     said = _checked_counts(log)
-    assert "step 1 forward: 64/64 calls" in log  # (8 train + 24 val) x 2 nodes
+    assert "step 1 forward: 96/96 calls" in log  # (8 train + 24 val) x 3 nodes
     accepted = dict(rows(db, "SELECT step, count(*) FILTER (WHERE accepted) FROM updates "
                              "WHERE run_id = 'fork' GROUP BY step"))
-    assert accepted == {2: 2}
-    assert said == {1: 0, ("by hand", 1): 1, 2: 2}
-    assert _summary_accepted(stdout) == {1: 0, 2: 2}
+    assert accepted == {2: 3}
+    assert said == {1: 0, ("by hand", 1): 1, 2: 3}
+    assert _summary_accepted(stdout) == {1: 0, 2: 3}
     assert "edit accepted" not in log.split("step 2 ")[0]  # step 1 was set by hand
     assert "step 1: the fork's starting state, 1 prompt set by hand" in stdout

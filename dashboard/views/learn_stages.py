@@ -120,6 +120,20 @@ def pair_order(graph: data.RunGraph, node: str) -> list[str]:
     return sorted(SIBLING_BLIND, key=lambda m: m != "textgrad")
 
 
+def pair_hint(graph: data.RunGraph, node: str, method: str) -> str:
+    """What a paired run of `method` will show for `node` on this graph, said truthfully
+    (the paired run button's label ends with it)."""
+    siblings = llm_siblings(graph, node)
+    if siblings:
+        shown = _names(siblings)
+        if method == "textgrad":
+            return f" (one backward call per input: {code(node)}'s leaves out {shown})"
+        return f" (the same call without {shown}'s output)"
+    if method == "textgrad":
+        return " (can differ on this graph: one backward call per input)"
+    return (f" (the same backward prompt here: {code(node)} has no LLM-produced sibling)")
+
+
 def _start_pair_buttons(tour: Selection, graph: data.RunGraph, node: str,
                         have: set[str]) -> None:
     """A button per sibling-blind method without a paired run yet, the one that can show a
@@ -128,8 +142,7 @@ def _start_pair_buttons(tour: Selection, graph: data.RunGraph, node: str,
     if any(job.returncode is None for job in listed):
         return
     for rank, method in enumerate(m for m in pair_order(graph, node) if m not in have):
-        hint = (" (can differ on this graph)" if rank == 0 and not llm_siblings(graph, node)
-                and method == "textgrad" else "")
+        hint = pair_hint(graph, node, method)
         if st.button(f"Start the paired run ({method}){hint}", key=f"learn_pair_{method}",
                      type="primary" if rank == 0 else "secondary"):
             record = data.run(tour.db, tour.run) or {}
@@ -189,6 +202,14 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
             show_text(f"gradient {label}", row["content"], expanded=True)
             mark(row["content"], row.get("messages"))
             show_messages(f"backward prompt {label}", row.get("messages"))
+    compared = data.paired_gradients(tour.db, tour.run, pair["run_id"], tour.step, node)
+    if not compared.empty:
+        n = len(compared)
+        st.markdown(
+            f"Across the {plural(n, 'example')} both runs back-propagated to {code(node)} at "
+            f"step {tour.step}, the backward prompts differ on "
+            f"{int(compared['prompts_differ'].sum())} of {n} and the gradients on "
+            f"{int(compared['gradients_differ'].sum())} of {n}.")
     if mine and theirs and mine.get("messages") == theirs.get("messages"):
         siblings = [i for i in dict(model.inputs).get(model.output, ()) if i != node]
         llm = [i for i in siblings if i in model.order]

@@ -458,3 +458,28 @@ def step_request_times(db: str | Path, run_id: str, step: int) -> list[tuple[flo
         SELECT started_at, started_at + latency_ms / 1000.0 AS ended_at FROM llm_calls
         WHERE run_id = ? AND step = ? AND NOT cache_hit""", [run_id, step])
     return [(float(s), float(e)) for s, e in frame.itertuples(index=False)]
+
+
+def paired_gradients(db: str | Path, run_a: str, run_b: str, step: int, node_id: str
+                     ) -> pd.DataFrame:
+    """The gradient `node_id` received at `step` in two runs of the same graph and seed
+    (say a semantic run and its TextGrad pair), on every example both runs back-propagated
+    to it: one row per example with each side's backward prompt (the call's messages) and
+    gradient, and whether the prompts and the gradients differ. The Learn tour's sibling
+    stage counts these rows."""
+    table = query(db, """
+        WITH g AS (
+            SELECT g.run_id, g.example_id, g.content, CAST(c.messages AS VARCHAR) AS messages
+            FROM gradients g LEFT JOIN llm_calls c ON c.call_id = g.call_id
+            WHERE g.run_id IN ($a, $b) AND g.step = $step AND g.node_id = $node
+              AND g.kind = 'gradient')
+        SELECT a.example_id, a.messages AS messages_a, b.messages AS messages_b,
+               a.content AS gradient_a, b.content AS gradient_b
+        FROM (SELECT * FROM g WHERE run_id = $a) a
+        JOIN (SELECT * FROM g WHERE run_id = $b) b USING (example_id)
+        ORDER BY a.example_id""",
+        {"a": run_a, "b": run_b, "step": int(step), "node": node_id})
+    table["prompts_differ"] = table["messages_a"].fillna("") != table["messages_b"].fillna("")
+    table["gradients_differ"] = (table["gradient_a"].fillna("").str.strip()
+                                 != table["gradient_b"].fillna("").str.strip())
+    return table
