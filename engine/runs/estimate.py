@@ -96,9 +96,12 @@ class RunEstimate:
                  else f"cost unknown (no price for {self._unpriced()})")
         seconds = self.seconds()
         time = "" if seconds is None else f", ~{duration(seconds)} at this model's measured speed"
+        assumed = "; assumed: " + ", ".join(self.sizes.assumptions) \
+            if self.sizes.assumptions else ""
         return (f"estimate: ~{self.calls():,} model calls ({self.calls('forward'):,} forward, "
                 f"{self.calls('optimizer'):,} optimizer; at most {self.calls(upper=True):,} "
-                f"with no cache hits), ~{compact(self.tokens())} tokens, {money}{time}")
+                f"with no cache hits), ~{compact(self.tokens())} tokens, {money}{time}"
+                f"{assumed}")
 
     def breakdown(self) -> list[str]:
         """The estimate by phase, as aligned plain lines."""
