@@ -49,6 +49,7 @@ from tests.support.fake_openai import prompt_responder  # noqa: E402
 DATA = ROOT.parent / "shared" / "datasets"
 GRAPHS = ROOT / "sample_graphs"
 CALLS_GOAL, TOKENS_GOAL = 0.15, 0.25
+LINES = "--lines" in sys.argv  # print each estimate's line (what `run` prints) under its row
 
 
 def actual(db: str, run_id: str) -> tuple[int, int]:
@@ -74,6 +75,12 @@ def row(label: str, estimate, run_id: str, db: str, wall: float) -> str:
              if est_wall is not None else f"{'-':>7} {wall:>6.0f} {'':>6}")
     flag = "" if (abs(est_calls - calls) <= CALLS_GOAL * calls
                   and abs(est_tokens - tokens) <= TOKENS_GOAL * tokens) else "  (outside)"
+    if flag and estimate.by_acceptance:  # the range the line gives, from 0 to all accepted
+        (low, high), (few, many) = estimate.by_acceptance
+        inside = low <= calls <= high and few <= tokens <= many
+        flag += f" {'within' if inside else 'beyond'} its range by steps accepted"
+    if LINES:
+        flag += "\n    " + estimate.line()
     return (f"{label:<22} {est_calls:>6,} {calls:>6,} {(est_calls - calls) / calls:>+6.0%} "
             f"{compact(est_tokens):>7} {compact(tokens):>7} {(est_tokens - tokens) / tokens:>+6.0%} "
             f"{walls}{flag}")
@@ -126,6 +133,8 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("SEMBACK_DATA_DIR", str(DATA)))
     parser.add_argument("--no-local", action="store_true",
                         help="the demo on the scripted demo model instead of the embedded one")
+    parser.add_argument("--lines", action="store_true",
+                        help="print each estimate's line, as `run` prints it, under its row")
     parser.add_argument("graphs", nargs="*", default=["demo", "gsm8k", "bbh"])
     args = parser.parse_args()
     os.environ.pop("OPENAI_API_KEY", None)

@@ -20,7 +20,7 @@ model with earlier calls in the run log, a time estimate from its measured speed
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.core.graph import GraphSpec
@@ -53,6 +53,8 @@ class RunEstimate:
     models: tuple[str, str] = ("", "")
     prices: dict = field(default_factory=dict)
     sizes: CallSizes = field(default_factory=CallSizes)
+    # ((calls, calls), (tokens, tokens)) from no step accepted to every step accepted
+    by_acceptance: tuple[tuple[int, int], tuple[int, int]] | None = None
 
     def calls(self, purpose: str | None = None, upper: bool = False) -> int:
         return sum(p.upper if upper else p.expected for p in self.phases
@@ -98,6 +100,10 @@ class RunEstimate:
         time = "" if seconds is None else f", ~{duration(seconds)} at this model's measured speed"
         assumed = "; assumed: " + ", ".join(self.sizes.assumptions) \
             if self.sizes.assumptions else ""
+        if self.by_acceptance and self.by_acceptance[0][0] != self.by_acceptance[0][1]:
+            (low, high), (few, many) = self.by_acceptance
+            assumed += (f"; {low:,} to {high:,} calls, {compact(few)} to {compact(many)} "
+                        "tokens as no step or every step is accepted")
         return (f"estimate: ~{self.calls():,} model calls ({self.calls('forward'):,} forward, "
                 f"{self.calls('optimizer'):,} optimizer; at most {self.calls(upper=True):,} "
                 f"with no cache hits), ~{compact(self.tokens())} tokens, {money}{time}"
@@ -137,6 +143,26 @@ def backward_calls_per_example(graph: GraphSpec, method: str) -> int:
     from engine.methods import METHODS
 
     return METHODS[method].backward_calls(graph)
+
+
+def repeated_sample_share(steps: int, k: int, failing: int, accepted: float) -> float:
+    """Of the examples a run's steps back-propagate, the expected share that an earlier
+    step back-propagated under the same prompts: their backward calls repeat requests
+    already made, which the cache answers. Step j samples k of `failing` examples afresh
+    (seeded by the step), so an example it samples was sampled at step t < j with
+    probability k / failing, and the prompts are unchanged since t when none of the
+    steps after it was accepted. How many training examples fail is not known before
+    the run: `failing` is the prior that every one does (starting prompts are poor)."""
+    if steps < 2 or failing <= 0:
+        return 0.0
+    chance = min(1.0, k / failing)
+    total = 0.0
+    for j in range(2, steps + 1):
+        fresh = 1.0
+        for t in range(1, j):
+            fresh *= 1 - chance * (1 - accepted) ** (j - t)
+        total += 1 - fresh
+    return total / steps
 
 
 def _reach(graph: GraphSpec) -> dict[str, set[str]]:
@@ -186,8 +212,23 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     scores train and validation there only when `baseline` (it re-measures edited
     prompts; with `edited`, the nodes whose prompts a fork edited, only the nodes they
     reach re-run there: the others' calls are the parent's, answered by the cache).
-    `sizes`: tokens per call (engine/runs/call_sizes.py; default: fixed averages)."""
+    `sizes`: tokens per call (engine/runs/call_sizes.py; default: fixed averages).
+    Its `by_acceptance`: the calls and tokens if no step's candidate passed the gate and
+    if every one did, the outcome no estimate can know before the run."""
     sizes = sizes or CallSizes()
+    args = (graph, config, n_train, n_val, n_test, start, baseline, edited)
+    estimate = RunEstimate(_phases(*args, sizes), models, dict(prices or {}), sizes)
+    if config.steps > start:
+        ends = [RunEstimate(_phases(*args, replace(sizes, accepted_share=share)),
+                            sizes=sizes) for share in (0.0, 1.0)]
+        estimate.by_acceptance = ((min(e.calls() for e in ends), max(e.calls() for e in ends)),
+                                  (min(e.tokens() for e in ends), max(e.tokens() for e in ends)))
+    return estimate
+
+
+def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int, start: int,
+            baseline: bool, edited: list[str] | None, sizes: CallSizes) -> list[Phase]:
+    """The phases of `estimate_calls`, at `sizes.accepted_share`."""
     llm = [n.id for n in graph.nodes if n.kind == "llm"]
     nodes, steps = len(llm), config.steps - start
     first, last = start + 1, config.steps
@@ -229,8 +270,10 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
             phases.append(Phase(f"{span}: judge on train", "optimizer",
                                 round(after_accept * n_train) if cached else steps * n_train,
                                 steps * n_train))
-        phases += [Phase(f"{span}: backward", "optimizer", steps * backward,
-                         steps * backward, "backward"),
+        repeated = repeated_sample_share(steps, sampled, n_train, sizes.accepted_share) \
+            if cached else 0.0
+        phases += [Phase(f"{span}: backward", "optimizer",
+                         round(steps * backward * (1 - repeated)), steps * backward, "backward"),
                    Phase(f"{span}: repairs", "optimizer", 0, steps * backward, "backward"),
                    Phase(f"{span}: update", "optimizer", steps * k, steps * k, "update"),
                    Phase(f"{span}: validation candidate", "forward",
@@ -262,7 +305,7 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     for phase in phases:  # requests repeated within a pass are made once
         if phase.purpose == "forward":
             phase.expected = round(phase.expected * sizes.distinct_share)
-    return RunEstimate(phases, models, dict(prices or {}), sizes)
+    return phases
 
 
 def estimate_for(config: Any, graph: GraphSpec, splits: Any, start: int = 0,
