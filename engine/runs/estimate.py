@@ -7,15 +7,21 @@ the share of steps accepted that earlier runs of the graph saw (else a quarter).
 after a rejected one repeats its train pass (cache hits), after an accepted one it re-runs the nodes an edit
 reached; a candidate re-runs on validation only the nodes an edit reaches;
 `--node-gates auto` scores each edit alone after a rejection only; nodes that start with the
-same prompt and inputs share their calls until an accepted edit tells them apart. `upper`:
+same prompt and inputs share their calls until an accepted edit tells them apart; a step
+that samples a failure an earlier step back-propagated under the same prompts repeats its
+backward calls (cache hits). Which steps are accepted is the one outcome that moves a
+run's cost most and that no estimate can know, so `by_acceptance` gives the calls and
+tokens from no step accepted to every step accepted, and the line prints them. `upper`:
 no cache hit at all, the per-node gates wherever the mode allows them, and one repair call
 per backward call. A fork's re-measure of its starting step re-runs only the nodes its
 edited prompts reach (the others are answered from the parent's cache).
 
 Tokens: each phase's calls times the size of one call of its kind, from the prompts the run
 will send (engine/runs/call_sizes.py: templates rendered on the run's own examples, replies
-sized from earlier runs of the graph in the run log, else from max_tokens). On a local
-model with earlier calls in the run log, a time estimate from its measured speed.
+sized from earlier runs of the graph in the run log, else from the model's runs of other
+graphs, else from a prior by backend capped by max_tokens; the line names each prior it
+used). On a local model with earlier calls in the run log, a time estimate from its
+measured speed.
 """
 
 from __future__ import annotations
