@@ -19,9 +19,12 @@ emptied, so the estimate has the first run's history (reply sizes, token rate, a
 steps, the local model's speed) and the run pays for every call as a first run does.
 `bbh first, model seen`: BBH's first run in a copy of GSM8K's log (cache emptied), as on
 a run log that has used the model before: its replies are sized from the model's GSM8K
-calls, the rest is a first run's.
+calls, the rest is a first run's. A row outside the goals says whether what the run did
+lies within the estimate's range from no step accepted to every step accepted (which
+steps the gate accepts is the outcome no estimate can know; the line prints the range).
 
     .venv/bin/python benchmarks/estimate_accuracy.py [--data-dir ../shared/datasets] [--no-local]
+        [--lines]
 """
 
 from __future__ import annotations
