@@ -224,3 +224,22 @@ def test_a_models_replies_on_another_graph_size_a_new_graphs_first_estimate(tmp_
     assert warm.sizes.forward["val"].completion == pytest.approx(recorded)
     # the first run made no backward call: those replies are still the prior's, and say so
     assert "(forward)" not in warm.line() and "~50 tokens (backward)" in warm.line()
+
+
+def test_a_forks_test_pass_re_runs_what_its_parents_test_pass_did_not_ask(tmp_path):
+    from tests.support.graphs import DIAMOND
+
+    # every step accepted: the parent tested its step-2 prompts, not its step-1 ones
+    config = RunConfig(graph=str(write_graph(tmp_path, DIAMOND, arithmetic_rows())),
+                       backend="scripted", steps=2, train=4, val=4, test=8, gate=False,
+                       db=str(tmp_path / "runs.duckdb"), run_id="parent")
+    asyncio.run(execute(config))
+    for step, differing in ((1, 4), (2, 0)):  # test the prompts of step 1, then of step 2
+        plan = plan_fork(config.db, "parent", step, overrides={"steps": 0})
+        tested = {p.name: p.expected for p in estimate_fork(plan).phases}["test"]
+        result = asyncio.run(run_fork(plan))
+        with duckdb.connect(config.db, read_only=True) as con:
+            made = con.execute("SELECT count(*) FROM llm_calls WHERE run_id = ? AND NOT "
+                               "cache_hit", [result.run_id]).fetchone()[0]
+        # step 1's prompts: every node's test calls are new; step 2's: the parent's, cached
+        assert tested == made == 8 * differing, (step, tested, made)

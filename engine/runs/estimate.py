@@ -212,17 +212,20 @@ def node_gate_calls(graph: GraphSpec, changed: list[str], cached: bool) -> int:
 def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int,
                    models: tuple[str, str] = ("", ""), prices: dict | None = None,
                    start: int = 0, baseline: bool = True, edited: list[str] | None = None,
-                   sizes: CallSizes | None = None) -> RunEstimate:
+                   sizes: CallSizes | None = None, test_differs: list[str] | None = None
+                   ) -> RunEstimate:
     """The run's model calls by phase (see the module docstring); `config` is a RunConfig.
     A fork starts at step `start` (its optimization steps are start+1..config.steps) and
     scores train and validation there only when `baseline` (it re-measures edited
     prompts; with `edited`, the nodes whose prompts a fork edited, only the nodes they
     reach re-run there: the others' calls are the parent's, answered by the cache).
+    `test_differs`: a fork's nodes whose prompts differ from those of its parent's test
+    pass (whose calls the cache answers for the others); None: no test pass to reuse.
     `sizes`: tokens per call (engine/runs/call_sizes.py; default: fixed averages).
     Its `by_acceptance`: the calls and tokens if no step's candidate passed the gate and
     if every one did, the outcome no estimate can know before the run."""
     sizes = sizes or CallSizes()
-    args = (graph, config, n_train, n_val, n_test, start, baseline, edited)
+    args = (graph, config, n_train, n_val, n_test, start, baseline, edited, test_differs)
     estimate = RunEstimate(_phases(*args, sizes), models, dict(prices or {}), sizes)
     if config.steps > start:
         ends = [RunEstimate(_phases(*args, replace(sizes, accepted_share=share)),
@@ -233,7 +236,8 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
 
 
 def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int, start: int,
-            baseline: bool, edited: list[str] | None, sizes: CallSizes) -> list[Phase]:
+            baseline: bool, edited: list[str] | None, test_differs: list[str] | None,
+            sizes: CallSizes) -> list[Phase]:
     """The phases of `estimate_calls`, at `sizes.accepted_share`."""
     llm = [n.id for n in graph.nodes if n.kind == "llm"]
     nodes, steps = len(llm), config.steps - start
@@ -301,8 +305,10 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
     if n_test:
         # identical initial prompts stay shared unless some step was accepted
         some_accepted = 1 - (1 - sizes.accepted_share) ** steps
-        # a fork's test pass repeats its parent's for the nodes no edit reaches
-        base = rerun if baseline and edited and cached else initial
+        # a fork's test pass repeats its parent's for the nodes whose prompts are the ones
+        # the parent tested with, and that no differing prompt reaches
+        base = initial if test_differs is None or not cached else sum(
+            1 for n in llm if reach[n] & set(test_differs))
         phases.append(Phase("test", "forward",
                             round(n_test * (base + (nodes - base) * some_accepted)),
                             n_test * nodes, "forward", "test"))
@@ -315,11 +321,12 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
 
 
 def estimate_for(config: Any, graph: GraphSpec, splits: Any, start: int = 0,
-                 baseline: bool = True, edited: list[str] | None = None) -> RunEstimate:
+                 baseline: bool = True, edited: list[str] | None = None,
+                 test_differs: list[str] | None = None) -> RunEstimate:
     """The estimate of a run with `config` (a RunConfig) over `splits`, priced with the
     models it will use (as engine.runs.execute.make_client resolves them), its tokens from
     the prompts it will send (engine/runs/call_sizes.py); `start`, `baseline` and `edited`
-    as in `estimate_calls` (a fork: engine.runs.fork.ForkPlan)."""
+    and `test_differs` as in `estimate_calls` (a fork: engine.runs.fork.ForkPlan)."""
     from engine.llm.factory import default_model
     from engine.llm.pricing import load_prices
     from engine.runs.call_sizes import measure_sizes
@@ -330,13 +337,29 @@ def estimate_for(config: Any, graph: GraphSpec, splits: Any, start: int = 0,
         model if opt_kind == config.backend else default_model(opt_kind))
     return estimate_calls(graph, config, len(splits.train), len(splits.val), len(splits.test),
                           (model, optimizer), load_prices(), start=start, baseline=baseline,
-                          edited=edited, sizes=measure_sizes(graph, config, splits, model))
+                          edited=edited, sizes=measure_sizes(graph, config, splits, model),
+                          test_differs=test_differs)
 
 
 def estimate_fork(plan: Any) -> RunEstimate:
     """The estimate of a planned fork (engine.runs.fork.ForkPlan): its own steps, and its
     starting step's re-measure when it has one, of the nodes its edited prompts reach (all
-    of them on new examples)."""
+    of them on new examples); its test pass re-runs what the parent's test pass did not
+    ask (the nodes reached by prompts that differ from the parent's last ones)."""
     return estimate_for(plan.config, plan.graph, plan.splits, start=plan.from_step,
                         baseline=plan.rescore,
-                        edited=None if plan.resplit else list(plan.edited))
+                        edited=None if plan.resplit else list(plan.edited),
+                        test_differs=None if plan.resplit else parent_test_differs(plan))
+
+
+def parent_test_differs(plan: Any) -> list[str] | None:
+    """The nodes whose prompts at the fork's start differ from those the parent's test pass
+    used (its last prompts: a parent that accepted edits after the fork step tested other
+    prompts than the fork starts with); None when the parent ran no test pass."""
+    from engine.runlog.state import load_resume_state
+
+    parent = load_resume_state(plan.config.db, plan.parent_id)
+    if parent.state is None or not parent.test_done:
+        return None
+    last, start = parent.state.prompts.text, plan.state.prompts.text
+    return [n for n in plan.graph.node_ids if last.get(n) != start.get(n)]
