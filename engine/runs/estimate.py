@@ -355,11 +355,13 @@ def estimate_fork(plan: Any) -> RunEstimate:
 def parent_test_differs(plan: Any) -> list[str] | None:
     """The nodes whose prompts at the fork's start differ from those the parent's test pass
     used (its last prompts: a parent that accepted edits after the fork step tested other
-    prompts than the fork starts with); None when the parent ran no test pass."""
+    prompts than the fork starts with); None when the parent ran no test pass, or stored
+    none of its replies (`--cache` other than readwrite)."""
     from engine.runlog.state import load_resume_state
 
     parent = load_resume_state(plan.config.db, plan.parent_id)
-    if parent.state is None or not parent.test_done:
+    stored = parent.config.get("cache", "readwrite") == "readwrite"
+    if parent.state is None or not parent.test_done or not stored:
         return None
     last, start = parent.state.prompts.text, plan.state.prompts.text
     return [n for n in plan.graph.node_ids if last.get(n) != start.get(n)]
