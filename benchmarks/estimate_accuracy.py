@@ -20,8 +20,8 @@ steps, the local model's speed) and the run pays for every call as a first run d
 `bbh first, model seen`: BBH's first run in a copy of GSM8K's log (cache emptied), as on
 a run log that has used the model before: its replies are sized from the model's GSM8K
 calls, the rest is a first run's. A row outside the goals says whether what the run did
-lies within the estimate's range from no step accepted to every step accepted (which
-steps the gate accepts is the outcome no estimate can know; the line prints the range).
+lies within the estimate's range by outcome, from no failing example to learn from to
+every step accepted (outcomes no estimate can know; the line prints the range).
 
     .venv/bin/python benchmarks/estimate_accuracy.py [--data-dir ../shared/datasets] [--no-local]
         [--lines]
@@ -78,10 +78,10 @@ def row(label: str, estimate, run_id: str, db: str, wall: float) -> str:
              if est_wall is not None else f"{'-':>7} {wall:>6.0f} {'':>6}")
     flag = "" if (abs(est_calls - calls) <= CALLS_GOAL * calls
                   and abs(est_tokens - tokens) <= TOKENS_GOAL * tokens) else "  (outside)"
-    if flag and estimate.by_acceptance:  # the range the line gives, from 0 to all accepted
-        (low, high), (few, many) = estimate.by_acceptance
+    if flag and estimate.by_outcome:  # the range the line gives, by the run's outcome
+        (low, high), (few, many) = estimate.by_outcome
         inside = low <= calls <= high and few <= tokens <= many
-        flag += f" {'within' if inside else 'beyond'} its range by steps accepted"
+        flag += f" {'within' if inside else 'beyond'} its range by outcome"
     if LINES:
         flag += "\n    " + estimate.line()
     return (f"{label:<22} {est_calls:>6,} {calls:>6,} {(est_calls - calls) / calls:>+6.0%} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 import duckdb
 
@@ -98,7 +99,17 @@ def model_calls(result) -> int:
     return result.stats.calls - result.stats.cache_hits
 
 
-def test_the_estimate_brackets_runs_that_accept_no_step_and_every_step(tmp_path):
+def always_right(request) -> str | None:
+    """The output node adds the question's two numbers: no example fails."""
+    if request.purpose == "forward" and request.meta.get("output_node"):
+        found = re.search(r"Tom has (\d+) apples and buys (\d+) more", request.user_text)
+        return f"<output>{int(found[1]) + int(found[2])}</output>"
+    return None
+
+
+def test_the_estimate_brackets_the_runs_outcomes(tmp_path):
+    from dataclasses import replace
+
     from engine.llm.scripted import ScriptedBackend
     from tests.support.graphs import DIAMOND
 
@@ -106,18 +117,29 @@ def test_the_estimate_brackets_runs_that_accept_no_step_and_every_step(tmp_path)
     graph_path = write_graph(tmp_path, DIAMOND, arithmetic_rows())
     base = dict(graph=str(graph_path), backend="scripted", steps=3, train=8, val=8, test=8)
     graph = load_graph(str(graph_path))
-    every = RunConfig(**base, gate=False, db=str(tmp_path / "every.duckdb"))
-    none = RunConfig(**base, db=str(tmp_path / "none.duckdb"))
-    estimate = estimate_for(none, graph, load_splits(none, graph))
-    (low, high), _ = estimate.by_acceptance
+    config = RunConfig(**base, db=str(tmp_path / "estimate.duckdb"))
+    estimate = estimate_for(config, graph, load_splits(config, graph))
+    (low, high), _ = estimate.by_outcome
     assert low < estimate.calls() < high
     assert f"{low:,} to {high:,} calls" in estimate.line()
-    accepted = model_calls(asyncio.run(execute(every)))
-    rejected = model_calls(asyncio.run(execute(
-        none, forward_backend=ScriptedBackend(responder=never_right))))
-    # each end of the range is the run with that outcome
+
+    def made(name: str, responder=None, **settings) -> int:
+        run = RunConfig(**base, **settings, db=str(tmp_path / f"{name}.duckdb"))
+        backend = ScriptedBackend(responder=responder) if responder else None
+        return model_calls(asyncio.run(execute(run, forward_backend=backend)))
+
+    # the dearest outcome: every step accepted (the gate off)
+    accepted = made("every", gate=False)
     assert abs(high - accepted) <= 0.05 * accepted, (high, accepted)
-    assert abs(low - rejected) <= 0.05 * rejected, (low, rejected)
+    # the cheapest: no training example fails, so no step has anything to change
+    solved = made("solved", always_right)
+    assert abs(low - solved) <= 0.05 * solved, (low, solved)
+    # between them, every step rejected: the estimate with no step accepted
+    rejected = made("none", never_right)
+    none_accepted = estimate_calls(graph, config, 8, 8, 8, sizes=replace(
+        estimate.sizes, accepted_share=0.0)).calls()
+    assert low < rejected < high
+    assert abs(none_accepted - rejected) <= 0.05 * rejected, (none_accepted, rejected)
 
 
 def test_a_rejected_step_that_samples_the_same_failures_again_is_answered_by_the_cache(

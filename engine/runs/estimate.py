@@ -9,9 +9,10 @@ reached; a candidate re-runs on validation only the nodes an edit reaches;
 `--node-gates auto` scores each edit alone after a rejection only; nodes that start with the
 same prompt and inputs share their calls until an accepted edit tells them apart; a step
 that samples a failure an earlier step back-propagated under the same prompts repeats its
-backward calls (cache hits). Which steps are accepted is the one outcome that moves a
-run's cost most and that no estimate can know, so `by_acceptance` gives the calls and
-tokens from no step accepted to every step accepted, and the line prints them. `upper`:
+backward calls (cache hits). Which steps are accepted, and whether the steps find failing
+examples at all, are the outcomes that move a run's cost most and that no estimate can
+know, so `by_outcome` gives the calls and tokens from the cheapest (no failing example to
+learn from) to the dearest (every step accepted), and the line prints them. `upper`:
 no cache hit at all, the per-node gates wherever the mode allows them, and one repair call
 per backward call. A fork's re-measure of its starting step re-runs only the nodes its
 edited prompts reach (the others are answered from the parent's cache).
@@ -59,8 +60,9 @@ class RunEstimate:
     models: tuple[str, str] = ("", "")
     prices: dict = field(default_factory=dict)
     sizes: CallSizes = field(default_factory=CallSizes)
-    # ((calls, calls), (tokens, tokens)) from no step accepted to every step accepted
-    by_acceptance: tuple[tuple[int, int], tuple[int, int]] | None = None
+    # ((calls, calls), (tokens, tokens)) from the cheapest outcome (no failing example to
+    # learn from, or no step accepted) to the dearest (every step accepted)
+    by_outcome: tuple[tuple[int, int], tuple[int, int]] | None = None
 
     def calls(self, purpose: str | None = None, upper: bool = False) -> int:
         return sum(p.upper if upper else p.expected for p in self.phases
@@ -106,10 +108,10 @@ class RunEstimate:
         time = "" if seconds is None else f", ~{duration(seconds)} at this model's measured speed"
         assumed = "; assumed: " + ", ".join(self.sizes.assumptions) \
             if self.sizes.assumptions else ""
-        if self.by_acceptance and self.by_acceptance[0][0] != self.by_acceptance[0][1]:
-            (low, high), (few, many) = self.by_acceptance
+        if self.by_outcome and self.by_outcome[0][0] != self.by_outcome[0][1]:
+            (low, high), (few, many) = self.by_outcome
             assumed += (f"; {low:,} to {high:,} calls, {compact(few)} to {compact(many)} "
-                        "tokens as no step or every step is accepted")
+                        "tokens from no failing example to every step accepted")
         return (f"estimate: ~{self.calls():,} model calls ({self.calls('forward'):,} forward, "
                 f"{self.calls('optimizer'):,} optimizer; at most {self.calls(upper=True):,} "
                 f"with no cache hits), ~{compact(self.tokens())} tokens, {money}{time}"
@@ -222,23 +224,27 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     `test_differs`: a fork's nodes whose prompts differ from those of its parent's test
     pass (whose calls the cache answers for the others); None: no test pass to reuse.
     `sizes`: tokens per call (engine/runs/call_sizes.py; default: fixed averages).
-    Its `by_acceptance`: the calls and tokens if no step's candidate passed the gate and
-    if every one did, the outcome no estimate can know before the run."""
+    Its `by_outcome`: the calls and tokens from the cheapest outcome (no training example
+    fails, or no candidate passes the gate) to the dearest (every candidate passes), the
+    outcomes no estimate can know before the run."""
     sizes = sizes or CallSizes()
     args = (graph, config, n_train, n_val, n_test, start, baseline, edited, test_differs)
     estimate = RunEstimate(_phases(*args, sizes), models, dict(prices or {}), sizes)
     if config.steps > start:
-        ends = [RunEstimate(_phases(*args, replace(sizes, accepted_share=share)),
-                            sizes=sizes) for share in (0.0, 1.0)]
-        estimate.by_acceptance = ((min(e.calls() for e in ends), max(e.calls() for e in ends)),
-                                  (min(e.tokens() for e in ends), max(e.tokens() for e in ends)))
+        ends = [RunEstimate(_phases(*args, replace(sizes, accepted_share=share), failing),
+                            sizes=sizes) for share, failing in ((0.0, False), (0.0, True),
+                                                                (1.0, True))]
+        estimate.by_outcome = ((min(e.calls() for e in ends), max(e.calls() for e in ends)),
+                               (min(e.tokens() for e in ends), max(e.tokens() for e in ends)))
     return estimate
 
 
 def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int, start: int,
             baseline: bool, edited: list[str] | None, test_differs: list[str] | None,
-            sizes: CallSizes) -> list[Phase]:
-    """The phases of `estimate_calls`, at `sizes.accepted_share`."""
+            sizes: CallSizes, failing: bool = True) -> list[Phase]:
+    """The phases of `estimate_calls`, at `sizes.accepted_share`; `failing`: the steps find
+    failing training examples to learn from (the prior: starting prompts are poor), else
+    a step has nothing to back-propagate, propose or score."""
     llm = [n.id for n in graph.nodes if n.kind == "llm"]
     nodes, steps = len(llm), config.steps - start
     first, last = start + 1, config.steps
@@ -282,19 +288,21 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
                                 steps * n_train))
         repeated = repeated_sample_share(steps, sampled, n_train, sizes.accepted_share) \
             if cached else 0.0
+        proposing = steps if failing else 0  # steps that back-propagate and propose
         phases += [Phase(f"{span}: backward", "optimizer",
-                         round(steps * backward * (1 - repeated)), steps * backward, "backward"),
+                         round(proposing * backward * (1 - repeated)), steps * backward,
+                         "backward"),
                    Phase(f"{span}: repairs", "optimizer", 0, steps * backward, "backward"),
-                   Phase(f"{span}: update", "optimizer", steps * k, steps * k, "update"),
+                   Phase(f"{span}: update", "optimizer", proposing * k, steps * k, "update"),
                    Phase(f"{span}: validation candidate", "forward",
-                         steps * n_val * (reached if cached else nodes), steps * n_val * nodes,
-                         "forward", "val")]
+                         proposing * n_val * (reached if cached else nodes),
+                         steps * n_val * nodes, "forward", "val")]
         if judge:
             phases.append(Phase(f"{span}: judge on validation", "optimizer",
-                                steps * n_val, steps * n_val))
+                                proposing * n_val, steps * n_val))
         if mode != "off" and k >= 2:
             # auto: after rejections only
-            gated = steps * (1.0 if mode == "on" else 1 - sizes.accepted_share)
+            gated = proposing * (1.0 if mode == "on" else 1 - sizes.accepted_share)
             phases.append(Phase(f"{span}: per-node gates ({mode})", "forward",
                                 round(gated * n_val * gate_nodes[0]) if gates_expected else 0,
                                 steps * n_val * gate_nodes[1] if gates_expected else 0,
