@@ -52,7 +52,7 @@ from tests.support.fake_openai import prompt_responder  # noqa: E402
 DATA = ROOT.parent / "shared" / "datasets"
 GRAPHS = ROOT / "sample_graphs"
 CALLS_GOAL, TOKENS_GOAL = 0.15, 0.25
-LINES = "--lines" in sys.argv  # print each estimate's line (what `run` prints) under its row
+LINES = False  # --lines: print each estimate's line (what `run` prints) under its row
 
 
 def actual(db: str, run_id: str) -> tuple[int, int]:
@@ -140,6 +140,8 @@ def main() -> None:
                         help="print each estimate's line, as `run` prints it, under its row")
     parser.add_argument("graphs", nargs="*", default=["demo", "gsm8k", "bbh"])
     args = parser.parse_args()
+    global LINES
+    LINES = args.lines
     os.environ.pop("OPENAI_API_KEY", None)
     demo = ({"backend": "scripted", "scripted_responder":
              str(GRAPHS / "demo_responder.py") + ":demo_responder"} if args.no_local
