@@ -12,12 +12,19 @@ OpenAI-compatible server whose replies depend on the whole prompt
 step 1 with a hand-set `final` prompt.
 
 Each graph runs twice, each time on a fresh run log: `first` with no earlier run (replies
-sized from max_tokens and the defaults), then `again` (seed 1: other examples) on a copy of
-the first run's log with its reply cache emptied, so the estimate has the first run's
-history (reply sizes, token rate, accepted steps, the local model's speed) and the run pays
-for every call as a first run does.
+sized by the backend's prior, which the estimate's line names: no rule knows how much an
+unseen model writes; the fake server's replies are about a tenth of a real model's), then
+`again` (seed 1: other examples) on a copy of the first run's log with its reply cache
+emptied, so the estimate has the first run's history (reply sizes, token rate, accepted
+steps, the local model's speed) and the run pays for every call as a first run does.
+`bbh first, model seen`: BBH's first run in a copy of GSM8K's log (cache emptied), as on
+a run log that has used the model before: its replies are sized from the model's GSM8K
+calls, the rest is a first run's. A row outside the goals says whether what the run did
+lies within the estimate's range by outcome, from no failing example to learn from to
+every step accepted (outcomes no estimate can know; the line prints the range).
 
     .venv/bin/python benchmarks/estimate_accuracy.py [--data-dir ../shared/datasets] [--no-local]
+        [--lines]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from tests.support.fake_openai import prompt_responder  # noqa: E402
 DATA = ROOT.parent / "shared" / "datasets"
 GRAPHS = ROOT / "sample_graphs"
 CALLS_GOAL, TOKENS_GOAL = 0.15, 0.25
+LINES = False  # --lines: print each estimate's line (what `run` prints) under its row
 
 
 def actual(db: str, run_id: str) -> tuple[int, int]:
@@ -70,7 +78,13 @@ def row(label: str, estimate, run_id: str, db: str, wall: float) -> str:
              if est_wall is not None else f"{'-':>7} {wall:>6.0f} {'':>6}")
     flag = "" if (abs(est_calls - calls) <= CALLS_GOAL * calls
                   and abs(est_tokens - tokens) <= TOKENS_GOAL * tokens) else "  (outside)"
-    return (f"{label:<14} {est_calls:>6,} {calls:>6,} {(est_calls - calls) / calls:>+6.0%} "
+    if flag and estimate.by_outcome:  # the range the line gives, by the run's outcome
+        (low, high), (few, many) = estimate.by_outcome
+        inside = low <= calls <= high and few <= tokens <= many
+        flag += f" {'within' if inside else 'beyond'} its range by outcome"
+    if LINES:
+        flag += "\n    " + estimate.line()
+    return (f"{label:<22} {est_calls:>6,} {calls:>6,} {(est_calls - calls) / calls:>+6.0%} "
             f"{compact(est_tokens):>7} {compact(tokens):>7} {(est_tokens - tokens) / tokens:>+6.0%} "
             f"{walls}{flag}")
 
@@ -94,6 +108,20 @@ def run_graph(name: str, settings: dict, data_dir: str, tmp: Path) -> list[str]:
     return lines
 
 
+def model_seen_row(name: str, seen: str, settings: dict, data_dir: str, tmp: Path) -> str:
+    """`name`'s first run on a copy of `seen`'s first log (cache emptied): a new graph on a
+    model the run log knows."""
+    log = emptied_cache_copy(str(tmp / f"{seen}-first.duckdb"), str(tmp / f"{name}-seen.duckdb"))
+    config = RunConfig(graph=str(GRAPHS / f"{name}.yaml"), data_dir=data_dir, db=log,
+                       **settings)
+    graph = load_graph(config.graph)
+    estimate = estimate_for(config, graph, load_splits(config, graph))
+    started = time.perf_counter()
+    result = asyncio.run(execute(config))
+    return row(f"{name} first, model seen", estimate, result.run_id, log,
+               time.perf_counter() - started)
+
+
 def fork_row(db: str, parent: str, tmp: Path) -> str:
     plan = plan_fork(db, parent, 1, {"final": "Solve the problem step by step, then give "
                                                "the final number."})
@@ -108,13 +136,17 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("SEMBACK_DATA_DIR", str(DATA)))
     parser.add_argument("--no-local", action="store_true",
                         help="the demo on the scripted demo model instead of the embedded one")
+    parser.add_argument("--lines", action="store_true",
+                        help="print each estimate's line, as `run` prints it, under its row")
     parser.add_argument("graphs", nargs="*", default=["demo", "gsm8k", "bbh"])
     args = parser.parse_args()
+    global LINES
+    LINES = args.lines
     os.environ.pop("OPENAI_API_KEY", None)
     demo = ({"backend": "scripted", "scripted_responder":
              str(GRAPHS / "demo_responder.py") + ":demo_responder"} if args.no_local
             else {"backend": "local"})
-    print(f"{'run':<14} {'calls':>6} {'actual':>6} {'error':>6} {'tokens':>7} {'actual':>7} "
+    print(f"{'run':<22} {'calls':>6} {'actual':>6} {'error':>6} {'tokens':>7} {'actual':>7} "
           f"{'error':>6} {'wall s':>7} {'actual':>6} {'error':>6}   (estimate, then actual)")
     with tempfile.TemporaryDirectory() as tmp, \
             server_process(0.0, {"responder": prompt_responder}) as base_url:
@@ -123,6 +155,9 @@ def main() -> None:
                         {"backend": "openai", "base_url": base_url})
             for line in run_graph(name, settings, args.data_dir, Path(tmp)):
                 print(line, flush=True)
+        if {"gsm8k", "bbh"} <= set(args.graphs):
+            print(model_seen_row("bbh", "gsm8k", {"backend": "openai", "base_url": base_url},
+                                 args.data_dir, Path(tmp)), flush=True)
     print(f"goal: calls within {CALLS_GOAL:.0%} and tokens within {TOKENS_GOAL:.0%} of actual; "
           "rows outside say so")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 import duckdb
 
@@ -85,3 +86,76 @@ def test_the_estimate_counts_the_per_node_gates(tmp_path):
     assert gates("on") == (4 * 16 * 3, 4 * 16 * 5)
     assert gates("auto") == (2 * 16 * 3, 4 * 16 * 5)  # auto: after a rejection only
     assert gates("off") == (0, 0)
+
+
+def never_right(request) -> str | None:
+    """The output node never gives the answer: validation stays 0, every step is rejected."""
+    if request.purpose == "forward" and request.meta.get("output_node"):
+        return "<output>none</output>"
+    return None
+
+
+def model_calls(result) -> int:
+    return result.stats.calls - result.stats.cache_hits
+
+
+def always_right(request) -> str | None:
+    """The output node adds the question's two numbers: no example fails."""
+    if request.purpose == "forward" and request.meta.get("output_node"):
+        found = re.search(r"Tom has (\d+) apples and buys (\d+) more", request.user_text)
+        return f"<output>{int(found[1]) + int(found[2])}</output>"
+    return None
+
+
+def test_the_estimate_brackets_the_runs_outcomes(tmp_path):
+    from dataclasses import replace
+
+    from engine.llm.scripted import ScriptedBackend
+    from tests.support.graphs import DIAMOND
+
+    # no two nodes alike: no two candidates' requests coincide by chance
+    graph_path = write_graph(tmp_path, DIAMOND, arithmetic_rows())
+    base = dict(graph=str(graph_path), backend="scripted", steps=3, train=8, val=8, test=8)
+    graph = load_graph(str(graph_path))
+    config = RunConfig(**base, db=str(tmp_path / "estimate.duckdb"))
+    estimate = estimate_for(config, graph, load_splits(config, graph))
+    (low, high), _ = estimate.by_outcome
+    assert low < estimate.calls() < high
+    assert f"{low:,} to {high:,} calls" in estimate.line()
+
+    def made(name: str, responder=None, **settings) -> int:
+        run = RunConfig(**base, **settings, db=str(tmp_path / f"{name}.duckdb"))
+        backend = ScriptedBackend(responder=responder) if responder else None
+        return model_calls(asyncio.run(execute(run, forward_backend=backend)))
+
+    # the dearest outcome: every step accepted (the gate off)
+    accepted = made("every", gate=False)
+    assert abs(high - accepted) <= 0.05 * accepted, (high, accepted)
+    # the cheapest: no training example fails, so no step has anything to change
+    solved = made("solved", always_right)
+    assert abs(low - solved) <= 0.05 * solved, (low, solved)
+    # between them, every step rejected: the estimate with no step accepted
+    rejected = made("none", never_right)
+    none_accepted = estimate_calls(graph, config, 8, 8, 8, sizes=replace(
+        estimate.sizes, accepted_share=0.0)).calls()
+    assert low < rejected < high
+    assert abs(none_accepted - rejected) <= 0.05 * rejected, (none_accepted, rejected)
+
+
+def test_a_rejected_step_that_samples_the_same_failures_again_is_answered_by_the_cache(
+        tmp_path):
+    from engine.llm.scripted import ScriptedBackend
+
+    # two training examples, both failing, two sampled a step: every step back-propagates
+    # the same two, under the same prompts while every step is rejected
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    config = RunConfig(graph=str(graph_path), backend="scripted", steps=3, train=2, val=4,
+                       test=0, db=str(tmp_path / "runs.duckdb"))
+    graph = load_graph(config.graph)
+    estimate = estimate_calls(graph, config, 2, 4, 0, sizes=CallSizes(accepted_share=0.0))
+    backward = {p.name: p.expected for p in estimate.phases}["steps 1-3: backward"]
+    asyncio.run(execute(config, forward_backend=ScriptedBackend(responder=never_right)))
+    with duckdb.connect(config.db, read_only=True) as con:
+        made = con.execute("SELECT count(*) FROM llm_calls WHERE purpose = 'backward' AND "
+                           "NOT cache_hit").fetchone()[0]
+    assert made == backward == 2  # step 1's two; steps 2 and 3 repeat them

@@ -12,7 +12,7 @@ import pytest
 from engine.core.graph import load_graph
 from engine.llm.factory import default_model
 from engine.prompts.templates import forward_messages
-from engine.runs.call_sizes import CHARS_PER_TOKEN, FIRST_REPLY, measure_sizes
+from engine.runs.call_sizes import CHARS_PER_TOKEN, FIRST_REPLY, SCRIPTED_REPLY, measure_sizes
 from engine.runs.estimate import estimate_for, estimate_fork
 from engine.runs.execute import RunConfig, execute, load_splits
 from engine.runs.fork import plan_fork, run_fork
@@ -35,8 +35,8 @@ def rows_of_length(n: int, chars: int) -> list[dict]:
             for i in range(n)]
 
 
-def sizes_for(tmp_path, graph_text, rows, **settings):
-    config = RunConfig(graph=str(write_graph(tmp_path, graph_text, rows)), backend="scripted",
+def sizes_for(tmp_path, graph_text, rows, backend="scripted", **settings):
+    config = RunConfig(graph=str(write_graph(tmp_path, graph_text, rows)), backend=backend,
                        db=str(tmp_path / "runs.duckdb"), **settings)
     graph = load_graph(config.graph)
     splits = load_splits(config, graph)
@@ -45,8 +45,8 @@ def sizes_for(tmp_path, graph_text, rows, **settings):
 
 @pytest.mark.parametrize("chars", [50, 800])
 def test_forward_tokens_are_the_rendered_prompt_on_the_runs_own_examples(tmp_path, chars):
-    _, _, splits, sizes = sizes_for(tmp_path, ONE_NODE, rows_of_length(30, chars), train=4,
-                                    val=6, test=0)
+    _, _, splits, sizes = sizes_for(tmp_path, ONE_NODE, rows_of_length(30, chars), "openai",
+                                    train=4, val=6, test=0)
     rendered = [sum(len(c) for _, c in forward_messages(
         "Solve the problem.", {"question": ex.fields["question"]}, "Give only the number."))
         for ex in splits.val]
@@ -54,6 +54,10 @@ def test_forward_tokens_are_the_rendered_prompt_on_the_runs_own_examples(tmp_pat
         sum(rendered) / len(rendered) / CHARS_PER_TOKEN)
     # the reply: no earlier run, so the default reply capped by the node's max_tokens
     assert sizes.forward["val"].completion == min(40, FIRST_REPLY["forward"]) == 40
+    # the scripted backend's replies are known to be short
+    scripted = sizes_for(tmp_path, ONE_NODE, rows_of_length(30, chars), train=4, val=6,
+                         test=0)[3]
+    assert scripted.forward["val"].completion == SCRIPTED_REPLY["forward"] < 40
 
 
 def test_the_estimated_tokens_grow_with_the_examples_text(tmp_path):
@@ -68,7 +72,7 @@ def test_the_estimated_tokens_grow_with_the_examples_text(tmp_path):
 def test_replies_are_sized_from_what_an_earlier_run_of_the_graph_recorded(tmp_path):
     config, graph, splits, before = sizes_for(tmp_path, TWO_HINTS, arithmetic_rows(), steps=1,
                                               train=6, val=6, test=0)
-    assert before.forward["val"].completion == FIRST_REPLY["forward"]
+    assert before.forward["val"].completion == SCRIPTED_REPLY["forward"]
     asyncio.run(execute(config))
     after = measure_sizes(graph, config, splits, "scripted")
     with duckdb.connect(config.db, read_only=True) as con:
@@ -181,3 +185,61 @@ def test_a_local_models_time_is_estimated_at_its_measured_speed(tmp_path):
     assert f"~{estimate.seconds():.0f} s at this model's measured speed" in estimate.line()
     # no local history: no time
     assert estimate_for(config, graph, load_splits(config, graph)).seconds() is None
+
+
+ONE_NODE_UNCAPPED = ONE_NODE.replace("name: one-node", "name: another-graph").replace(
+    ", max_tokens: 40", "")
+
+
+def wordy(request) -> str | None:
+    """Forward replies of 100 words: a model far wordier than the scripted default."""
+    if request.purpose == "forward":
+        return "<output>" + "word " * 100 + "</output>"
+    return None
+
+
+def test_a_models_replies_on_another_graph_size_a_new_graphs_first_estimate(tmp_path):
+    from engine.llm.scripted import ScriptedBackend
+
+    db = str(tmp_path / "runs.duckdb")
+    (tmp_path / "new").mkdir()
+    other = RunConfig(graph=str(write_graph(tmp_path / "new", ONE_NODE_UNCAPPED,
+                                            arithmetic_rows())),
+                      backend="scripted", steps=0, train=4, val=4, test=0, db=db)
+    graph = load_graph(other.graph)
+    cold = estimate_for(other, graph, load_splits(other, graph))
+    # nothing in the run log: the scripted backend's prior, and the line says so
+    assert cold.sizes.forward["val"].completion == SCRIPTED_REPLY["forward"]
+    assert "assumed: replies of ~10 tokens (forward)" in cold.line()
+
+    first = RunConfig(graph=str(write_graph(tmp_path, TWO_HINTS, arithmetic_rows())),
+                      backend="scripted", steps=0, train=6, val=6, test=0, db=db)
+    asyncio.run(execute(first, forward_backend=ScriptedBackend(responder=wordy)))
+    with duckdb.connect(db, read_only=True) as con:
+        recorded = con.execute("SELECT avg(completion_tokens) FROM llm_calls WHERE NOT "
+                               "cache_hit AND purpose = 'forward'").fetchone()[0]
+    assert recorded > 5 * SCRIPTED_REPLY["forward"]
+    # a graph this log never ran, on the same model: its replies are the model's
+    warm = estimate_for(other, graph, load_splits(other, graph))
+    assert warm.sizes.forward["val"].completion == pytest.approx(recorded)
+    # the first run made no backward call: those replies are still the prior's, and say so
+    assert "(forward)" not in warm.line() and "~50 tokens (backward)" in warm.line()
+
+
+def test_a_forks_test_pass_re_runs_what_its_parents_test_pass_did_not_ask(tmp_path):
+    from tests.support.graphs import DIAMOND
+
+    # every step accepted: the parent tested its step-2 prompts, not its step-1 ones
+    config = RunConfig(graph=str(write_graph(tmp_path, DIAMOND, arithmetic_rows())),
+                       backend="scripted", steps=2, train=4, val=4, test=8, gate=False,
+                       db=str(tmp_path / "runs.duckdb"), run_id="parent")
+    asyncio.run(execute(config))
+    for step, differing in ((1, 4), (2, 0)):  # test the prompts of step 1, then of step 2
+        plan = plan_fork(config.db, "parent", step, overrides={"steps": 0})
+        tested = {p.name: p.expected for p in estimate_fork(plan).phases}["test"]
+        result = asyncio.run(run_fork(plan))
+        with duckdb.connect(config.db, read_only=True) as con:
+            made = con.execute("SELECT count(*) FROM llm_calls WHERE run_id = ? AND NOT "
+                               "cache_hit", [result.run_id]).fetchone()[0]
+        # step 1's prompts: every node's test calls are new; step 2's: the parent's, cached
+        assert tested == made == 8 * differing, (step, tested, made)

@@ -29,6 +29,22 @@ def call_size_history(db: str | Path, graph_name: str, limit: int = 5000) -> pd.
         ORDER BY r.started_at DESC LIMIT ?""", [graph_name, limit])
 
 
+def model_call_history(db: str | Path, models: list[str], limit: int = 5000) -> pd.DataFrame:
+    """What the model calls of earlier runs on one of `models`, of any graph, sent and
+    received (newest runs first, at most `limit` calls that reached the model and
+    succeeded): per call its purpose, prompt and completion tokens and the characters of
+    its messages. How long this model's replies of each kind run, and how many characters
+    its tokenizer puts in a token: properties of the model, not of one graph."""
+    return query(db, """
+        SELECT c.purpose, c.prompt_tokens, c.completion_tokens,
+               length(array_to_string(CAST(json_extract_string(c.messages, '$[*].content')
+                   AS VARCHAR[]), '')) AS prompt_chars
+        FROM llm_calls c JOIN runs r ON r.run_id = c.run_id
+        WHERE list_contains(?, c.model) AND NOT c.cache_hit AND c.error IS NULL
+              AND c.completion_tokens > 0
+        ORDER BY r.started_at DESC LIMIT ?""", [models, limit])
+
+
 def gradient_size_history(db: str | Path, graph_name: str) -> dict[str, float]:
     """The mean length in characters of the gradients each node received in earlier runs
     of a graph (by name)."""

@@ -8,8 +8,15 @@ graph recorded in the run log (else from the node's `max_tokens`).
 - Backward: the prompt set's backward template for each node that makes a backward call,
   on the training examples, with its output and the feedback it usually receives.
 - Update: the update template with k such examples.
+- Replies, in this order: what this graph's earlier runs on the model recorded (per node
+  and kind); else what the model's earlier runs of any graph recorded (how long a model's
+  replies run is a property of the model: a 0.5B model that writes 20 tokens on one graph
+  writes about as much on the next); else what earlier runs of this graph on another model
+  recorded; else a prior by backend (FIRST_REPLY, SCRIPTED_REPLY), which the estimate's
+  line names, since no rule can know how much an unseen model writes.
 - Characters become tokens at the rate the same model's earlier calls of that kind showed
-  (prompt tokens / prompt characters), else CHARS_PER_TOKEN.
+  (prompt tokens / prompt characters; this graph's, else any graph's), else
+  CHARS_PER_TOKEN.
 - On a local model, seconds per generated token from earlier runs' steps on the same
   local model, of any graph (their wall time over their completion tokens): the model's
   measured speed on this machine, as a run sees it (calls waiting for a context included).
@@ -23,9 +30,14 @@ from typing import Any
 from engine.core.graph import GraphSpec
 
 CHARS_PER_TOKEN = 4.0
-# Reply tokens without history, capped by the call's max_tokens: a forward reply "thinks
-# briefly" then answers; a backward or update reply writes a paragraph per input.
+# Reply tokens of a model no run in the run log has used, capped by the call's max_tokens:
+# a forward reply "thinks briefly" (the template asks it to) then answers; a backward or
+# update reply writes a paragraph per input. A model's replies may be several times
+# shorter or longer: the estimate's line says when it rests on this prior.
 FIRST_REPLY = {"forward": 160, "backward": 300, "update": 250}
+# The scripted backend's (engine/llm/scripted.py) replies are ours and short: a one-line
+# note or an answer; one sentence per gradient; the prompt with one sentence added.
+SCRIPTED_REPLY = {"forward": 10, "backward": 50, "update": 35}
 FEEDBACK_CHARS = 400  # a gradient's length without history
 OUTPUT_SHARE = 0.5  # of a reply's characters, the output passed on, without history
 # The share of steps whose candidate passes the gate, before any run of the graph: on real
@@ -59,6 +71,8 @@ class CallSizes:
     # of a pass's forward calls, the share that are distinct requests (earlier runs'; 1
     # without): the others repeat a request of the same pass and are answered once
     distinct_share: float = 1.0
+    # what the estimate assumed for want of history, for its line ("replies ~160 tokens")
+    assumptions: list[str] = field(default_factory=list)
 
     def for_phase(self, purpose: str, split: str | None) -> CallSize:
         if purpose == "forward":
@@ -77,6 +91,8 @@ class History:
     """What earlier runs of a graph recorded, reduced to what sizing needs."""
 
     completion: dict[tuple[str, str], float] = field(default_factory=dict)  # (purpose, node)
+    # purpose -> mean completion tokens of the model's calls on any graph
+    model_completion: dict[str, float] = field(default_factory=dict)
     output_chars: dict[str, float] = field(default_factory=dict)  # node -> output passed on
     chars_per_token: dict[str, float] = field(default_factory=dict)  # purpose -> rate
     feedback_chars: dict[str, float] = field(default_factory=dict)  # node -> gradient length
@@ -86,8 +102,8 @@ class History:
 
 
 def read_history(db: str | None, graph_name: str, model: str, backend: str) -> History:
-    """The history of `graph_name` in the run log at `db` (an empty History when there is
-    no run log or no earlier run)."""
+    """The history of `graph_name`, and of `model` on any graph, in the run log at `db` (an
+    empty History when there is no run log or no earlier run)."""
     from pathlib import Path
 
     if not db or not Path(db).is_file():
@@ -98,30 +114,39 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str) -> H
         forward_distinct_share,
         gradient_size_history,
         local_step_throughput,
+        model_call_history,
     )
     from engine.runlog.schema import RunLogError
 
+    models = list(dict.fromkeys([model, Path(model).name]))  # a GGUF file: by file name
     try:
         calls = call_size_history(db, graph_name)
+        own = model_call_history(db, models)
         feedback = gradient_size_history(db, graph_name)
         steps = accepted_share(db, graph_name)
         distinct = forward_distinct_share(db, graph_name)
     except RunLogError:
         return History()
-    calls = calls[calls["model"].isin([model])] if model in set(calls["model"]) else calls
+    same = calls[calls["model"].isin(models)]
+    # another model's runs of this graph size its calls only when this model has none
+    calls = same if not same.empty or not own.empty else calls
     history = History(feedback_chars=feedback, steps=steps, distinct=distinct)
     purpose = calls["purpose"].replace({"repair": "backward"})
     for (kind, node), group in calls.groupby([purpose, calls["node_id"].fillna("")]):
         history.completion[(kind, node)] = float(group["completion_tokens"].mean())
         if kind == "forward" and group["output_chars"].notna().any():
             history.output_chars[node] = float(group["output_chars"].mean())
-    for kind, group in calls.groupby(purpose):
-        chars = float(group["prompt_chars"].fillna(0).sum())
-        if chars > 0:
-            history.chars_per_token[kind] = chars / max(1.0, float(group["prompt_tokens"].sum()))
+    own_purpose = own["purpose"].replace({"repair": "backward"})
+    for frame, kinds in ((own, own_purpose), (calls, purpose)):  # the graph's rate wins
+        for kind, group in frame.groupby(kinds):
+            if frame is own:
+                history.model_completion[kind] = float(group["completion_tokens"].mean())
+            chars = float(group["prompt_chars"].fillna(0).sum())
+            if chars > 0:
+                history.chars_per_token[kind] = chars / max(1.0, float(
+                    group["prompt_tokens"].sum()))
     if backend == "local":
-        # a GGUF file is logged by its file name
-        seconds, _, completion = local_step_throughput(db, [model, Path(model).name])
+        seconds, _, completion = local_step_throughput(db, models)
         if seconds > 0 and completion > 0:
             history.speed = (0.0, seconds / completion)
     return history
@@ -138,13 +163,23 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str) -> Cal
               or 768, "update": config.optimizer_max_tokens or 768}
     llm = [n for n in graph.nodes if n.kind == "llm"]
 
+    backends = {"forward": config.backend,
+                "backward": config.optimizer_backend or config.backend}
+    backends["update"] = backends["backward"]
+    guessed: dict[str, list[float]] = {}  # kind -> the prior's replies, where one was used
+
     def reply(kind: str, node: Any) -> float:
         cap = (node.max_tokens if node is not None and node.max_tokens else limits[kind])
         recorded = history.completion.get((kind, node.id if node is not None else ""))
         if recorded is None and kind != "forward":  # the kind's mean over its nodes
             same = [v for (k, _), v in history.completion.items() if k == kind]
             recorded = sum(same) / len(same) if same else None
-        return min(cap, recorded if recorded is not None else FIRST_REPLY[kind])
+        if recorded is None:  # the model's replies of this kind on other graphs
+            recorded = history.model_completion.get(kind)
+        if recorded is None:
+            guessed.setdefault(kind, []).append(min(cap, first_reply(backends[kind])[kind]))
+            return guessed[kind][-1]
+        return min(cap, recorded)
 
     rate = {kind: history.chars_per_token.get(kind, CHARS_PER_TOKEN)
             for kind in ("forward", "backward", "update")}
@@ -176,7 +211,25 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str) -> Cal
     sizes.accepted_share = (accepted + 2 * ACCEPTED_PRIOR) / (steps + 2)
     if history.distinct[1]:
         sizes.distinct_share = history.distinct[0] / history.distinct[1]
+    sizes.assumptions = assumptions(guessed, steps)
     return sizes
+
+
+def first_reply(backend: str | None) -> dict[str, int]:
+    """Reply tokens by kind for a model with no run in the run log (see FIRST_REPLY)."""
+    return SCRIPTED_REPLY if backend == "scripted" else FIRST_REPLY
+
+
+def assumptions(guessed: dict[str, list[float]], steps: int) -> list[str]:
+    """What an estimate without history assumes, in the words its line prints."""
+    said = []
+    if guessed:
+        said.append("replies of " + ", ".join(
+            f"~{sum(v) / len(v):.0f} tokens ({k})" for k, v in guessed.items())
+                    + " (no earlier run of this model)")
+    if not steps:
+        said.append(f"{ACCEPTED_PRIOR:.0%} of steps accepted (no earlier step of this graph)")
+    return said
 
 
 def _optimizer_sizes(graph, prompts, train, values, outputs, history, config, rate, reply

@@ -7,20 +7,27 @@ the share of steps accepted that earlier runs of the graph saw (else a quarter).
 after a rejected one repeats its train pass (cache hits), after an accepted one it re-runs the nodes an edit
 reached; a candidate re-runs on validation only the nodes an edit reaches;
 `--node-gates auto` scores each edit alone after a rejection only; nodes that start with the
-same prompt and inputs share their calls until an accepted edit tells them apart. `upper`:
+same prompt and inputs share their calls until an accepted edit tells them apart; a step
+that samples a failure an earlier step back-propagated under the same prompts repeats its
+backward calls (cache hits). Which steps are accepted, and whether the steps find failing
+examples at all, are the outcomes that move a run's cost most and that no estimate can
+know, so `by_outcome` gives the calls and tokens from the cheapest (no failing example to
+learn from) to the dearest (every step accepted), and the line prints them. `upper`:
 no cache hit at all, the per-node gates wherever the mode allows them, and one repair call
 per backward call. A fork's re-measure of its starting step re-runs only the nodes its
 edited prompts reach (the others are answered from the parent's cache).
 
 Tokens: each phase's calls times the size of one call of its kind, from the prompts the run
 will send (engine/runs/call_sizes.py: templates rendered on the run's own examples, replies
-sized from earlier runs of the graph in the run log, else from max_tokens). On a local
-model with earlier calls in the run log, a time estimate from its measured speed.
+sized from earlier runs of the graph in the run log, else from the model's runs of other
+graphs, else from a prior by backend capped by max_tokens; the line names each prior it
+used). On a local model with earlier calls in the run log, a time estimate from its
+measured speed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.core.graph import GraphSpec
@@ -53,6 +60,9 @@ class RunEstimate:
     models: tuple[str, str] = ("", "")
     prices: dict = field(default_factory=dict)
     sizes: CallSizes = field(default_factory=CallSizes)
+    # ((calls, calls), (tokens, tokens)) from the cheapest outcome (no failing example to
+    # learn from, or no step accepted) to the dearest (every step accepted)
+    by_outcome: tuple[tuple[int, int], tuple[int, int]] | None = None
 
     def calls(self, purpose: str | None = None, upper: bool = False) -> int:
         return sum(p.upper if upper else p.expected for p in self.phases
@@ -96,9 +106,16 @@ class RunEstimate:
                  else f"cost unknown (no price for {self._unpriced()})")
         seconds = self.seconds()
         time = "" if seconds is None else f", ~{duration(seconds)} at this model's measured speed"
+        assumed = "; assumed: " + ", ".join(self.sizes.assumptions) \
+            if self.sizes.assumptions else ""
+        if self.by_outcome and self.by_outcome[0][0] != self.by_outcome[0][1]:
+            (low, high), (few, many) = self.by_outcome
+            assumed += (f"; {low:,} to {high:,} calls, {compact(few)} to {compact(many)} "
+                        "tokens from no failing example to every step accepted")
         return (f"estimate: ~{self.calls():,} model calls ({self.calls('forward'):,} forward, "
                 f"{self.calls('optimizer'):,} optimizer; at most {self.calls(upper=True):,} "
-                f"with no cache hits), ~{compact(self.tokens())} tokens, {money}{time}")
+                f"with no cache hits), ~{compact(self.tokens())} tokens, {money}{time}"
+                f"{assumed}")
 
     def breakdown(self) -> list[str]:
         """The estimate by phase, as aligned plain lines."""
@@ -134,6 +151,26 @@ def backward_calls_per_example(graph: GraphSpec, method: str) -> int:
     from engine.methods import METHODS
 
     return METHODS[method].backward_calls(graph)
+
+
+def repeated_sample_share(steps: int, k: int, failing: int, accepted: float) -> float:
+    """Of the examples a run's steps back-propagate, the expected share that an earlier
+    step back-propagated under the same prompts: their backward calls repeat requests
+    already made, which the cache answers. Step j samples k of `failing` examples afresh
+    (seeded by the step), so an example it samples was sampled at step t < j with
+    probability k / failing, and the prompts are unchanged since t when none of the
+    steps after it was accepted. How many training examples fail is not known before
+    the run: `failing` is the prior that every one does (starting prompts are poor)."""
+    if steps < 2 or failing <= 0:
+        return 0.0
+    chance = min(1.0, k / failing)
+    total = 0.0
+    for j in range(2, steps + 1):
+        fresh = 1.0
+        for t in range(1, j):
+            fresh *= 1 - chance * (1 - accepted) ** (j - t)
+        total += 1 - fresh
+    return total / steps
 
 
 def _reach(graph: GraphSpec) -> dict[str, set[str]]:
@@ -177,14 +214,37 @@ def node_gate_calls(graph: GraphSpec, changed: list[str], cached: bool) -> int:
 def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int,
                    models: tuple[str, str] = ("", ""), prices: dict | None = None,
                    start: int = 0, baseline: bool = True, edited: list[str] | None = None,
-                   sizes: CallSizes | None = None) -> RunEstimate:
+                   sizes: CallSizes | None = None, test_differs: list[str] | None = None
+                   ) -> RunEstimate:
     """The run's model calls by phase (see the module docstring); `config` is a RunConfig.
     A fork starts at step `start` (its optimization steps are start+1..config.steps) and
     scores train and validation there only when `baseline` (it re-measures edited
     prompts; with `edited`, the nodes whose prompts a fork edited, only the nodes they
     reach re-run there: the others' calls are the parent's, answered by the cache).
-    `sizes`: tokens per call (engine/runs/call_sizes.py; default: fixed averages)."""
+    `test_differs`: a fork's nodes whose prompts differ from those of its parent's test
+    pass (whose calls the cache answers for the others); None: no test pass to reuse.
+    `sizes`: tokens per call (engine/runs/call_sizes.py; default: fixed averages).
+    Its `by_outcome`: the calls and tokens from the cheapest outcome (no training example
+    fails, or no candidate passes the gate) to the dearest (every candidate passes), the
+    outcomes no estimate can know before the run."""
     sizes = sizes or CallSizes()
+    args = (graph, config, n_train, n_val, n_test, start, baseline, edited, test_differs)
+    estimate = RunEstimate(_phases(*args, sizes), models, dict(prices or {}), sizes)
+    if config.steps > start:
+        ends = [RunEstimate(_phases(*args, replace(sizes, accepted_share=share), failing),
+                            sizes=sizes) for share, failing in ((0.0, False), (0.0, True),
+                                                                (1.0, True))]
+        estimate.by_outcome = ((min(e.calls() for e in ends), max(e.calls() for e in ends)),
+                               (min(e.tokens() for e in ends), max(e.tokens() for e in ends)))
+    return estimate
+
+
+def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int, start: int,
+            baseline: bool, edited: list[str] | None, test_differs: list[str] | None,
+            sizes: CallSizes, failing: bool = True) -> list[Phase]:
+    """The phases of `estimate_calls`, at `sizes.accepted_share`; `failing`: the steps find
+    failing training examples to learn from (the prior: starting prompts are poor), else
+    a step has nothing to back-propagate, propose or score."""
     llm = [n.id for n in graph.nodes if n.kind == "llm"]
     nodes, steps = len(llm), config.steps - start
     first, last = start + 1, config.steps
@@ -226,19 +286,23 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
             phases.append(Phase(f"{span}: judge on train", "optimizer",
                                 round(after_accept * n_train) if cached else steps * n_train,
                                 steps * n_train))
-        phases += [Phase(f"{span}: backward", "optimizer", steps * backward,
-                         steps * backward, "backward"),
+        repeated = repeated_sample_share(steps, sampled, n_train, sizes.accepted_share) \
+            if cached else 0.0
+        proposing = steps if failing else 0  # steps that back-propagate and propose
+        phases += [Phase(f"{span}: backward", "optimizer",
+                         round(proposing * backward * (1 - repeated)), steps * backward,
+                         "backward"),
                    Phase(f"{span}: repairs", "optimizer", 0, steps * backward, "backward"),
-                   Phase(f"{span}: update", "optimizer", steps * k, steps * k, "update"),
+                   Phase(f"{span}: update", "optimizer", proposing * k, steps * k, "update"),
                    Phase(f"{span}: validation candidate", "forward",
-                         steps * n_val * (reached if cached else nodes), steps * n_val * nodes,
-                         "forward", "val")]
+                         proposing * n_val * (reached if cached else nodes),
+                         steps * n_val * nodes, "forward", "val")]
         if judge:
             phases.append(Phase(f"{span}: judge on validation", "optimizer",
-                                steps * n_val, steps * n_val))
+                                proposing * n_val, steps * n_val))
         if mode != "off" and k >= 2:
             # auto: after rejections only
-            gated = steps * (1.0 if mode == "on" else 1 - sizes.accepted_share)
+            gated = proposing * (1.0 if mode == "on" else 1 - sizes.accepted_share)
             phases.append(Phase(f"{span}: per-node gates ({mode})", "forward",
                                 round(gated * n_val * gate_nodes[0]) if gates_expected else 0,
                                 steps * n_val * gate_nodes[1] if gates_expected else 0,
@@ -249,8 +313,10 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     if n_test:
         # identical initial prompts stay shared unless some step was accepted
         some_accepted = 1 - (1 - sizes.accepted_share) ** steps
-        # a fork's test pass repeats its parent's for the nodes no edit reaches
-        base = rerun if baseline and edited and cached else initial
+        # a fork's test pass repeats its parent's for the nodes whose prompts are the ones
+        # the parent tested with, and that no differing prompt reaches
+        base = initial if test_differs is None or not cached else sum(
+            1 for n in llm if reach[n] & set(test_differs))
         phases.append(Phase("test", "forward",
                             round(n_test * (base + (nodes - base) * some_accepted)),
                             n_test * nodes, "forward", "test"))
@@ -259,15 +325,16 @@ def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_te
     for phase in phases:  # requests repeated within a pass are made once
         if phase.purpose == "forward":
             phase.expected = round(phase.expected * sizes.distinct_share)
-    return RunEstimate(phases, models, dict(prices or {}), sizes)
+    return phases
 
 
 def estimate_for(config: Any, graph: GraphSpec, splits: Any, start: int = 0,
-                 baseline: bool = True, edited: list[str] | None = None) -> RunEstimate:
+                 baseline: bool = True, edited: list[str] | None = None,
+                 test_differs: list[str] | None = None) -> RunEstimate:
     """The estimate of a run with `config` (a RunConfig) over `splits`, priced with the
     models it will use (as engine.runs.execute.make_client resolves them), its tokens from
     the prompts it will send (engine/runs/call_sizes.py); `start`, `baseline` and `edited`
-    as in `estimate_calls` (a fork: engine.runs.fork.ForkPlan)."""
+    and `test_differs` as in `estimate_calls` (a fork: engine.runs.fork.ForkPlan)."""
     from engine.llm.factory import default_model
     from engine.llm.pricing import load_prices
     from engine.runs.call_sizes import measure_sizes
@@ -278,13 +345,31 @@ def estimate_for(config: Any, graph: GraphSpec, splits: Any, start: int = 0,
         model if opt_kind == config.backend else default_model(opt_kind))
     return estimate_calls(graph, config, len(splits.train), len(splits.val), len(splits.test),
                           (model, optimizer), load_prices(), start=start, baseline=baseline,
-                          edited=edited, sizes=measure_sizes(graph, config, splits, model))
+                          edited=edited, sizes=measure_sizes(graph, config, splits, model),
+                          test_differs=test_differs)
 
 
 def estimate_fork(plan: Any) -> RunEstimate:
     """The estimate of a planned fork (engine.runs.fork.ForkPlan): its own steps, and its
     starting step's re-measure when it has one, of the nodes its edited prompts reach (all
-    of them on new examples)."""
+    of them on new examples); its test pass re-runs what the parent's test pass did not
+    ask (the nodes reached by prompts that differ from the parent's last ones)."""
     return estimate_for(plan.config, plan.graph, plan.splits, start=plan.from_step,
                         baseline=plan.rescore,
-                        edited=None if plan.resplit else list(plan.edited))
+                        edited=None if plan.resplit else list(plan.edited),
+                        test_differs=None if plan.resplit else parent_test_differs(plan))
+
+
+def parent_test_differs(plan: Any) -> list[str] | None:
+    """The nodes whose prompts at the fork's start differ from those the parent's test pass
+    used (its last prompts: a parent that accepted edits after the fork step tested other
+    prompts than the fork starts with); None when the parent ran no test pass, or stored
+    none of its replies (`--cache` other than readwrite)."""
+    from engine.runlog.state import load_resume_state
+
+    parent = load_resume_state(plan.config.db, plan.parent_id)
+    stored = parent.config.get("cache", "readwrite") == "readwrite"
+    if parent.state is None or not parent.test_done or not stored:
+        return None
+    last, start = parent.state.prompts.text, plan.state.prompts.text
+    return [n for n in plan.graph.node_ids if last.get(n) != start.get(n)]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import threading
 import time
@@ -136,7 +135,11 @@ class FakeOpenAIServer:
         # prefix caching as OpenAI reports it: usage.prompt_tokens_details.cached_tokens is
         # the longest prefix (in tokens of 4 characters) shared with an earlier request
         self.prefix_cache = prefix_cache
-        self._prompts: list[str] = []
+        # the hashes of every 4-character-aligned prefix of the prompts seen: a prefix-closed
+        # set, so a new prompt's longest cached prefix is one binary search, whatever the
+        # number of earlier prompts (comparing with each of them, under the lock and after
+        # the latency, added the fake's own CPU to every round of a benchmark's step)
+        self._prefixes: set[int] = set()
         # push-back (429, with Retry-After: retry_after): a seeded random share of requests,
         # and/or every request beyond `capacity` arriving within one latency
         self.rate_limit_share, self.capacity, self.retry_after = (rate_limit_share, capacity,
@@ -223,11 +226,20 @@ class FakeOpenAIServer:
             self._stopping.wait(seconds)
 
     def _cached_prefix(self, prompt: str) -> int:
+        """Tokens (of 4 characters) of the longest prefix `prompt` shares with an earlier
+        prompt: len(os.path.commonprefix([prompt, seen])) // 4 at its largest."""
+        blocks = len(prompt) // 4
+        hashes = [hash(prompt[:4 * k]) for k in range(1, blocks + 1)]
         with self._lock:
-            best = max((len(os.path.commonprefix([prompt, seen])) for seen in self._prompts),
-                       default=0)
-            self._prompts.append(prompt)
-        return best // 4
+            low, high = 0, blocks  # prompt[:4 * low] was seen; find the largest such low
+            while low < high:
+                mid = (low + high + 1) // 2
+                if hashes[mid - 1] in self._prefixes:
+                    low = mid
+                else:
+                    high = mid - 1
+            self._prefixes.update(hashes)
+        return low
 
     def _completion(self, body: dict, text: str) -> dict:
         prompt = "".join(m.get("content") or "" for m in body.get("messages", []))
@@ -291,8 +303,16 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 return
             fault = server._record(body, self.headers.get("Authorization")) \
                 or server._pushback()
+            refused = server.reject_response_format and body.get("response_format")
+            # a plain reply is worked out within the latency, as a real server's work is
+            # part of its latency: the fake's own CPU does not lengthen every round
+            ready = None if fault is not None or refused else server._completion(
+                body, server.responder(body))
             server._sleep(server.latency)
-            if server.reject_response_format and body.get("response_format"):
+            if ready is not None:
+                self._send_json(200, ready)
+                return
+            if refused:
                 self._send_json(400, _error("response_format is not supported by this server",
                                             "invalid_request_error"))
                 return
