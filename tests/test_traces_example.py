@@ -4,49 +4,14 @@ propagated and blamed; its re-runs call the server with upstream outputs substit
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import re
 
 import duckdb
 import pytest
 
 from engine.cli.commands import main
-from tests.support.fake_openai import FakeOpenAIServer, default_responder
-from tests.support.graphs import REPO
-
-DIGITS = r"\d+"
-REWRITE = "Rewrite the output as the feedback says"
-
-
-def load_pipeline():
-    spec = importlib.util.spec_from_file_location(
-        "traced_pipeline", REPO / "sample_graphs" / "traced_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def responder(body: dict) -> str:
-    """The pipeline as a literal-minded model runs it (numbers says how the person feels,
-    as its prompt asks); a probe's rewrite of `numbers` passes the two numbers on, of `who`
-    changes nothing that matters."""
-    messages = body["messages"]
-    system, user = messages[0]["content"], messages[-1]["content"]
-    if system.startswith("Who:"):
-        return f"It is about {user.split()[1]}."
-    if system.startswith("Numbers:"):
-        return f"{user.split()[1]} feels fine."
-    if system.startswith("Total:"):
-        return str(sum(int(n) for n in re.findall(DIGITS, user)))
-    if REWRITE in user:
-        numbers = re.findall(DIGITS, user.split('<input name="input">')[-1].split("</input>")[0])
-        if "Numbers:" in user:
-            return f"<output>The numbers are {' and '.join(numbers)}.</output>"
-        if "Who:" in user:
-            return "<output>It is about a person.</output>"
-        return f"<output>{sum(int(n) for n in numbers)}</output>"
-    return default_responder(body)
+from tests.support.fake_openai import FakeOpenAIServer
+from tests.support.traced_pipeline import load_pipeline, responder
 
 
 @pytest.fixture
