@@ -138,14 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="where the traces and the run log go (default: a new "
                                       "temporary folder, kept)")
     args = parser.parse_args(argv)
+    from engine.llm.base import LLMError
+
     folder = Path(args.dir or tempfile.mkdtemp(prefix="traces-blame-"))
     started = time.perf_counter()
-    with (contextlib.nullcontext(args.base_url) if args.base_url
-          else embedded_server(args.model, args.slots)) as base_url:
-        print(f"model {args.model} at {base_url}; run log {folder / 'traces.duckdb'}")
-        report = walkthrough(base_url, folder, model=args.model, sentences=args.sentences,
-                             concurrency=args.slots, timeout=args.timeout,
-                             optimizer_max_tokens=args.optimizer_max_tokens)
+    try:
+        with (contextlib.nullcontext(args.base_url) if args.base_url
+              else embedded_server(args.model, args.slots)) as base_url:
+            print(f"model {args.model} at {base_url}; run log {folder / 'traces.duckdb'}")
+            report = walkthrough(base_url, folder, model=args.model,
+                                 sentences=args.sentences, concurrency=args.slots,
+                                 timeout=args.timeout,
+                                 optimizer_max_tokens=args.optimizer_max_tokens)
+    except LLMError as exc:  # no model file, no llama-server, a server that will not start
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from engine.cli.probes import blame_lines
     from engine.console import out
 

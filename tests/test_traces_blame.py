@@ -81,3 +81,12 @@ def test_a_wrong_verdict_exits_1(tmp_path, capsys):
     assert code == 1
     assert any(line.startswith("verdict: no node (the fault is numbers): ")
                for line in out.splitlines())
+
+
+def test_without_llama_server_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("SEMBACK_LLAMA_SERVER", str(tmp_path / "no-such-server"))
+    assert main(["--model", str(model), "--dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: llama-server is not installed") and err.count("\n") == 1
