@@ -136,3 +136,17 @@ def test_diff_explains_a_fork_of_an_imported_run_and_says_why_two_imports_cannot
     assert err.startswith("error: runs 'reimported' and 'ex' share no train example: an "
                           "imported run's examples are its traces") and err.count("\n") == 1
     assert "run --fork RUN --from-step 0 --set-prompt NODE=@FILE" in err
+
+
+def test_backprop_keeps_the_call_settings_it_is_given_for_the_runs_probes(imported, capsys):
+    server, db, _, _ = imported
+    seen = len(server.requests)
+    assert main(["backprop", "ex", "--db", str(db), "--concurrency", "3", "--timeout", "90",
+                 "--optimizer-max-tokens", "200"]) == 0
+    capsys.readouterr()
+    assert {r["max_tokens"] for r in server.requests[seen:]} == {200}
+    with duckdb.connect(str(db), read_only=True) as con:
+        config = json.loads(con.execute("SELECT config FROM runs WHERE run_id = 'ex'"
+                                        ).fetchone()[0])
+    assert (config["concurrency"], config["timeout"], config["optimizer_max_tokens"]) == (
+        3, 90.0, 200)
