@@ -164,6 +164,33 @@ def test_a_reply_that_repeats_the_input_is_no_evidence_of_flow(tmp_path, capsys)
         ("who", "total", "the text is also in the pipeline's input")}
 
 
+def test_re_runs_ask_for_the_token_limit_the_pipeline_asked_for(tmp_path, capsys):
+    """The run's forward limit is the largest max_tokens the calls' invocation parameters
+    recorded (the replayed calls are keyed with it, so a probe's re-run asks for it too);
+    the settings for the user's model given to import-traces are the run's."""
+    spans = []
+    for i, (sentence, n) in enumerate(SENTENCES[:2]):
+        trace = f"m{i}"
+        note = f"The number is {n}."
+        spans += [llm_span(trace, "chat", "Counter.", sentence, note, 1, extra={
+                      "llm.invocation_parameters": json.dumps({"max_tokens": 48})}),
+                  llm_span(trace, "chat", "Final.", f"Note: {note}", n, 2, extra={
+                      "llm.invocation_parameters": json.dumps({"max_tokens": 64,
+                                                               "temperature": 0})})]
+    traces = write_lines(tmp_path / "t.jsonl", spans)
+    db = tmp_path / "r.duckdb"
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(db), "--concurrency",
+                   "4", "--timeout", "600", "--optimizer-max-tokens", "256")
+    with duckdb.connect(str(db), read_only=True) as con:
+        config = json.loads(con.execute("SELECT config FROM runs WHERE run_id = ?",
+                                        [got["run_id"]]).fetchone()[0])
+        limits = con.execute("SELECT DISTINCT max_tokens FROM llm_calls WHERE run_id = ?",
+                             [got["run_id"]]).fetchall()
+    assert limits == [(64,)]
+    assert (config["max_tokens"], config["concurrency"], config["timeout"],
+            config["optimizer_max_tokens"]) == (64, 4, 600.0, 256)
+
+
 # --- bad input: one line, status 2, the run log untouched --------------------------------
 
 
@@ -241,6 +268,44 @@ def test_a_target_file_that_matches_nothing_is_refused(tmp_path, existing_log, c
     targets.write_text("not json\n")
     assert "targets.jsonl:1: expected a JSON object" in _refused(
         capsys, existing_log, str(traces), "--targets", str(targets))
+
+
+def test_traces_that_do_not_all_make_the_same_calls_are_refused(tmp_path, existing_log,
+                                                                 capsys):
+    spans = example_spans()
+    # the last trace lacks its topic call
+    spans = [s for s in spans if not (s["traceId"] == hex_id("trace-3", 32) and any(
+        a["value"].get("stringValue") == SYSTEMS["topic"] for a in s["attributes"]))]
+    path = write_lines(tmp_path / "x.jsonl", spans)
+    out = _refused(capsys, existing_log, str(path))
+    assert f"trace {hex_id('trace-3', 32)} does not call you_name" in out
+
+
+def test_more_bad_input_is_refused(tmp_path, existing_log, capsys):
+    """The other refusals docs/traces.md lists: a --node-key no span carries, --metric judge,
+    a run id already in the log, a file that is not there."""
+    traces = write_lines(tmp_path / "t.jsonl", example_spans())
+    assert "has no attribute 'app.step'" in _refused(capsys, existing_log, str(traces),
+                                                       "--node-key", "app.step")
+    assert "--metric judge is not available" in _refused(capsys, existing_log, str(traces),
+                                                         "--metric", "judge")
+    assert "already exists" in _refused(capsys, existing_log, str(traces), "--run-id",
+                                        _run_ids(existing_log)[0])
+    assert "no such file" in _refused(capsys, existing_log, str(tmp_path / "none.jsonl"))
+
+
+def test_refused_input_creates_no_run_log(tmp_path, capsys):
+    path = tmp_path / "x.jsonl"
+    path.write_text("hello\n", encoding="utf-8")
+    db = tmp_path / "new.duckdb"
+    assert main(["import-traces", str(path), "--db", str(db)]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert not db.exists() and not (tmp_path / "new.duckdb.wal").exists()
+
+
+def _run_ids(db: Path) -> list[str]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return [r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()]
 
 
 def test_targets_by_trace_id_leave_the_other_traces_unscored(tmp_path, capsys):

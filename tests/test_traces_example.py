@@ -4,7 +4,6 @@ propagated and blamed; its re-runs call the server with upstream outputs substit
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 
@@ -12,41 +11,8 @@ import duckdb
 import pytest
 
 from engine.cli.commands import main
-from tests.support.fake_openai import FakeOpenAIServer, default_responder
-from tests.support.graphs import REPO
-
-DIGITS = r"\d+"
-REWRITE = "Rewrite the output as the feedback says"
-
-
-def load_pipeline():
-    spec = importlib.util.spec_from_file_location(
-        "traced_pipeline", REPO / "sample_graphs" / "traced_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def responder(body: dict) -> str:
-    """The pipeline as a literal-minded model runs it (numbers says how the person feels,
-    as its prompt asks); a probe's rewrite of `numbers` passes the two numbers on, of `who`
-    changes nothing that matters."""
-    messages = body["messages"]
-    system, user = messages[0]["content"], messages[-1]["content"]
-    if system.startswith("Who:"):
-        return f"It is about {user.split()[1]}."
-    if system.startswith("Numbers:"):
-        return f"{user.split()[1]} feels fine."
-    if system.startswith("Total:"):
-        return str(sum(int(n) for n in re.findall(DIGITS, user)))
-    if REWRITE in user:
-        numbers = re.findall(DIGITS, user.split('<input name="input">')[-1].split("</input>")[0])
-        if "Numbers:" in user:
-            return f"<output>The numbers are {' and '.join(numbers)}.</output>"
-        if "Who:" in user:
-            return "<output>It is about a person.</output>"
-        return f"<output>{sum(int(n) for n in numbers)}</output>"
-    return default_responder(body)
+from tests.support.fake_openai import FakeOpenAIServer
+from tests.support.traced_pipeline import FIXED_NUMBERS, load_pipeline, responder
 
 
 @pytest.fixture
@@ -125,3 +91,62 @@ def test_blame_names_the_call_whose_prompt_is_at_fault(imported, capsys):
     assert main(["blame", "ex", "--db", str(db), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"]["node"] == "numbers", report["verdict"]
+
+
+def test_diff_explains_a_fork_of_an_imported_run_and_says_why_two_imports_cannot_be_diffed(
+        imported, tmp_path, capsys):
+    """A fork of the imported run with `numbers`'s prompt repaired scores every trace right;
+    diff against the import explains each by `numbers`, re-running `total` on the user's
+    model. Two imports share no example (an example is a trace): one line, exit 2, saying
+    what to do instead."""
+    server, db, _, _ = imported
+    prompt = tmp_path / "numbers.txt"
+    prompt.write_text(FIXED_NUMBERS, encoding="utf-8")
+    assert main(["run", "--fork", "ex", "--from-step", "0", "--set-prompt",
+                 f"numbers=@{prompt}", "--steps", "0", "--run-id", "fixed", "--db",
+                 str(db)]) == 0
+    capsys.readouterr()
+    assert main(["diff", "fixed", "ex", "--db", str(db)]) == 2
+    assert capsys.readouterr().err == ("error: runs 'fixed' and 'ex' share no val example "
+                                       "(they share train examples: --split train)\n")
+    assert main(["diff", "fixed", "ex", "--db", str(db), "--split", "train", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["examples"]) == 6
+    assert all((e["score_a"], e["score_b"], e["explained_by"], e["patched_score"]) ==
+               (1.0, 0.0, ["numbers"], 1.0) for e in report["examples"])
+    # only total re-ran, in the import's configuration, with the fork's numbers substituted
+    # where the trace had them (the same call as the fork's own: answered from the cache)
+    with duckdb.connect(str(db), read_only=True) as con:
+        patched = con.execute("SELECT node_id, messages FROM llm_calls WHERE run_id = 'ex' "
+                              "AND purpose = 'diff'").fetchall()
+    assert len(patched) == 6 and {node for node, _ in patched} == {"total"}
+    assert all(re.fullmatch(r"Note: It is about \w+\.\nNumbers: The numbers are \d+ and \d+\.",
+                            json.loads(messages)[-1]["content"]) for _, messages in patched)
+
+    pipeline = load_pipeline()
+    pipeline.run(server.base_url, "fake-qwen", tmp_path / "fixed.jsonl", 6,
+                 tmp_path / "fixed-targets.jsonl",
+                 prompts={**pipeline.PROMPTS, "numbers": FIXED_NUMBERS})
+    assert main(["import-traces", str(tmp_path / "fixed.jsonl"), "--db", str(db),
+                 "--targets", str(tmp_path / "fixed-targets.jsonl"), "--metric", "numeric",
+                 "--run-id", "reimported"]) == 0
+    capsys.readouterr()
+    assert main(["diff", "reimported", "ex", "--db", str(db), "--split", "train"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: runs 'reimported' and 'ex' share no train example: an "
+                          "imported run's examples are its traces") and err.count("\n") == 1
+    assert "run --fork RUN --from-step 0 --set-prompt NODE=@FILE" in err
+
+
+def test_backprop_keeps_the_call_settings_it_is_given_for_the_runs_probes(imported, capsys):
+    server, db, _, _ = imported
+    seen = len(server.requests)
+    assert main(["backprop", "ex", "--db", str(db), "--concurrency", "3", "--timeout", "90",
+                 "--optimizer-max-tokens", "200"]) == 0
+    capsys.readouterr()
+    assert {r["max_tokens"] for r in server.requests[seen:]} == {200}
+    with duckdb.connect(str(db), read_only=True) as con:
+        config = json.loads(con.execute("SELECT config FROM runs WHERE run_id = 'ex'"
+                                        ).fetchone()[0])
+    assert (config["concurrency"], config["timeout"], config["optimizer_max_tokens"]) == (
+        3, 90.0, 200)

@@ -3,7 +3,9 @@
     python -m engine import-traces FILE --db DB [--node-key ATTR] [--targets FILE.jsonl]
                                    [--metric NAME|FILE.py:NAME] [--base-url URL]
                                    [--model NAME] [--run-id ID] [--json]
+                                   [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
     python -m engine backprop RUN_ID --db DB [--method M] [--base-url URL] [--model NAME]
+                              [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
 """
 
 from __future__ import annotations
@@ -14,6 +16,19 @@ import json
 from typing import Any
 
 from engine.core.graph import METRICS
+from engine.runs.settings import positive_int
+
+
+def add_call_settings(p: argparse.ArgumentParser) -> None:
+    """The settings of the calls to the user's model, kept in the run for its probes."""
+    p.add_argument("--concurrency", type=positive_int, metavar="N",
+                   help="the most calls in flight at once (default: adaptive from 64; a "
+                        "local server with N slots wants N)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="seconds per call (default: 120; a slow local model wants more)")
+    p.add_argument("--optimizer-max-tokens", type=positive_int, metavar="N",
+                   help="generation limit of backward, rewrite and update calls (default: "
+                        "1024)")
 
 
 def register_cli(sub: Any) -> None:
@@ -39,6 +54,7 @@ def register_cli(sub: Any) -> None:
                         "OPENAI_BASE_URL)")
     p.add_argument("--model", help="the model re-runs ask for (default: the recorded one)")
     p.add_argument("--run-id", help="name the run (default: generated)")
+    add_call_settings(p)
     p.add_argument("--json", action="store_true",
                    help="print run_id, nodes, edges, traces, scored, failing and ambiguous "
                         "as one JSON object")
@@ -54,6 +70,7 @@ def register_cli(sub: Any) -> None:
                    help="the OpenAI-compatible server for the model calls (recorded for "
                         "the run's probes and blame too)")
     p.add_argument("--model", help="the model to call (default: the run's)")
+    add_call_settings(p)
     p.set_defaults(func=cmd_backprop)
 
 
@@ -62,7 +79,9 @@ def cmd_import_traces(args: argparse.Namespace) -> int:
 
     result = import_traces(args.file, args.db, node_key=args.node_key, targets=args.targets,
                            metric=args.metric, base_url=args.base_url, model=args.model,
-                           run_id=args.run_id)
+                           run_id=args.run_id, concurrency=args.concurrency,
+                           timeout=args.timeout,
+                           optimizer_max_tokens=args.optimizer_max_tokens)
     if args.json:
         print(json.dumps(result.as_json(), ensure_ascii=False, indent=1))
         return 0
@@ -84,7 +103,9 @@ def cmd_backprop(args: argparse.Namespace) -> int:
     from engine.traces.backprop import backprop
 
     result = asyncio.run(backprop(args.db, args.run_id, method=args.method,
-                                  base_url=args.base_url, model=args.model))
+                                  base_url=args.base_url, model=args.model,
+                                  concurrency=args.concurrency, timeout=args.timeout,
+                                  optimizer_max_tokens=args.optimizer_max_tokens))
     if result.status != "finished":  # a step is recorded whole or not at all
         print(f"run '{args.run_id}': backprop {result.status}"
               f"{': ' + result.reason if result.reason else ''}; step "

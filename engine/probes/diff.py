@@ -340,7 +340,7 @@ def choose_examples(a: Side, b: Side, split: str, examples: str) -> list[str]:
         chosen = [ex for ex in shared if b.split_of[ex] == split]
         if not chosen:
             raise DiffError(f"runs '{a.side.run_id}' and '{b.side.run_id}' share no {split} "
-                            "example")
+                            f"example{_why_none_shared(a, b, shared, split)}")
         return chosen
     wanted = [e.strip() for e in examples.split(",") if e.strip()]
     missing = [e for e in wanted if e not in shared]
@@ -348,6 +348,18 @@ def choose_examples(a: Side, b: Side, split: str, examples: str) -> list[str]:
         raise DiffError(f"example '{missing[0]}' is not evaluated by both runs "
                         f"('{a.side.run_id}' and '{b.side.run_id}')")
     return wanted
+
+
+def _why_none_shared(a: Side, b: Side, shared: list[str], split: str) -> str:
+    """What to do instead, when two runs share no example of `split`."""
+    other = "train" if split == "val" else "val"
+    if any(b.split_of[ex] == other for ex in shared):
+        return f" (they share {other} examples: --split {other})"
+    if any(n.recorded for side in (a, b) for n in side.graph.nodes):
+        return (": an imported run's examples are its traces, and two imports share none; "
+                "fork the imported run with the other's prompt (run --fork RUN --from-step 0 "
+                "--set-prompt NODE=@FILE) and diff the fork against it")
+    return ""
 
 
 async def diff(db: str, run_a: str, run_b: str | None = None, *, step_a: int | None = None,

@@ -27,6 +27,8 @@ from engine.runs.settings import RunConfig
 
 async def backprop(db: str, run_id: str, *, method: str | None = None,
                    base_url: str | None = None, model: str | None = None,
+                   concurrency: int | None = None, timeout: float | None = None,
+                   optimizer_max_tokens: int | None = None,
                    forward_backend: Backend | None = None,
                    optimizer_backend: Backend | None = None,
                    listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
@@ -43,9 +45,14 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
     config.method = method or config.method
     config.base_url = base_url or config.base_url
     config.model = model or config.model
+    changed = {k: v for k, v in (("concurrency", concurrency), ("timeout", timeout),
+                                 ("optimizer_max_tokens", optimizer_max_tokens))
+               if v is not None}
+    for key, value in changed.items():
+        setattr(config, key, value)
     method_from_config(config)  # an unknown method: refused before anything is written
     open_for_writing(db)
-    if method or base_url or model:  # probes and blame of the run use them too
+    if method or base_url or model or changed:  # probes and blame of the run use them too
         store_config(db, run_id, config.to_json())
     config.steps = point.state.step + 1
     config.failures_per_step = failing

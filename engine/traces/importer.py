@@ -64,9 +64,16 @@ class ImportResult:
 def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = None,
                   targets: str | Path | None = None, metric: str = "exact_match",
                   base_url: str | None = None, model: str | None = None,
-                  run_id: str | None = None) -> ImportResult:
+                  run_id: str | None = None, concurrency: int | None = None,
+                  timeout: float | None = None, optimizer_max_tokens: int | None = None
+                  ) -> ImportResult:
     """Read the spans, infer the pipeline, and write it as a run. Every check comes before
-    the first write: bad input raises TraceError (or RunLogError) and writes nothing."""
+    the first write: bad input raises TraceError (or RunLogError) and writes nothing.
+
+    The run's forward calls ask for the token limit the pipeline's calls asked for (the
+    largest recorded, else the run default); `concurrency`, `timeout` and
+    `optimizer_max_tokens` are the run's settings for the later calls to the user's model
+    (a local server with a few slots wants `concurrency` at its slot count)."""
     pipeline = infer_pipeline(read_spans(path), node_key)
     target_of = read_targets(targets, pipeline.traces) if targets else {}
     graph = pipeline_graph(pipeline, metric, Path(path).stem)
@@ -75,8 +82,12 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
     config = RunConfig(graph=str(path), backend="openai", model=model or pipeline.model
                        or "recorded", db=str(db), steps=0, base_url=base_url, gate=True,
                        temperature=pipeline.temperature or 0.0,
+                       max_tokens=pipeline.max_tokens, concurrency=concurrency,
+                       optimizer_max_tokens=optimizer_max_tokens,
                        run_id=run_id or f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
                                         f"{secrets.token_hex(2)}")
+    if timeout is not None:
+        config.timeout = timeout
     if run_exists(str(db), config.run_id) if Path(db).exists() else False:
         raise RunLogError(f"{db}: a run '{config.run_id}' already exists")
     if graph.metric_fn is not None:

@@ -65,6 +65,7 @@ class Pipeline:
     ambiguous: list[dict[str, Any]]
     model: str
     temperature: float | None
+    max_tokens: int | None = None  # the largest reply limit the calls asked for
 
 
 def infer_pipeline(spans: list[Span], node_key: str | None = None) -> Pipeline:
@@ -88,9 +89,11 @@ def infer_pipeline(spans: list[Span], node_key: str | None = None) -> Pipeline:
     nodes = _nodes(traces, edges)
     models = Counter(c.model for t in traces for c in t.calls.values() if c.model)
     temps = {c.temperature for t in traces for c in t.calls.values()}
+    # re-runs ask for as many tokens as the pipeline's most generous call did, never fewer
+    limits = [c.max_tokens for t in traces for c in t.calls.values() if c.max_tokens]
     return Pipeline(nodes, edges, output, traces, ambiguous,
                     models.most_common(1)[0][0] if models else "",
-                    temps.pop() if len(temps) == 1 else None)
+                    temps.pop() if len(temps) == 1 else None, max(limits, default=None))
 
 
 def _call_groups(spans: list[Span]) -> dict[tuple, list[tuple[str, Call]]]:

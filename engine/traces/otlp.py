@@ -42,6 +42,7 @@ class Call:
     model: str = ""
     temperature: float | None = None
     tokens: tuple[int, int] = (0, 0)
+    max_tokens: int | None = None  # the reply's token limit the call asked for
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -167,13 +168,17 @@ def llm_call(span: Span) -> Call:
     temperature = a.get("gen_ai.request.temperature")
     if temperature is None and isinstance(params, dict):
         temperature = params.get("temperature")
+    limit = a.get("gen_ai.request.max_tokens")
+    if limit is None and isinstance(params, dict):
+        limit = params.get("max_completion_tokens") or params.get("max_tokens")
     return Call(span, input_messages(a), output_text(a),
                 str(a.get("llm.model_name") or a.get("gen_ai.request.model")
                     or a.get("gen_ai.response.model") or ""),
                 float(temperature) if isinstance(temperature, (int, float)) else None,
                 (int(a.get("llm.token_count.prompt") or a.get("gen_ai.usage.input_tokens") or 0),
                  int(a.get("llm.token_count.completion")
-                     or a.get("gen_ai.usage.output_tokens") or 0)))
+                     or a.get("gen_ai.usage.output_tokens") or 0)),
+                int(limit) if isinstance(limit, (int, float)) and limit > 0 else None)
 
 
 def input_messages(a: dict[str, Any]) -> list[tuple[str, str]]:

@@ -1,0 +1,47 @@
+"""The example pipeline (sample_graphs/traced_pipeline.py) and a literal-minded model for it,
+served by tests/support/fake_openai.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from types import ModuleType
+
+from tests.support.fake_openai import default_responder
+from tests.support.graphs import REPO
+
+DIGITS = r"\d+"
+REWRITE = "Rewrite the output as the feedback says"
+FIXED_NUMBERS = "Numbers: give the two numbers in the sentence."  # the fault, repaired
+
+
+def load_pipeline() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "traced_pipeline", REPO / "sample_graphs" / "traced_pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def responder(body: dict) -> str:
+    """The pipeline as a literal-minded model runs it (numbers says how the person feels,
+    as its prompt asks; told to give the numbers, it gives them); a probe's rewrite of
+    `numbers` passes the two numbers on, of `who` changes nothing that matters."""
+    messages = body["messages"]
+    system, user = messages[0]["content"], messages[-1]["content"]
+    if system.startswith("Who:"):
+        return f"It is about {user.split()[1]}."
+    if system == FIXED_NUMBERS:
+        return f"The numbers are {' and '.join(re.findall(DIGITS, user))}."
+    if system.startswith("Numbers:"):
+        return f"{user.split()[1]} feels fine."
+    if system.startswith("Total:"):
+        return str(sum(int(n) for n in re.findall(DIGITS, user)))
+    if REWRITE in user:
+        numbers = re.findall(DIGITS, user.split('<input name="input">')[-1].split("</input>")[0])
+        if "Numbers:" in user:
+            return f"<output>The numbers are {' and '.join(numbers)}.</output>"
+        if "Who:" in user:
+            return "<output>It is about a person.</output>"
+        return f"<output>{sum(int(n) for n in numbers)}</output>"
+    return default_responder(body)
