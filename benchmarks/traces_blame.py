@@ -70,6 +70,7 @@ def embedded_server(model: str, slots: int) -> Iterator[str]:
 
 def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
                 concurrency: int, timeout: float, optimizer_max_tokens: int,
+                optimizer_model: str | None = None,
                 say: Callable[[str], None] = print) -> Any:
     """Trace, import, back-propagate and blame; returns blame's report."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,11 @@ def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
     lap("imported")
     if imported.failing == 0:
         raise SystemExit("error: every trace passed: nothing to blame (more --sentences?)")
-    result = asyncio.run(backprop(str(db), RUN_ID))
+    # the optimizer's calls (gradients, rewrites, edits) on an embedded model of their own
+    # when one is named: what a user does whose pipeline runs a small model
+    result = asyncio.run(backprop(str(db), RUN_ID, **({
+        "optimizer_backend_kind": "local", "optimizer_model": optimizer_model}
+        if optimizer_model else {})))
     if result.status != "finished":
         raise SystemExit(f"error: backprop {result.status}: {result.reason}")
     lap(f"back-propagated {imported.failing} failing traces")
@@ -128,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
                              "qwen2.5-coder-0.5b)")
     parser.add_argument("--base-url", help="an OpenAI-compatible server already running "
                                            "(default: start llama-server with --model)")
+    parser.add_argument("--optimizer-model", default="auto",
+                        help="the embedded model of the gradient, rewrite and update calls: "
+                             "a name or a GGUF file, 'auto' (the model --model pairs with, "
+                             "qwen2.5-coder-1.5b for the 0.5B, when installed) or 'same' "
+                             "(--model's server)")
     parser.add_argument("--sentences", type=int, default=12,
                         help="pipeline runs, one trace each (default: 12)")
     parser.add_argument("--slots", type=int, default=4,
@@ -146,7 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         with (contextlib.nullcontext(args.base_url) if args.base_url
               else embedded_server(args.model, args.slots)) as base_url:
             print(f"model {args.model} at {base_url}; run log {folder / 'traces.duckdb'}")
+            optimizer = args.optimizer_model
+            if optimizer == "auto":
+                from engine.llm.models import paired_optimizer
+
+                optimizer = paired_optimizer(args.model)[0]
+            optimizer = None if optimizer in (None, "same") else optimizer
+            print(f"optimizer: {optimizer or args.model + ' (the same server)'}")
             report = walkthrough(base_url, folder, model=args.model,
+                                 optimizer_model=optimizer,
                                  sentences=args.sentences, concurrency=args.slots,
                                  timeout=args.timeout,
                                  optimizer_max_tokens=args.optimizer_max_tokens)

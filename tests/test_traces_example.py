@@ -150,3 +150,23 @@ def test_backprop_keeps_the_call_settings_it_is_given_for_the_runs_probes(import
                                         ).fetchone()[0])
     assert (config["concurrency"], config["timeout"], config["optimizer_max_tokens"]) == (
         3, 90.0, 200)
+
+
+def test_backprop_can_send_the_optimizers_calls_to_another_backend(imported, capsys):
+    """--optimizer-backend/--optimizer-model: the gradient and update calls go to that
+    model (a stronger one than the pipeline's, say), none to the pipeline's server, and
+    the run keeps them for its probes and blame."""
+    server, db, _, _ = imported
+    seen = len(server.requests)
+    assert main(["backprop", "ex", "--db", str(db), "--optimizer-backend", "scripted",
+                 "--optimizer-model", "judge-model"]) == 0
+    capsys.readouterr()
+    with duckdb.connect(str(db), read_only=True) as con:
+        optimizer = con.execute("SELECT DISTINCT backend, model FROM llm_calls WHERE run_id = "
+                                "'ex' AND purpose IN ('backward', 'update')").fetchall()
+        config = json.loads(con.execute("SELECT config FROM runs WHERE run_id = 'ex'"
+                                        ).fetchone()[0])
+    assert optimizer == [("scripted", "judge-model")]
+    assert all(r.get("model") != "judge-model" for r in server.requests[seen:])
+    assert (config["optimizer_backend"], config["optimizer_model"]) == ("scripted",
+                                                                        "judge-model")

@@ -5,6 +5,7 @@
                                    [--model NAME] [--run-id ID] [--json]
                                    [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
     python -m engine backprop RUN_ID --db DB [--method M] [--base-url URL] [--model NAME]
+                              [--optimizer-backend KIND] [--optimizer-model NAME]
                               [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
 """
 
@@ -70,6 +71,12 @@ def register_cli(sub: Any) -> None:
                    help="the OpenAI-compatible server for the model calls (recorded for "
                         "the run's probes and blame too)")
     p.add_argument("--model", help="the model to call (default: the run's)")
+    p.add_argument("--optimizer-backend", choices=("openai", "local", "scripted"),
+                   help="another backend for the gradient, rewrite and update calls (e.g. "
+                        "local: an embedded model), kept for the run's probes and blame")
+    p.add_argument("--optimizer-model", metavar="NAME",
+                   help="the model of those calls (with --optimizer-backend local: "
+                        "qwen2.5-coder-1.5b, say; python -m engine models lists them)")
     add_call_settings(p)
     p.set_defaults(func=cmd_backprop)
 
@@ -105,7 +112,9 @@ def cmd_backprop(args: argparse.Namespace) -> int:
     result = asyncio.run(backprop(args.db, args.run_id, method=args.method,
                                   base_url=args.base_url, model=args.model,
                                   concurrency=args.concurrency, timeout=args.timeout,
-                                  optimizer_max_tokens=args.optimizer_max_tokens))
+                                  optimizer_max_tokens=args.optimizer_max_tokens,
+                                  optimizer_backend_kind=args.optimizer_backend,
+                                  optimizer_model=args.optimizer_model))
     if result.status != "finished":  # a step is recorded whole or not at all
         print(f"run '{args.run_id}': backprop {result.status}"
               f"{': ' + result.reason if result.reason else ''}; step "

@@ -29,6 +29,8 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
                    base_url: str | None = None, model: str | None = None,
                    concurrency: int | None = None, timeout: float | None = None,
                    optimizer_max_tokens: int | None = None,
+                   optimizer_backend_kind: str | None = None,
+                   optimizer_model: str | None = None,
                    forward_backend: Backend | None = None,
                    optimizer_backend: Backend | None = None,
                    listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
@@ -46,7 +48,9 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
     config.base_url = base_url or config.base_url
     config.model = model or config.model
     changed = {k: v for k, v in (("concurrency", concurrency), ("timeout", timeout),
-                                 ("optimizer_max_tokens", optimizer_max_tokens))
+                                 ("optimizer_max_tokens", optimizer_max_tokens),
+                                 ("optimizer_backend", optimizer_backend_kind),
+                                 ("optimizer_model", optimizer_model))
                if v is not None}
     for key, value in changed.items():
         setattr(config, key, value)
