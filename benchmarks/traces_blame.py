@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                                            "(default: start llama-server with --model)")
     parser.add_argument("--optimizer-model", default="auto",
                         help="the embedded model of the gradient, rewrite and update calls: "
-                             "a name or a GGUF file, 'auto' (the model --model pairs with, "
-                             "qwen2.5-coder-1.5b for the 0.5B, when installed) or 'same' "
-                             "(--model's server)")
+                             "a name or a GGUF file, 'auto' (without --base-url: the model --model "
+                             "pairs with, qwen2.5-coder-1.5b for the 0.5B, when installed) or "
+                             "'same' (the server of the pipeline's calls)")
     parser.add_argument("--sentences", type=int, default=12,
                         help="pipeline runs, one trace each (default: 12)")
     parser.add_argument("--slots", type=int, default=4,
@@ -157,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
               else embedded_server(args.model, args.slots)) as base_url:
             print(f"model {args.model} at {base_url}; run log {folder / 'traces.duckdb'}")
             optimizer = args.optimizer_model
-            if optimizer == "auto":
+            if optimizer == "auto" and args.base_url:  # the given server answers all
+                optimizer = None
+            elif optimizer == "auto":
                 from engine.llm.models import paired_optimizer
 
                 optimizer = paired_optimizer(args.model)[0]
