@@ -237,3 +237,16 @@ def test_a_backward_reply_states_per_input_whether_it_should_change():
     assert S.reply_claims(reply, NAMES) == {"hint_a": False, "hint_b": True}
     assert S.reply_claims('<gradient input="hint_a">x</gradient>', NAMES) == {}
     assert "asks_change_hint_a" in S.example_reply("backward_joint", NAMES)
+
+
+def test_a_prompt_field_that_repeats_the_prompt_tag_parses_to_the_prompt_alone():
+    """Qwen2.5-Coder writes '<prompt>' into the JSON field the update reply's <prompt>
+    block is built from; the new prompt must not keep the tag."""
+    reply = json.dumps({"reasoning": "It should ask for the number.",
+                        "prompt": "<prompt>Write the number the text counts.</prompt>"})
+    text = S.reply_text(reply, "update")
+    prompt, reasoning, problem = P.parse_prompt(text)
+    assert (prompt, problem) == ("Write the number the text counts.", None)
+    assert reasoning == "It should ask for the number."
+    half = json.dumps({"reasoning": "r", "prompt": "<prompt>\nCopy the number."})
+    assert P.parse_prompt(S.reply_text(half, "update"))[0] == "Copy the number."

@@ -316,15 +316,21 @@ def update_messages(node: str, prompt: str, examples: list[dict[str, str]],
                                         rejected=rej, with_feedback=with_feedback))]
 
 
+_PROMPT_TAG = re.compile(r"</?prompt\s*>", re.I)
+
+
 def parse_prompt(reply: str) -> tuple[str, str, str | None]:
     """(new prompt, reasoning, parse_error). Rules: the last non-empty <prompt> block;
     else the text after an unclosed <prompt> tag; else the text after a line starting
     "New prompt:"/"Prompt:"; else the reply's last paragraph."""
-    blocks = [b.strip() for b in re.findall(r"<prompt>(.*?)</prompt>", reply, flags=re.S | re.I)]
-    blocks = [b for b in blocks if b]
+    # a stray tag inside a block (a small model writing "<prompt>" into the JSON field the
+    # block is built from) is not part of the prompt
+    blocks = [(m.start(), _PROMPT_TAG.sub("", m.group(1)).strip())
+              for m in re.finditer(r"<prompt>(.*?)</prompt>", reply, flags=re.S | re.I)]
+    blocks = [(start, b) for start, b in blocks if b]
     if blocks:
-        reasoning = reply[: reply.lower().rfind("<prompt>")].strip()
-        return blocks[-1], reasoning, None
+        start, block = blocks[-1]
+        return block, reply[:start].strip(), None
     opened = re.split(r"<prompt>", reply, flags=re.I)
     if len(opened) > 1 and opened[-1].strip():
         return opened[-1].strip(), opened[0].strip(), "unclosed <prompt> tag: used the text after it"
