@@ -201,8 +201,7 @@ def reply_claims(reply: str, names: list[str]) -> dict[str, bool]:
 
 register_shape("backward", ReplyShape(
     fields=lambda names: [f for n in names for f in (
-        (n, text_field(GRADIENT_CHARS, 1),
-         f"what {n} should have said instead, and why (or why it is fine)"),
+        (n, text_field(GRADIENT_CHARS, 1), f"your feedback on {n}"),
         (claim_key(n), {"type": "boolean"},
          f"true if {n} should change, false if it is fine as it is"))],
     to_text=lambda field, data, names, why: "\n".join(
