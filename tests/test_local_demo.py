@@ -31,16 +31,16 @@ def test_demo_graph_runs_end_to_end_on_the_embedded_model(tmp_path):
             return con.execute(sql).fetchone()
 
         assert one("SELECT model, backend FROM runs") == ("smollm2-135m", "local")
-        # 8 train + 24 validation examples x 2 nodes at step 0
-        assert one("SELECT count(*) FROM node_outputs WHERE step = 0") == (64,)
+        # 8 train + 24 validation examples x 3 nodes at step 0
+        assert one("SELECT count(*) FROM node_outputs WHERE step = 0") == (96,)
         assert one("SELECT count(*) FROM node_outputs WHERE output_text = ''") == (0,)
-        # the failing examples sampled at step 1 were back-propagated to both nodes
+        # the failing examples sampled at step 1 were back-propagated to every node
         sampled = one("SELECT count(DISTINCT example_id) FROM gradients WHERE step = 1")[0]
         assert sampled >= 1
         assert one("SELECT count(DISTINCT node_id) FROM gradients WHERE step = 1 AND kind = "
-                   "'gradient'") == (2,)
+                   "'gradient'") == (3,)
         # one proposal per trainable node, each with a non-empty prompt
-        assert one("SELECT count(*), min(length(new_prompt)) > 0 FROM updates") == (2, True)
+        assert one("SELECT count(*), min(length(new_prompt)) > 0 FROM updates") == (3, True)
         # the model's format slips were parsed by fallback rules and recorded, not dropped
         slips = one("SELECT count(*) FROM node_outputs WHERE parse_error IS NOT NULL")[0]
         kept = one("SELECT count(*) FROM node_outputs WHERE parse_error IS NOT NULL AND "
