@@ -343,3 +343,42 @@ def test_the_edit_alone_score_is_the_same_in_update_gate_and_inspector(log, tmp_
         at.run()
         at.switch_page("screens/inspect.py").run()
     assert alone(at) == ["0.625"]
+
+
+def test_on_the_demo_the_sibling_stage_shows_prompts_that_differ_and_counts_them(tmp_path):
+    """sample_graphs/demo.yaml (the scripted demo model): `answer` reads `note` and `thing`,
+    so the semantic backward prompt for `note` shows `thing`'s output and TextGrad's does
+    not; the stage counts, over every example both runs back-propagated, how often the
+    prompts and the gradients differ, and the paired-run buttons say what they will show."""
+    from engine.runlog.reader import paired_gradients
+    from engine.runs.execute import RunConfig, execute
+
+    repo = Path(__file__).resolve().parents[1]
+    db = tmp_path / "demo.duckdb"
+    for method in ("semantic", "textgrad"):
+        config = RunConfig(graph=str(repo / "sample_graphs" / "demo.yaml"), backend="scripted",
+                           scripted_responder=f"{repo}/sample_graphs/demo_responder.py:"
+                                              "demo_responder",
+                           method=method, steps=1, seed=0, db=str(db), run_id=f"d-{method}")
+        assert asyncio.run(execute(config)).status == "finished"
+    pairs = paired_gradients(str(db), "d-semantic", "d-textgrad", 1, "note")
+    assert len(pairs) == 2 and pairs["prompts_differ"].all()
+    with duckdb.connect(str(db), read_only=True) as con:
+        things = {r[0] for r in con.execute(
+            "SELECT output_text FROM node_outputs WHERE run_id = 'd-semantic' AND step = 1 "
+            "AND node_id = 'thing' AND example_id IN (SELECT example_id FROM gradients "
+            "WHERE run_id = 'd-semantic' AND step = 1 AND node_id = 'note')").fetchall()}
+    for _, row in pairs.iterrows():  # the sibling's output is in one prompt, not the other
+        assert any(t in row["messages_a"] for t in things)
+        assert '<input name=\\"thing\\">' not in row["messages_b"]
+    example = pairs["example_id"].iloc[0]
+    differ = int(pairs["gradients_differ"].sum())
+    at = learn(db, "Without siblings", run="d-semantic", step=1, example=example)
+    assert (f"Across the 2 examples both runs back-propagated to `note` at step 1, the "
+            f"backward prompts differ on 2 of 2 and the gradients on {differ} of 2") in text(at)
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM runs WHERE run_id = 'd-textgrad'")
+    at = learn(db, "Without siblings", run="d-semantic", step=1, example=example)
+    labels = {b.key: b.label for b in at.button if str(b.key).startswith("learn_pair_")}
+    assert "leaves out `thing`" in labels["learn_pair_textgrad"]
+    assert "without `thing`'s output" in labels["learn_pair_semantic-nosibling"]
