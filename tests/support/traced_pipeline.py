@@ -3,24 +3,14 @@ served by tests/support/fake_openai.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from types import ModuleType
 
+from benchmarks.traces_blame import load_pipeline  # noqa: F401  (the tests' one loader too)
 from tests.support.fake_openai import default_responder
-from tests.support.graphs import REPO
 
 DIGITS = r"\d+"
 REWRITE = "Rewrite the output as the feedback says"
 FIXED_NUMBERS = "Numbers: give the two numbers in the sentence."  # the fault, repaired
-
-
-def load_pipeline() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "traced_pipeline", REPO / "sample_graphs" / "traced_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def responder(body: dict) -> str:
