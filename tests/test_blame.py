@@ -342,3 +342,23 @@ def test_a_named_node_never_overlaps_another():
             assert v.more_examples > 0
 
     check()
+
+
+def test_the_report_names_the_models_that_answered_not_only_the_settings(tmp_path,
+                                                                        monkeypatch):
+    """A run's settings need not name its optimizer model (the embedded default pairs the
+    0.5B with the 1.5B when the client is made): the report's rewriter is the model the
+    probes' client really used."""
+    from engine.runs import execute as run_execution
+
+    db = logged_run(tmp_path)
+    made = run_execution.make_client
+
+    def paired(*args, **kwargs):
+        client = made(*args, **kwargs)
+        client.optimizer_model = "paired-optimizer"
+        return client
+
+    monkeypatch.setattr(run_execution, "make_client", paired)
+    report = run_blame(db)
+    assert report.rewriter == "paired-optimizer"

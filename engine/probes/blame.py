@@ -434,6 +434,10 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
                           for c in prober.calls if not c.cache_hit)
             prober.save()
     finally:
+        # the models that really answered (an embedded model's pair is chosen by the client,
+        # not named in the run's settings)
+        names = (probers[0].ctx.client.forward_model, probers[0].ctx.client.optimizer_model) \
+            if probers else (None, None)
         for prober in probers:
             calls += prober.ctx.client.stats.calls
             model_calls += prober.ctx.client.stats.network_calls
@@ -445,8 +449,8 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
         f"--repeats {repeats} ignored: the run is at temperature 0, so every draw is the same")
     if plans:
         config = plans[0]["run"].config
-        report.forward_model = str(config.get("model") or config.get("backend"))
-        report.rewriter = str(config.get("optimizer_model") or report.forward_model)
+        report.forward_model = str(names[0] or config.get("model") or config.get("backend"))
+        report.rewriter = str(names[1] or config.get("optimizer_model") or report.forward_model)
     report.calls, report.model_calls, report.tokens = calls, model_calls, tokens
     report.seconds = time.perf_counter() - started
     return report
