@@ -117,9 +117,16 @@ def test_a_forks_estimate_counts_only_the_nodes_its_edit_reaches(tmp_path):
     with duckdb.connect(config.db, read_only=True) as con:
         remeasured = con.execute("SELECT count(*) FROM llm_calls WHERE run_id = ? AND step = 1 "
                                  "AND NOT cache_hit", [result.run_id]).fetchone()[0]
+        # a proposal the parent already tried (the scripted optimizer can repeat one) is
+        # served from the parent's cache: the estimate counts every candidate call as paid
+        repeated = con.execute(
+            "SELECT count(*) FROM updates f JOIN updates p ON p.run_id = 'parent' "
+            "AND p.node_id = f.node_id AND p.new_prompt = f.new_prompt "
+            "WHERE f.run_id = ? AND f.step = 2", [result.run_id]).fetchone()[0] * 8
     assert remeasured == 16
     actual = result.stats.calls - result.stats.cache_hits
-    assert abs(estimate.calls() - actual) <= 0.15 * actual, (estimate.calls(), actual)
+    assert abs(estimate.calls() - repeated - actual) <= 0.15 * actual, \
+        (estimate.calls(), repeated, actual)
 
 
 NOTE_ANSWER = """

@@ -234,11 +234,36 @@ def test_joint_call_shows_own_output_every_sibling_and_the_examples_fields(tmp_p
     assert "Solve the problem." in text and 'The expected output is: "' in text
 
 
+TASKS = {"a": "Find the first quantity.", "b": "Find the second quantity.",
+         "c": "Find the operation."}
+
+
+def _tasks_shown(text: str) -> dict[str, str]:
+    return dict(re.findall(r'<task of="([^"]+)">\n(.*?)\n</task>', text, flags=re.S))
+
+
+def test_a_backward_call_shows_what_the_step_behind_each_asked_input_was_told(tmp_path):
+    # the joint call: every sibling's task (a gradient can say which step was asked for the
+    # wrong thing); a per-input call (TextGrad, the ablation): only its own input's task
+    (joint,), _ = _final_backward_calls(tmp_path, "semantic")
+    assert _tasks_shown(joint.user_text) == TASKS
+    assert "The inputs written by earlier steps (a, b, c) were written with these tasks:" \
+        in joint.user_text
+    for method in ("semantic-nosibling", "textgrad"):
+        calls, _ = _final_backward_calls(tmp_path, method)
+        shown = sorted(tuple(_tasks_shown(c.user_text).items()) for c in calls)
+        assert shown == [((n, t),) for n, t in sorted(TASKS.items())], method
+    # the example's field has no step behind it: no task block for `question`
+    assert 'task of="question"' not in joint.user_text
+
+
 def _context_free(text: str) -> str:
-    """The call with the shown inputs, the asked-about names and the reply format (text
-    blocks or a JSON shape, engine/prompts/structured.py) taken out."""
+    """The call with the shown inputs (and the tasks of the steps that wrote them), the
+    asked-about names and the reply format (text blocks or a JSON shape,
+    engine/prompts/structured.py) taken out."""
     text = text[:text.index("\nAnswer with")]
     text = re.sub(r'<input name="[^"]+">\n.*?\n</input>\n?', "", text, flags=re.S)
+    text = re.sub(r'<task of="[^"]+">\n.*?\n</task>\n?', "", text, flags=re.S)
     return re.sub(r"\(([a-z_, ]+)\)", "(NAMES)", text)
 
 

@@ -160,6 +160,19 @@ class Method:
         return UpdateProposal(new_prompt, reasoning, record.call_id, problem)
 
 
+def input_tasks(graph, prompts_text: dict[str, str], names: list[str]) -> dict[str, str]:
+    """What the step that wrote each of `names` was told to do: an LLM node's current
+    prompt, a Python tool's description (an example field has none)."""
+    tasks = {}
+    for name in names:
+        if name in graph.node_ids:
+            node = graph.node(name)
+            task = prompts_text.get(name) if node.kind == "llm" else node.description
+            if task:
+                tasks[name] = task
+    return tasks
+
+
 def asking_nodes(graph) -> list:
     """The nodes whose backward step is a model call: LLM nodes with inputs, and Python
     tools with inputs and a description (a registered rule or a bare tool makes none)."""

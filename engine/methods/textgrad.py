@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.core.backward import Method, NodeGradient, ask_backward, asking_nodes
+from engine.core.backward import Method, NodeGradient, ask_backward, asking_nodes, input_tasks
 from engine.core.forward import ExampleTrace, Prompts, RunContext
 from engine.prompts import templates as P
 
@@ -42,7 +42,8 @@ class TextGrad(Method):
         async def one(pred: str) -> NodeGradient:
             view = P.BackwardView(prompts.text[node_id], self.shown_inputs(ctx, values, pred),
                                   frozenset(ctx.graph.input_fields), trace.output(node_id),
-                                  feedback, [pred])
+                                  feedback, [pred], input_tasks=input_tasks(
+                                      ctx.graph, prompts.text, [pred]))
             grads, call_id, problem, claims = await ask_backward(
                 ctx, node_id, trace.example.id, view, self.role)
             return NodeGradient(grads[pred], call_id, problem, claims.get(pred))

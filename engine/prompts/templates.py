@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # --- forward ---------------------------------------------------------------------------
 
@@ -140,6 +140,16 @@ BACKWARD_TASK = """A step of the pipeline has this task:
 
 """
 
+# What each asked input's producing step was told to do: without it a gradient can only say
+# "the number is missing", not which step was asked for something else. On the demo the
+# embedded 1.5B optimizer, shown only the values, answered "note is fine as it is" for an
+# input a step asked for "one word" (its reasoning named the missing number).
+BACKWARD_INPUT_TASKS = """The inputs written by earlier steps ({names}) were written with these tasks:
+{tasks}
+
+"""
+BACKWARD_INPUT_TASK = '<task of="{name}">\n{task}\n</task>'
+
 BACKWARD_EXAMPLE = """
 
 For one example it read these inputs:
@@ -181,15 +191,27 @@ class BackwardView:
     feedback: str
     asked: list[str]  # the inputs a gradient is asked for, in order
     mode: str = "directional"  # or "evaluative"
+    # the task (prompt or description) of the step that wrote each asked input, where known
+    input_tasks: dict[str, str] = field(default_factory=dict)
 
 
 def backward_messages(view: BackwardView) -> list[tuple[str, str]]:
-    user = (BACKWARD_TASK.format(prompt=view.task)
+    user = (BACKWARD_TASK.format(prompt=view.task) + render_input_tasks(view)
             + BACKWARD_QUESTION[view.mode].format(names=", ".join(view.asked))
             + BACKWARD_ANSWER.format(blocks=gradient_blocks(view.asked))
             + BACKWARD_EXAMPLE.format(inputs=render_inputs(view.inputs), output=view.output,
                                       feedback=view.feedback))
     return [("system", BACKWARD_SYSTEM), ("user", user)]
+
+
+def render_input_tasks(view: BackwardView) -> str:
+    """The producing steps' tasks of the asked inputs ("" when none is known)."""
+    tasks = [(n, view.input_tasks[n]) for n in view.asked if view.input_tasks.get(n)]
+    if not tasks:
+        return ""
+    return BACKWARD_INPUT_TASKS.format(
+        names=", ".join(n for n, _ in tasks),
+        tasks="\n".join(BACKWARD_INPUT_TASK.format(name=n, task=t) for n, t in tasks))
 
 
 def repair_message(missing: list[str], asked: list[str]) -> str:
@@ -284,7 +306,7 @@ Current prompt:
 How the step behaved on examples where the pipeline failed{with_feedback}:
 {examples}
 {rejected}
-Write an improved prompt for this step. It must stay general: do not mention the specific examples, numbers or answers above. Explain your reasoning in a few sentences, then give the complete new prompt between <prompt> and </prompt>."""
+Write an improved prompt for this step: one that makes the step produce what the feedback asks of its output, on these examples and on others like them. If the feedback asks for a different kind of output than the current prompt does, ask for that kind of output instead. Keep the prompt general: do not copy the examples' specific values or answers into it. Explain your reasoning in a few sentences, then give the complete new prompt between <prompt> and </prompt>."""
 
 UPDATE_EXAMPLE = """<example index="{index}">
 <input>

@@ -234,7 +234,7 @@ def assumptions(guessed: dict[str, list[float]], steps: int) -> list[str]:
 
 def _optimizer_sizes(graph, prompts, train, values, outputs, history, config, rate, reply
                      ) -> tuple[CallSize, CallSize]:
-    from engine.core.backward import asking_nodes
+    from engine.core.backward import asking_nodes, input_tasks
     from engine.prompts.templates import OUTPUT_GRADIENT, BackwardView, render_inputs
 
     def feedback(node: Any, example: Any) -> str:
@@ -246,7 +246,9 @@ def _optimizer_sizes(graph, prompts, train, values, outputs, history, config, ra
     backward = [_chars(prompts.backward(BackwardView(
         n.prompt or n.description or "", values(n, ex), frozenset(graph.input_fields),
         "x" * int(outputs.get(n.id, 200)), feedback(n, ex),
-        list(graph.predecessors(n.id))))) for n in asking for ex in train]
+        list(graph.predecessors(n.id)), input_tasks=input_tasks(
+            graph, {m.id: m.prompt or "" for m in graph.nodes},
+            list(graph.predecessors(n.id)))))) for n in asking for ex in train]
     trainable = [graph.node(n) for n in graph.trainable_nodes] or asking
     k = min(config.failures_per_step, len(train))
     update = [_chars(prompts.update(n.id, n.prompt or "", [
