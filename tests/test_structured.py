@@ -38,7 +38,7 @@ def with_claims(names):
     ("backward_nosibling", ["hint_a"], with_claims(["hint_a"])),
     ("backward_textgrad_lib", ["hint_a"], with_claims(["hint_a"])),
     ("backward_joint_repair", ["hint_b"], with_claims(["hint_b"])),
-    ("update", [], ["prompt"]),
+    ("update", [], ["output_wanted", "prompt"]),
     ("gtbp_combine", [], ["target"]),
     ("gtbp_input", ["question", "hint_a"], ["question", "hint_a"]),
     ("gtbp_update", [], ["claims"]),

@@ -198,6 +198,8 @@ def structured_reply(request: LLMRequest, text: str) -> str:
         found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)
         if found:
             values[key] = found[-1].strip()
+    if "prompt" in values:  # the update's own field (engine/prompts/structured.py)
+        values["output_wanted"] = "what the task asks, stated plainly"
     for name, body in re.findall(r'<(?:gradient input|input name)="([^"]+)">(.*?)</', text,
                                  flags=re.S):
         values[name] = body.strip()

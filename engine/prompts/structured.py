@@ -28,6 +28,7 @@ REASONING_CHARS = 240   # the reasoning field of every role
 REASONING_MIN = 20      # ... at least this long: a tiny model otherwise skips it
 GRADIENT_CHARS = 320    # one input's gradient (backward roles)
 PROMPT_CHARS = 480      # a proposed prompt (update)
+WANTED_CHARS = 160      # the output the feedback asks of the step (update)
 
 BACKWARD_ROLES = ("backward_joint", "backward_evaluative", "backward_single",
                   "backward_nosibling")
@@ -210,9 +211,19 @@ register_shape("backward", ReplyShape(
     asks=("Answer with one block per input, in this form:", "Answer in this form:",
           "Write the missing block(s) now, one per input, about that input only, in this "
           "form:")))
+# The update names the output the feedback asks for before it writes the prompt: without
+# that field the embedded 1.5B optimizer, told "change the note to the count", kept the
+# prompt's own request ("Write one word about the text, but also provide the count");
+# with it, replaying the same call gave "Write one number about the text, where the number
+# represents the count of something in the text."
 register_shape("update", ReplyShape(
-    fields=lambda names: [("prompt", text_field(PROMPT_CHARS, 1), "the complete new prompt")],
+    fields=lambda names: [
+        ("output_wanted", text_field(WANTED_CHARS, 1),
+         "what the feedback says this step's output should be, in a few words"),
+        ("prompt", text_field(PROMPT_CHARS, 1), "the complete new prompt, asking for that output")],
     to_text=lambda field, data, names, why: (
-        f"{why}\n<prompt>{field('prompt')}</prompt>" if field("prompt") else None),
+        "\n".join(t for t in (why, field("output_wanted") and
+                              f"The feedback asks this step for: {field('output_wanted')}") if t)
+        + f"\n<prompt>{field('prompt')}</prompt>" if field("prompt") else None),
     asks=("Explain your reasoning in a few sentences, then give the complete new prompt "
           "between <prompt> and </prompt>.",)))
