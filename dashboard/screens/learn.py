@@ -186,7 +186,7 @@ st.title(f"Learn: semantic backpropagation in {len(STAGES)} stages")
 tour = tour_run(sel)
 if tour is None:
     st.info("The tour shows a real run of the demo graph. None is in this run log yet: "
-            "start one (about two minutes on the embedded model), then come back.")
+            f"start one ({jobs.DEMO_DURATION}), then come back.")
     if st.button("Run the demo", type="primary", key="learn_demo"):
         job = jobs.start(jobs.RunSpec(graph=str(jobs.DEMO_GRAPH), db=sel.db,
                                       **jobs.DEMO_OPTIONS))

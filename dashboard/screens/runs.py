@@ -307,9 +307,10 @@ except Exception as exc:  # noqa: BLE001 - the sidebar already says what is wron
     st.error(f"Cannot read {sel.db}: {exc}")
     st.stop()
 if all_runs.empty:
-    st.info(f"**{md(sel.db)}** has no runs yet. The demo optimizes a two-node graph "
-            "(sample_graphs/demo.yaml) with the embedded Qwen2.5-Coder-0.5B model: no key, "
-            "no network, about three minutes on two cores.")
+    st.info(f"**{md(sel.db)}** has no runs yet. The demo optimizes a three-node graph "
+            "(sample_graphs/demo.yaml) with the embedded models (Qwen2.5-Coder-0.5B for the "
+            "pipeline's calls, the 1.5B for the optimizer's): no key, no network, "
+            f"{jobs.DEMO_DURATION}.")
     if not any(j.returncode is None for j in jobs.list_jobs(sel.db)):
         if st.button("Run the demo", type="primary", icon=":material/rocket_launch:",
                      key="run_demo"):
