@@ -46,10 +46,10 @@ nodes:
     prompt: Work out an intermediate step.
     inputs: [question]
   - id: hint_b
-    prompt: Work out a second intermediate step.
+    prompt: Work out a second step.
     inputs: [question]
   - id: final
-    prompt: Solve the problem carefully.
+    prompt: Solve it carefully.
     inputs: [question, hint_a, hint_b]
     output: true
 """
