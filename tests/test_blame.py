@@ -32,8 +32,10 @@ from tests.test_probe import GRAPH
 
 def logged_run(tmp_path, misleading: bool = False, **config) -> str:
     db = str(tmp_path / "runs.duckdb")
+    # every node gets a proposal for the edit probes, 'who' too, whose honest gradients
+    # say no change is needed (under the default --update-when asked it would get none)
     settings = dict(graph=str(GRAPH), db=db, steps=1, test=0, run_id="bf",
-                    failures_per_step=3)
+                    failures_per_step=3, update_when="always")
     settings.update(config)
     asyncio.run(execute(RunConfig(**settings), forward_backend=ScriptedBackend(
         responder=blame_fault_responder(misleading))))

@@ -31,7 +31,7 @@ def logged(tmp_path) -> Path:
     copies a name), three are back-propagated."""
     db = tmp_path / "runs.duckdb"
     config = RunConfig(graph=str(GRAPH), db=str(db), steps=1, test=0, run_id="bf",
-                       failures_per_step=3)
+                       failures_per_step=3, update_when="always")  # a proposal for 'who' too
     asyncio.run(execute(config, forward_backend=backend()))
     return db
 

@@ -69,9 +69,11 @@ def _non_default(name: str):
         return {"k": 1} if name == "method_options" else {"openai": 2}
     if name in ("method", "backend", "optimizer_backend"):
         return "textgrad" if name == "method" else "openai"
-    if name in ("cache", "update_mode", "node_gates", "prompts", "structured", "local_serving"):
-        return {"cache": "off", "update_mode": "one", "node_gates": "on", "prompts": "paper",
-                "structured": "off", "local_serving": "in-process"}[name]
+    if name in ("cache", "update_mode", "update_when", "node_gates", "prompts", "structured",
+                "local_serving"):
+        return {"cache": "off", "update_mode": "one", "update_when": "always",
+                "node_gates": "on", "prompts": "paper", "structured": "off",
+                "local_serving": "in-process"}[name]
     if isinstance(value, float):
         return value + 1.5
     if isinstance(value, int) or value is None:

@@ -2,7 +2,8 @@
 
 Step 0 evaluates the initial prompts on train and validation. Each later step:
 forward on train -> sample up to k failing examples (seeded by seed and step) -> backward
-on them -> one update call per trainable node -> apply the updates together (or one node
+on them -> one update call per trainable node that a gradient asked to change (every
+trainable node under --update-when always) -> apply the updates together (or one node
 per step) -> evaluate the candidate on validation -> keep it only if validation strictly
 improves (unless the gate is off). Rejected proposals are shown to the next update call,
 so a rejected step does not repeat itself.
@@ -13,14 +14,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from engine.core.backward import Method, UpdateSample
 from engine.core.copies import COPY_REASON, find_copies
 from engine.core.forward import ExampleTrace, Prompts, RunContext, SharedCalls, forward_pass
 from engine.core.loss import compute_losses, mean_score
 from engine.data.examples import Example, Splits
-from engine.events import LossRecord, PromptVersion, Proposal, StepFinished
+from engine.events import Gradient, LossRecord, PromptVersion, Proposal, StepFinished
 
 REJECTED_SHOWN = 3
 # --node-gates auto scores edits alone after a rejected step that made at most this many
@@ -38,6 +41,9 @@ class OptimizerConfig:
     # default, since on most steps (rejected ones) `auto` doubles the step's validation calls
     node_gates: str = "off"
     allow_copies: bool = False  # apply proposals that paste training examples (engine/core/copies.py)
+    # asked: no update call for a node whose every gradient this step claimed "no change"
+    # (the claim the run log records with the gradient); always: one per trainable node
+    update_when: str = "asked"
 
 
 @dataclass
@@ -79,10 +85,39 @@ def sample_failures(losses: list[LossRecord], k: int, seed: int, step: int) -> l
     return sorted(rng.sample(failing, min(k, len(failing))))
 
 
-def nodes_to_update(trainable: list[str], mode: str, step: int) -> list[str]:
-    if mode == "one" and trainable:
-        return [trainable[(step - 1) % len(trainable)]]
-    return list(trainable)
+class ChangeClaims:
+    """Listener over one step's gradient records (forwarding each to `emit`): the nodes that
+    received a gradient, and those some gradient asked to change. A claim that could not be
+    read (None) counts as asking."""
+
+    def __init__(self, emit: Callable[[Any], None] | None = None) -> None:
+        self.emit, self.step = emit, None
+        self.received: set[str] = set()
+        self.asked: set[str] = set()
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, Gradient) and event.kind == "gradient":
+            if event.step != self.step:
+                self.step, self.received, self.asked = event.step, set(), set()
+            self.received.add(event.node_id)
+            if event.asks_change is not False:
+                self.asked.add(event.node_id)
+        if self.emit is not None:
+            self.emit(event)
+
+    def wants_update(self, node_id: str) -> bool:
+        """False only for a node that received gradients and none of them asked a change
+        (a method without gradients, such as `none` or `gtbp`, records none: always True)."""
+        return node_id not in self.received or node_id in self.asked
+
+
+def nodes_to_update(trainable: list[str], mode: str, step: int,
+                    claims: ChangeClaims | None = None) -> list[str]:
+    """The nodes that get an update call at `step`: every trainable node, or one in turn
+    (mode 'one'); with `claims` (--update-when asked), less those no gradient asked to change."""
+    nodes = [trainable[(step - 1) % len(trainable)]] if mode == "one" and trainable \
+        else list(trainable)
+    return [n for n in nodes if claims is None or claims.wants_update(n)]
 
 
 async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
@@ -93,9 +128,11 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
     prompts = state.prompts
     train_score, traces, losses = await evaluate(ctx, prompts, splits.train, "train")
     chosen = sample_failures(losses, config.failures_per_step, config.seed, step)
-    feedback = await asyncio.gather(*(method.backward(ctx, prompts, traces[i], losses[i])
-                                      for i in chosen))
-    nodes = nodes_to_update(ctx.graph.trainable_nodes, config.update_mode, step) if chosen else []
+    claims = ChangeClaims(ctx.emit)
+    feedback = await asyncio.gather(*(method.backward(replace(ctx, emit=claims), prompts,
+                                                      traces[i], losses[i]) for i in chosen))
+    every = nodes_to_update(ctx.graph.trainable_nodes, config.update_mode, step) if chosen else []
+    nodes = [n for n in every if config.update_when == "always" or claims.wants_update(n)]
 
     def samples(node_id: str) -> list[UpdateSample]:
         return [UpdateSample(traces[i].example.id, traces[i].activations[node_id].input_text,
@@ -163,6 +200,8 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
                               "failing_train": float(sum(1 for x in losses if x.score < 1)),
                               "sampled": float(len(chosen)),
                               "proposals_changed": float(len(changes)),
+                              # trainable nodes left without an update call: no gradient asked
+                              "updates_skipped": float(len(every) - len(nodes)),
                               **({"val_candidate": val_after} if val_after is not None else {}),
                               **gate_calls,
                           }))

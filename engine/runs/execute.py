@@ -294,7 +294,8 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
     bus.add(ProgressTracker(  # Progress events: phase and calls, for the CLI and dashboard
         graph, {name: len(part) for name, part in splits.by_name().items()},
         failures=config.failures_per_step, method=type(method), run_id=config.run_id,
-        updates=1 if config.update_mode == "one" else len(graph.trainable_nodes),
+        trainable=graph.trainable_nodes, update_mode=config.update_mode,
+        update_when=config.update_when,
         node_gates=config.node_gates, emit=bus.emit, baseline_step=baseline_step))
     if new:
         writer.start_run({**run_row(config.run_id, graph, config.to_json(),
@@ -312,7 +313,7 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
                      prompt_set(config.prompts))
     opt = OptimizerConfig(config.steps, config.failures_per_step, config.gate,
                           config.update_mode, config.seed, config.node_gates,
-                          allow_copies=config.allow_copies)
+                          allow_copies=config.allow_copies, update_when=config.update_when)
     loop = asyncio.get_running_loop()
     current = asyncio.current_task()
     try:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.backward import Method
-from engine.core.optimizer import node_gates_apply
-from engine.events import CallRecord, Progress, StepFinished
+from engine.core.optimizer import ChangeClaims, node_gates_apply, nodes_to_update
+from engine.events import CallRecord, Gradient, Progress, StepFinished
 
 PHASES = ("forward", "loss", "backward", "update", "gate", "node_gates", "test")
 
@@ -36,14 +36,19 @@ PHASES = ("forward", "loss", "backward", "update", "gate", "node_gates", "test")
 class ProgressTracker:
     """Listener: feed it every event; it emits a `Progress` after each call record."""
 
-    def __init__(self, graph: Any, sizes: dict[str, int], *, failures: int, updates: int,
-                 method: type[Method], run_id: str, emit: Callable[[Any], None],
-                 node_gates: str = "off", baseline_step: int | None = 0):
+    def __init__(self, graph: Any, sizes: dict[str, int], *, failures: int,
+                 trainable: list[str], method: type[Method], run_id: str,
+                 emit: Callable[[Any], None], update_mode: str = "all",
+                 update_when: str = "asked", node_gates: str = "off",
+                 baseline_step: int | None = 0):
         llm = [n.id for n in graph.nodes if n.kind != "function"]
         self.per_example = len(llm)
         self.sizes, self.run_id, self.emit = sizes, run_id, emit
         self.baseline_step = baseline_step  # its forward pass also scores validation
-        self.updates, self.node_gates = updates, node_gates
+        self.trainable, self.update_mode = trainable, update_mode
+        # the step's change claims, as the optimizer reads them, to know its update calls
+        self.claims = ChangeClaims() if update_when == "asked" else None
+        self.node_gates = node_gates
         self.backward = failures * method.backward_calls(graph)
         self.step, self.phase, self.done, self.total = -1, "", 0, 0
         self.finished: set[int] = set()
@@ -52,6 +57,8 @@ class ProgressTracker:
     def __call__(self, event: Any) -> None:
         if isinstance(event, StepFinished):
             self.finished.add(event.step)
+        elif isinstance(event, Gradient) and self.claims is not None:
+            self.claims(event)
         elif isinstance(event, CallRecord):
             self._count(event)
 
@@ -97,7 +104,11 @@ class ProgressTracker:
         if phase == "node_gates":  # under auto: each edit alone, after a rejected candidate
             return candidate * alone
         return {"test": self.sizes["test"] * n,
-                "backward": self.backward, "update": self.updates}.get(phase, 0)
+                "backward": self.backward, "update": self.updates(step)}.get(phase, 0)
+
+    def updates(self, step: int) -> int:
+        claims = self.claims if self.claims is not None and self.claims.step == step else None
+        return len(nodes_to_update(self.trainable, self.update_mode, step, claims))
 
 
 class ProgressFile:

@@ -172,6 +172,10 @@ class RunConfig:
     gate: bool = setting(True, negate="--no-gate", help="accept every proposal (ablation)")
     update_mode: str = setting("all", choices=("all", "one"),
                                help="update every trainable prompt per step, or one at a time")
+    update_when: str = setting("asked", choices=("asked", "always"),
+                               help="asked: no update call for a prompt whose gradients all "
+                                    "said it needs no change (their recorded claim); always: "
+                                    "an update call for every trainable prompt, as the paper")
     node_gates: str = setting("off", choices=("auto", "on", "off"),
                               help="also score each changed prompt alone on validation (off: "
                                    "never, the probes answer it on demand; auto: after a "
