@@ -88,7 +88,8 @@ def sample_failures(losses: list[LossRecord], k: int, seed: int, step: int) -> l
 class ChangeClaims:
     """Listener over one step's gradient records (forwarding each to `emit`): the nodes that
     received a gradient, and those some gradient asked to change. A claim that could not be
-    read (None) counts as asking."""
+    read (None) counts as asking; an empty gradient (a reply that left the input's block
+    out, even after the repair request) is no claim at all."""
 
     def __init__(self, emit: Callable[[Any], None] | None = None) -> None:
         self.emit, self.step = emit, None
@@ -96,7 +97,7 @@ class ChangeClaims:
         self.asked: set[str] = set()
 
     def __call__(self, event: Any) -> None:
-        if isinstance(event, Gradient) and event.kind == "gradient":
+        if isinstance(event, Gradient) and event.kind == "gradient" and event.content.strip():
             if event.step != self.step:
                 self.step, self.received, self.asked = event.step, set(), set()
             self.received.add(event.node_id)
