@@ -132,8 +132,10 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
     claims = ChangeClaims(ctx.emit)
     feedback = await asyncio.gather(*(method.backward(replace(ctx, emit=claims), prompts,
                                                       traces[i], losses[i]) for i in chosen))
-    every = nodes_to_update(ctx.graph.trainable_nodes, config.update_mode, step) if chosen else []
-    nodes = [n for n in every if config.update_when == "always" or claims.wants_update(n)]
+    trainable, mode = ctx.graph.trainable_nodes, config.update_mode
+    every = nodes_to_update(trainable, mode, step) if chosen else []
+    nodes = nodes_to_update(trainable, mode, step, None if config.update_when == "always"
+                            else claims) if chosen else []
 
     def samples(node_id: str) -> list[UpdateSample]:
         return [UpdateSample(traces[i].example.id, traces[i].activations[node_id].input_text,
