@@ -39,8 +39,16 @@ def test_demo_graph_runs_end_to_end_on_the_embedded_model(tmp_path):
         assert sampled >= 1
         assert one("SELECT count(DISTINCT node_id) FROM gradients WHERE step = 1 AND kind = "
                    "'gradient'") == (3,)
-        # one proposal per trainable node, each with a non-empty prompt
-        assert one("SELECT count(*), min(length(new_prompt)) > 0 FROM updates") == (3, True)
+        # every trainable node got a proposal with a non-empty prompt, unless all its
+        # gradients claimed no change (--update-when asked): then the step counts it skipped
+        proposals, nonempty = one("SELECT count(*), coalesce(min(length(new_prompt)) > 0, true) "
+                                  "FROM updates")
+        skipped = one("SELECT value FROM metrics WHERE key = 'updates_skipped'")[0]
+        assert nonempty
+        assert proposals + skipped == 3
+        asked = one("SELECT count(DISTINCT node_id) FROM gradients WHERE step = 1 AND kind = "
+                    "'gradient' AND asks_change IS NOT false AND content <> ''")[0]
+        assert proposals == asked
         # the model's format slips were parsed by fallback rules and recorded, not dropped
         slips = one("SELECT count(*) FROM node_outputs WHERE parse_error IS NOT NULL")[0]
         kept = one("SELECT count(*) FROM node_outputs WHERE parse_error IS NOT NULL AND "
