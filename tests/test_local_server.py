@@ -24,7 +24,7 @@ import pytest
 
 from engine.llm.base import LLMError, LLMRequest
 from engine.llm.client import LLMClient, RetryPolicy
-from engine.llm.local import REPEAT_PENALTY, REPEAT_PENALTY_JSON, LocalBackend
+from engine.llm.local import LocalBackend
 from engine.llm.schema import token_budget
 from engine.llm.server import (
     BINARY_ENV,
@@ -237,10 +237,11 @@ def test_each_call_sends_what_llama_server_needs(tmp_path, fake_binary):
     assert len(requests) == 2
     plain, constrained = requests
     assert plain["cache_prompt"] is True and constrained["cache_prompt"] is True
-    assert plain["repeat_penalty"] == REPEAT_PENALTY
+    # no repeat penalty: llama-server counts the prompt in its window (see the next test)
+    assert plain["repeat_penalty"] == 1.0
     assert plain["stop"] == ["</output>"] and plain["seed"] == 3 and plain["max_tokens"] == 32
     assert "response_format" not in plain
-    assert constrained["repeat_penalty"] == REPEAT_PENALTY_JSON
+    assert constrained["repeat_penalty"] == 1.0
     # the schema goes whole, its length limits included: they end a constrained reply
     assert constrained["response_format"] == {
         "type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}}
@@ -348,3 +349,33 @@ def test_the_real_server_serves_reuses_prefixes_and_ends_with_its_parent(tmp_pat
     if survived:
         os.kill(child, signal.SIGKILL)
     assert not survived, f"llama-server (pid {child}) outlived its parent"
+
+
+@pytest.mark.embedded_model
+def test_the_served_model_writes_the_number_its_input_holds():
+    """llama-server counts the prompt in its repeat-penalty window: with the in-process
+    backend's penalty (1.3) the 0.5B, told to write the number in a sentence, wrote "10" or
+    "14" for "Lena packed 7 boxes" on most sentences, and the demo's fixes never worked."""
+    reason = real_server_missing()
+    if reason:
+        pytest.skip(reason)
+    backend = LocalServerBackend(LocalBackend(n_ctx=1024), slots=2)
+    sentences = {"Lena packed 7 boxes for the trip.": "7",
+                 "Omar planted 12 trees in the garden.": "12",
+                 "Priya read 9 books this summer.": "9",
+                 "Tomas baked 24 cookies for the party.": "24"}
+
+    async def go():
+        try:
+            return await asyncio.gather(*(backend.complete(LLMRequest(
+                messages=(("user", f"## Task\nWrite the number in the text.\n\n## Inputs\n"
+                                   f"<input name=\"text\">\n{text}\n</input>\n\nWrite the "
+                                   "result between <output> and </output>."),),
+                model="m", purpose="forward", max_tokens=16, stop=("</output>",)))
+                for text in sentences))
+        finally:
+            await backend.aclose()
+
+    replies = asyncio.run(go())
+    written = [reply.text.replace("<output>", "").strip() for reply in replies]
+    assert written == list(sentences.values())
