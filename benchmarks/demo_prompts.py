@@ -13,7 +13,12 @@ then each score's 95% Wilson interval and the wall time. `--backend scripted` sc
 same prompts on sample_graphs/demo_responder.py, the scripted model that plays the demo in
 the browser tests (starting prompts 0, fixed prompts 1: a check of that model, in seconds).
 
+Local models are served as a run serves them (`--local-serving`, default auto: llama-server
+when installed): the two sample differently (llama-server counts the prompt in its
+repeat-penalty window), and only the run's serving tells what the demo will do.
+
     .venv/bin/python benchmarks/demo_prompts.py [--examples N] [--backend local|scripted]
+        [--local-serving auto|server|in-process]
 """
 
 from __future__ import annotations
@@ -53,25 +58,27 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def make_backend(kind: str, model: str | None = None):
+def make_backend(kind: str, model: str | None = None, serving: str = "auto"):
     if kind == "scripted":
         from engine.llm.scripted import ScriptedBackend
         from sample_graphs.demo_responder import demo_responder
 
         return ScriptedBackend(responder=demo_responder())
-    from engine.llm.local import LocalBackend
+    from engine.llm.factory import make_backend as engine_backend
 
-    return LocalBackend(model=model)
+    # the serving a run uses (llama-server when installed): the two sample differently, so
+    # a score measured in-process says little about the demo run
+    return engine_backend("local", model=model, serving=serving)
 
 
 async def score(prompts: dict[str, str], limit: int | None, backend_kind: str = "local",
-                model: str | None = None) -> tuple[float, int]:
+                model: str | None = None, serving: str = "auto") -> tuple[float, int]:
     from engine.llm.client import LLMClient
 
     graph = load_graph(str(GRAPH))
     examples = with_target(load_examples(graph.dataset, graph_dir=str(GRAPH.parent)),
                            graph.target_field)[:limit]
-    backend = make_backend(backend_kind, model)
+    backend = make_backend(backend_kind, model, serving)
     client = LLMClient(forward_backend=backend,
                        forward_model=getattr(backend, "model_name", backend_kind))
     ctx = RunContext(graph, client, lambda event: None, "demo-prompts", 0, max_tokens=128)
@@ -93,10 +100,15 @@ def main() -> None:
     parser.add_argument("--model", default=None,
                         help="with --backend local: smollm2-135m, qwen2.5-coder-0.5b (the "
                              "default), qwen2.5-coder-1.5b or a GGUF file's path")
+    parser.add_argument("--local-serving", choices=("auto", "server", "in-process"),
+                        default="auto", help="with --backend local: as `run`'s flag (default "
+                                             "auto: llama-server when installed, as a run)")
     args = parser.parse_args()
     started = time.perf_counter()
-    start, n = asyncio.run(score({}, args.examples, args.backend, args.model))
-    fixed, _ = asyncio.run(score(fixed_prompts(), args.examples, args.backend, args.model))
+    start, n = asyncio.run(score({}, args.examples, args.backend, args.model,
+                                   args.local_serving))
+    fixed, _ = asyncio.run(score(fixed_prompts(), args.examples, args.backend, args.model,
+                                   args.local_serving))
     print(f"starting prompts {start:.2f}, fixed prompts {fixed:.2f} on {n} examples")
     (a, b), (c, d) = wilson(start * n, n), wilson(fixed * n, n)
     print(f"95% intervals: starting [{a:.2f}, {b:.2f}], fixed [{c:.2f}, {d:.2f}]; "
