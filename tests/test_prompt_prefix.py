@@ -17,16 +17,15 @@ def _shared_user(one, two):
     return first, os.path.commonprefix([first, second])
 
 
-def test_forward_shares_its_task_and_keeps_the_output_instruction_last():
-    """The task leads; the output instruction follows the inputs (a small model follows
-    it there: see FORWARD_USER), so the shared prefix ends inside the inputs."""
+def test_forward_shares_everything_but_the_inputs():
+    """Task, output instruction and answer format lead; the inputs come last, so the shared
+    prefix holds every fixed part and ends inside the inputs (see FORWARD_USER)."""
     one = P.forward_messages("Solve it.", {"question": "one"}, "Give a number only.")
     two = P.forward_messages("Solve it.", {"question": "two"}, "Give a number only.")
     first, shared = _shared_user(one, two)
-    for fixed in ("## Task\nSolve it.", "## Inputs"):
+    for fixed in ("## Task\nSolve it.", "</output>", "Give a number only.", "## Inputs"):
         assert fixed in shared
-    assert first.index("one") < first.index("</output>") and \
-        first.rstrip().endswith("Give a number only.")
+    assert first.rstrip().endswith('<input name="question">\none\n</input>')
 
 
 @pytest.mark.parametrize("mode", ["directional", "evaluative"])
