@@ -28,9 +28,9 @@ DEMO_GRAPH = ROOT / "sample_graphs" / "demo.yaml"
 # the demo's measured hand-fixed prompts (benchmarks/demo_prompts.py)
 DEMO_FIXED_PROMPTS = ROOT / "sample_graphs" / "data" / "demo_fixed_prompts.yaml"
 # One step on the graph's own splits (8 train, 24 validation, 8 test) on the embedded pair
-# (0.5B forward, 1.5B optimizer): 188 to 203 s on two cores, measured 2026-12-03 (README,
+# (0.5B forward, 1.5B optimizer): 143 to 166 s on two cores, measured 2026-12-03 (README,
 # The demo). DEMO_DURATION is that figure as every page words it.
-DEMO_DURATION = "about three and a half minutes on two cores"
+DEMO_DURATION = "about two and a half minutes on two cores"
 # $SEMBACK_DEMO_BACKEND picks another backend for the demo buttons (the Runs page's demo,
 # the Learn tour's paired run): `scripted` makes them instant, e.g. in the browser tests.
 DEMO_OPTIONS = {"backend": os.environ.get("SEMBACK_DEMO_BACKEND") or "local", "steps": 1}
