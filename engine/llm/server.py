@@ -20,10 +20,11 @@ stops it. A server that fails to start (a missing binary, a file it cannot load)
 Calls go through the OpenAI-compatible backend (engine/llm/openai_backend.py) with what
 llama-server adds: the reply schema as `response_format` json_schema with its length
 limits kept (the grammar, not the token limit, ends a reply, as in-process), no repeat
-penalty (the server counts the prompt in its window: SERVER_REPEAT_PENALTY), and prompts cut to fit a slot's context
-(`engine.llm.local.fit_messages`, counted with the model's own vocabulary). The prompt
-tokens served from the prefix cache come back as `usage.prompt_tokens_details.cached_tokens`
-and are logged in `llm_calls.cached_tokens`, as for providers.
+penalty (the server counts the prompt in its window: SERVER_REPEAT_PENALTY), and prompts
+cut to fit a slot's context (`engine.llm.local.fit_messages`, counted with the model's own
+vocabulary). The prompt tokens served from the prefix cache come back as
+`usage.prompt_tokens_details.cached_tokens` and are logged in `llm_calls.cached_tokens`, as
+for providers.
 """
 
 from __future__ import annotations
