@@ -21,6 +21,7 @@ from engine.probes.blame import (
     examples_to_separate,
     gradient_claim,
     verdict,
+    weigh,
     wilson,
 )
 from engine.probes.probe import ProbeResult
@@ -114,6 +115,36 @@ def test_no_verdict_while_intervals_overlap():
     assert verdict([Evidence("a", probed=2, flips=0), Evidence("b", probed=2)]).node is None
 
 
+def test_edit_probes_decide_when_every_gradient_fix_carries_the_answer():
+    """The demo's shape: the faulty node's right output is the answer itself, so every
+    gradient that fixes it leaks (no gradient flips anywhere). Its out-of-sample edit
+    flips 23 of 23 where the other node's flips none: the edit probes name it, and the
+    report says why they decide."""
+    gradients = [Evidence("note", probed=23, leaks=18), Evidence("thing", probed=23, leaks=7),
+                 Evidence("answer", probed=23, leaks=23)]
+    edits = [Evidence("note", "edit", probed=23, flips=23),
+             Evidence("thing", "edit", probed=23), Evidence("answer", "edit")]
+    chosen, kind, why = weigh(gradients, edits)
+    assert (chosen.node, kind) == ("note", "edit")
+    assert chosen.reason == ("note's 90% interval lies above every other node's (answer: no "
+                             "edit to probe)")
+    assert why.startswith("the gradient probes named no node (no gradient probe flipped")
+    # gradients that name a node decide, whatever the edits say
+    named = [Evidence("note", probed=6, flips=6), Evidence("thing", probed=6)]
+    assert weigh(named, [Evidence("thing", "edit", probed=6, flips=6),
+                         Evidence("note", "edit", probed=6)]) == (verdict(named), "gradient", "")
+    # edits that name no node leave the gradient verdict (and its reason) in place
+    overlap = [Evidence("note", "edit", probed=6, flips=4), Evidence("thing", "edit", probed=6,
+                                                                     flips=1)]
+    chosen, kind, why = weigh(gradients, overlap)
+    assert (chosen.node, kind, why) == (None, "gradient", "")
+    assert chosen.reason.startswith("no gradient probe flipped")
+    # one node tried is no comparison
+    assert weigh(gradients, edits[:1] + [Evidence("thing", "edit")])[1] == "gradient"
+    # no gradients at all: the edits decide
+    assert weigh([], edits)[1:] == ("edit", "the run has no gradients")
+
+
 def test_wilson_interval_and_examples_needed():
     assert wilson(0, 0) == (0.0, 1.0)
     low, high = wilson(8, 8)
@@ -161,7 +192,8 @@ def test_blame_command_prints_the_table_and_the_verdict(tmp_path, capsys, monkey
     assert "3/3" in numbers and "[0.53, 1.00]" in numbers and "<- probes" in numbers
     assert "<- gradients" not in captured.out
     assert "probes blame: numbers" in captured.out
-    assert "gradients point at: no single node" in captured.out
+    assert "gradients point at: no single node (0 of 3 examples point at one node)" \
+        in captured.out
     assert "probes 18/18 done" in captured.err  # progress, one line at a time in a log
     assert main(["blame", "bf", "--db", db, "--step", "7"]) == 2
     assert "no complete step 7" in capsys.readouterr().err

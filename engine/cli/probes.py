@@ -248,16 +248,18 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                        *_rate(row), str(row.errors), str(row.leaks),
                        f"{row.claimed}/{row.probed}")
         out.print(et)
-    evidence = "gradient probes" if report.evidence == "gradient" else \
-        "edit probes (the run has no gradients)"
-    if report.verdict.node:
-        lines.append(f"probes blame: {report.verdict.node} ({evidence}: "
-                     f"{report.verdict.reason})")
-    else:
-        lines.append(f"probes blame: no node ({evidence}: {report.verdict.reason})")
+    evidence = f"{report.evidence} probes"
+    lines.append(f"probes blame: {report.verdict.node or 'no node'} ({evidence}: "
+                 f"{report.verdict.reason})")
+    if report.evidence_note:
+        lines.append(f"  the edit probes decide: {report.evidence_note}")
     for name, v in report.method_verdicts.items():
         lines.append(f"  {name}: {v.node or 'no node'}" + ("" if v.node else f" ({v.reason})"))
-    claimed = report.claimed or "no single node"
+    own, single, total = report.pointed
+    claimed = (f"{report.claimed} ({own} of {total} examples" if report.claimed else
+               f"no single node ({single} of {total} examples point at one node")
+    claimed += f"; {total - single} point at none)" if report.claimed and single < total \
+        else ")"
     agree = ("the same node" if report.claimed and report.claimed == report.verdict.node else
              "a different node" if report.claimed and report.verdict.node else
              "nothing to compare")

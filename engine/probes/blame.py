@@ -263,6 +263,29 @@ class Verdict:
         return {"node": self.node, "reason": self.reason, "more_examples": self.more_examples}
 
 
+def weigh(gradients: list[Evidence], edits: list[Evidence]) -> tuple[Verdict, str, str]:
+    """(verdict, evidence kind, why that kind): the gradient probes decide when they name a
+    node. When they name none (a run without gradients, or gradients whose every fix
+    carries the answer, as when a node's right output is the answer itself), the edit
+    probes decide if they name one: an edit that fixes examples its update call never saw,
+    at one node and not the others, is evidence of that node's fault the gradients could
+    not give. There a node whose update proposed no edit is left out of the comparison
+    (nothing was tried at it), and at least two nodes must have been tried."""
+    if not gradients:
+        return verdict(edits), "edit", "the run has no gradients"
+    by_gradient = verdict(gradients)
+    if by_gradient.node:
+        return by_gradient, "gradient", ""
+    tried = [e for e in edits if e.counted]
+    by_edit = verdict(tried) if len(tried) > 1 else Verdict(None, "")
+    if not by_edit.node:
+        return by_gradient, "gradient", ""
+    untried = [e.node_id for e in edits if not e.counted]
+    if untried:
+        by_edit.reason += f" ({', '.join(untried)}: no edit to probe)"
+    return by_edit, "edit", f"the gradient probes named no node ({by_gradient.reason})"
+
+
 def verdict(rows: list[Evidence]) -> Verdict:
     """Name a node only when its interval lies wholly above every other node's."""
     if not rows:
@@ -303,7 +326,7 @@ class BlameReport:
     examples: list[tuple[int, str]]  # (step, example) probed as failing
     nodes: list[Evidence]  # gradient evidence per LLM node (the run's own method)
     edits: list[Evidence]  # edit evidence per LLM node
-    evidence: str  # "gradient" or "edit": what the verdict weighs
+    evidence: str  # "gradient" or "edit": what the verdict weighs (`weigh`)
     verdict: Verdict
     claimed: str | None  # the node the gradients most often asked to change
     claims: list[dict[str, Any]] = field(default_factory=list)  # per (step, example, node)
@@ -320,6 +343,9 @@ class BlameReport:
     results: list[ProbeResult] = field(default_factory=list)
 
     edges: list[Evidence] = field(default_factory=list)  # per (method, node, successor)
+    evidence_note: str = ""  # why the edit probes decide, when they do
+    # the claimed node's examples, the examples pointing at one node, the examples
+    pointed: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def step(self) -> int | None:
@@ -339,8 +365,12 @@ class BlameReport:
         return {
             "run_id": self.run_id, "steps": self.steps, "examples": self.which,
             "probed_examples": len(self.examples), "evidence": self.evidence,
+            "evidence_note": self.evidence_note,
             "nodes": nodes, "verdict": self.verdict.as_json(),
-            "gradients_claimed": self.claimed, "claims": self.claims,
+            "gradients_claimed": self.claimed,
+            "gradients_pointed": dict(zip(("claimed", "single_node", "examples"),
+                                          self.pointed)),
+            "claims": self.claims,
             **({"methods": [{**m.as_json(), "method": m.method,
                              "verdict": self.method_verdicts[m.method].node}
                             for m in self.methods]} if self.methods else {}),
@@ -649,7 +679,8 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
         for n in p["copied"]:
             edits[n].copy_rejected += 1
     has_gradients = any(r.probed for r in grads.values())
-    weighed = list(grads.values()) if has_gradients else list(edits.values())
+    chosen, evidence, note = weigh(list(grads.values()) if has_gradients else [],
+                                   list(edits.values()))
     # Per example, the gradients point at the node furthest upstream that they ask to
     # change: every request downstream of it traces back to it (the output node's own
     # gradient is the loss, which always asks). Two such nodes, neither upstream of the
@@ -664,14 +695,16 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
                  if not any(n in descendants(graph, m) for m in asking - {n})]
         if len(roots) == 1:
             pointed[key] = roots[0]
+    claims_by_example = {(c["step"], c["example"]) for c in claims}
     counts = {n: list(pointed.values()).count(n) for n in nodes}
     top = max(counts.values(), default=0)
     leaders = [n for n, c in counts.items() if c == top and top > 0]
     examples = [(p["run"].step, e) for p in plans for e in p["failing"]]
     report = BlameReport(run_id, steps, which, examples, list(grads.values()),
-                         list(edits.values()), "gradient" if has_gradients else "edit",
-                         verdict(weighed), leaders[0] if len(leaders) == 1 else None, claims,
-                         list(per_method.values()), results=results)
+                         list(edits.values()), evidence, chosen,
+                         leaders[0] if len(leaders) == 1 else None, claims,
+                         list(per_method.values()), results=results, evidence_note=note)
+    report.pointed = (top if len(leaders) == 1 else 0, len(pointed), len(claims_by_example))
     report.method_verdicts = {m: verdict([per_method[(m, n)] for n in nodes]) for m in names}
     for m, n, t in list(per_edge):  # one successor: the edge's gradient is the node's
         if len(graph.successors(n)) == 1:
