@@ -226,10 +226,19 @@ def test_blame_json_and_methods_on_the_same_traces(tmp_path, capsys, monkeypatch
         assert (row["probed"], row["flips"]) == (3, 3)
 
 
-def test_a_method_without_gradients_is_judged_by_its_out_of_sample_edits(tmp_path):
+def test_a_method_without_gradients_is_judged_by_its_out_of_sample_edits(tmp_path, capsys,
+                                                                        monkeypatch):
     """`--method none` logs no gradients: the verdict weighs the edit probes, and only
     their flips on examples the update call did not see."""
     db = logged_run(tmp_path, method="none")
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=blame_fault_responder()))
+    assert main(["blame", "bf", "--db", db]) == 0
+    out = capsys.readouterr().out
+    grads, edited = [ln for ln in out.splitlines() if ln.startswith("│ numbers")]
+    assert "5/8" in edited and "<- probes" in edited and "<- probes" not in grads
+    assert "probes blame: numbers (edit probes: " in out
+    assert "the edit probes decide: the run has no gradients" in out
     report = run_blame(db)
     assert report.evidence == "edit" and {r.kind for r in report.results} == {"edit"}
     edits = {e.node_id: e for e in report.edits}

@@ -199,7 +199,7 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                         f"failing examples ({report.which}): following each gradient")
     for row in report.nodes:
         marks = []
-        if row.node_id in report.blamed:
+        if row.node_id in report.blamed and report.evidence == "gradient":
             marks.append("<- probes")
         if row.node_id == report.claimed:
             marks.append("<- gradients")
@@ -209,18 +209,20 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     out.print(table)
     table = Table(Column("node", no_wrap=True, min_width=widest), "probed",
                   Column("flips", no_wrap=True), Column("90%", no_wrap=True), "in-sample",
-                  "errors", "leaks", "regressions", title="each node's proposed edit alone")
+                  "errors", "leaks", "regressions", Column("", no_wrap=True),
+                  title="each node's proposed edit alone")
     for row in report.nodes:
         edit = edits[row.node_id]
         if not edit.probed:
             table.add_row(row.node_id, "-", "copy-rejected" if edit.copy_rejected else
-                          "no edit", "", "", "", "", "")
+                          "no edit", "", "", "", "", "", "")
             continue
+        named = report.evidence == "edit" and row.node_id in report.blamed
         table.add_row(row.node_id, str(edit.probed), *_rate(edit), str(edit.in_sample),
                       str(edit.errors), str(edit.leaks),
                       (f"{edit.regressions}/{edit.guarded}" if edit.guarded else "-")
                       + (f" ({edit.copy_rejected} copy-rejected)" if edit.copy_rejected
-                         else ""))
+                         else ""), "<- probes" if named else "")
     out.print(table)
     lines = ["gradient flips: failing examples made correct by following the node's gradient "
              "(leaks, rewrites that carry the answer, are not counted), with a 90% Wilson "
@@ -256,15 +258,15 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     for name, v in report.method_verdicts.items():
         lines.append(f"  {name}: {v.node or 'no node'}" + ("" if v.node else f" ({v.reason})"))
     own, single, total = report.pointed
-    claimed = (f"{report.claimed} ({own} of {total} examples" if report.claimed else
-               f"no single node ({single} of {total} examples point at one node")
-    claimed += f"; {total - single} point at none)" if report.claimed and single < total \
-        else ")"
+    claimed = (f"{report.claimed}, on {own} of {total} examples" if report.claimed else
+               f"no single node ({single} of {total} examples point at one node)")
+    claimed += f" ({total - single} point at no single node)" \
+        if report.claimed and single < total else ""
     agree = ("the same node" if report.claimed and report.claimed == report.verdict.node else
              "a different node" if report.claimed and report.verdict.node else
              "nothing to compare")
-    lines.append(f"gradients point at: {claimed} (the node furthest upstream they ask to "
-                 f"change, most often); probes and gradients: {agree}")
+    lines.append(f"gradients point at: {claimed}; the node furthest upstream they ask to "
+                 f"change, most often; probes and gradients: {agree}")
     if report.repeats_note:
         lines.append(report.repeats_note)
     lines.append(f"rewriter: the optimizer model ({report.rewriter}) follows each gradient; "
