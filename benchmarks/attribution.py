@@ -206,15 +206,19 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
              **{m: v.node for m, v in report.method_verdicts.items()}}
     return {"graph": name, "culprits": sorted(culprits), "examples": len(report.examples),
             "named": named, "right": {k: v in culprits for k, v in named.items()},
+            "evidence": report.evidence,
             "calls": report.calls, "model_calls": report.model_calls, "tokens": report.tokens,
             "seconds": round(time.perf_counter() - started, 2),
-            "reason": report.verdict.reason}
+            "reason": report.verdict.reason, "evidence_note": report.evidence_note}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="scripted", choices=("scripted", "local"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="write the graphs and run logs to DIR and keep them (default: a "
+                             "temporary folder)")
     parser.add_argument("graphs", nargs="*", metavar="GRAPH",
                         help=f"graphs to run (default: all of {', '.join(GRAPHS)})")
     args = parser.parse_args()
@@ -222,11 +226,17 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown graph {', '.join(unknown)} (choose from {', '.join(GRAPHS)})")
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         dataset(work / "planted.jsonl")
-        rows = [asyncio.run(one(name, nodes, culprits, work, args.backend))
-                for name, (nodes, culprits) in GRAPHS.items()
-                if name in (args.graphs or GRAPHS)]
+        rows = []
+        for name, (nodes, culprits) in GRAPHS.items():
+            if name not in (args.graphs or GRAPHS):
+                continue
+            started = time.perf_counter()
+            rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend)))
+            print(f"{name}: {rows[-1]['named']['probes'] or 'no node'} "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
@@ -247,6 +257,8 @@ def main() -> None:
     print(f"per attribution (one blame with 3 methods): {calls:.0f} calls, {tokens:.0f} tokens "
           "(calls include cache hits; tokens are of calls the model answered)")
     for r in rows:
+        if r["evidence"] == "edit" and r["named"]["probes"]:
+            print(f"  {r['graph']}: named by the edit probes: {r['evidence_note']}")
         if not r["right"]["probes"]:
             print(f"  {r['graph']}: {r['reason']}")
 
