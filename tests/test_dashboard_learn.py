@@ -195,6 +195,42 @@ def test_check_the_blame_reads_the_probes_and_starts_blame(log, tmp_path, monkey
     assert commands[-1][-2:] == ["--step", "1"]
 
 
+def test_check_the_blame_shows_the_edit_probes_when_every_gradient_fix_leaks(log, tmp_path):
+    """The demo's case: following `mood`'s gradient fixes the example only by carrying the
+    answer (a leak), while `mood`'s proposed prompt, run alone, fixes it. On an example
+    the update call saw, that is not credit; on one it never saw, the page points there."""
+    example, target, _ = demo_example(log.db, log.demo)
+    db = tmp_path / "leaks.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        for i, (node, kind, after, leak) in enumerate((
+                ("mood", "gradient", 1.0, True), ("answer", "gradient", 0.0, False),
+                ("mood", "edit", 1.0, False))):
+            con.execute("""INSERT INTO probes (probe_id, run_id, step, example_id, node_id,
+                kind, intervention, before_output, after_output, before_score, after_score,
+                created_at, call_ids, leaks_target) VALUES (?, ?, 1, ?, ?, ?, 'x',
+                'wrong', ?, 0.0, ?, ?, '[]', ?)""",
+                        [f"q{i}", log.demo, example, node, kind,
+                         target if after else "wrong", after, float(i), leak])
+    at = learn(db, "Check the blame", run=log.demo, step=1, example=example)
+    table = at.dataframe[0].value.set_index("node")
+    assert "a leak, not credit" in table.loc["mood", "followed its gradient"]
+    assert table.loc["mood", "ran with its proposed prompt"] == (
+        "fixed: the example now passes (its update call saw this example: not credit)")
+    assert table.loc["answer", "ran with its proposed prompt"] == "no proposal probed"
+    shown = text(at)
+    assert "No single node's gradient fixes this example when followed alone." in shown
+    assert f"blame {log.demo} --step 1 --examples val" in shown
+    with duckdb.connect(str(db)) as con:  # now an example the update call never saw
+        con.execute("DELETE FROM gradients WHERE run_id = ? AND step = 1 AND example_id = ?",
+                    [log.demo, example])
+    at = learn(db, "Check the blame", run=log.demo, step=1, example=example)
+    assert at.dataframe[0].value.set_index("node").loc[
+        "mood", "ran with its proposed prompt"] == "fixed: the example now passes"
+    assert ("`mood`'s proposed prompt, run alone, does (an example its update call never "
+            "saw): the edit probes point there.") in text(at)
+
+
 def test_gate_falls_back_to_another_run_of_the_graph_and_names_it(log, tmp_path):
     db = tmp_path / "gate2.duckdb"
     shutil.copy(log.db, db)

@@ -261,34 +261,59 @@ def gate_stage(tour: Selection) -> None:
                         copies=probe_data.copies_training(tour.db, source, row))
 
 
+EDIT_COLUMN = "ran with its proposed prompt"
+
+
 def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
-    """Follow the gradient at each node for the tour's example: which one flips it?"""
-    probes = probe_data.probes(tour.db, tour.run, tour.step, example_id=tour.example)
-    probes = probes[probes["kind"] == "gradient"] if not probes.empty else probes
+    """Follow the gradient at each node for the tour's example, and run each node's
+    proposed prompt alone on it: which one flips it?"""
+    every = probe_data.probes(tour.db, tour.run, tour.step, example_id=tour.example)
+    probes = every[every["kind"] == "gradient"] if not every.empty else every
+    edits = every[every["kind"] == "edit"] if not every.empty else every
+    # the update call saw the back-propagated examples: an edit's flip there is not credit
+    seen = not data.example_gradients(tour.db, tour.run, tour.step, tour.example).empty
     llm = [n for n in graph.model.order if n not in graph.model.functions]
     rows = []
     for node in llm:
         mine = probes[probes["node_id"] == node] if not probes.empty else probes
-        if mine.empty:
-            rows.append({"node": node, "followed its gradient": "not probed yet"})
-            continue
-        p = mine.iloc[-1].to_dict()
-        verdict = flip_label(p.get("before_score"), p.get("after_score"))
-        if verdict.startswith("fixed") and bool(p.get("leaks_target")):
-            verdict += " (the rewrite contains the target: a leak, not credit)"
-        rows.append({"node": node, "score before": fmt(p.get("before_score"), ".2f"),
-                     "score after": fmt(p.get("after_score"), ".2f"),
-                     "followed its gradient": verdict,
-                     "answer after": str(p.get("after_output") or "")[:80]})
+        edit = edits[edits["node_id"] == node] if not edits.empty else edits
+        row = {"node": node, "followed its gradient": "not probed yet"}
+        if not mine.empty:
+            p = mine.iloc[-1].to_dict()
+            verdict = flip_label(p.get("before_score"), p.get("after_score"))
+            if verdict.startswith("fixed") and bool(p.get("leaks_target")):
+                verdict += " (the rewrite contains the target: a leak, not credit)"
+            row.update({"score before": fmt(p.get("before_score"), ".2f"),
+                        "score after": fmt(p.get("after_score"), ".2f"),
+                        "followed its gradient": verdict,
+                        "answer after": str(p.get("after_output") or "")[:80]})
+        row[EDIT_COLUMN] = "no proposal probed"
+        if not edit.empty:
+            e = edit.iloc[-1].to_dict()
+            row[EDIT_COLUMN] = flip_label(e.get("before_score"), e.get("after_score"))
+            if row[EDIT_COLUMN].startswith("fixed") and seen:
+                row[EDIT_COLUMN] += " (its update call saw this example: not credit)"
+        rows.append(row)
     st.dataframe(pd.DataFrame(rows), hide_index=True)
     fixed = [r["node"] for r in rows if str(r["followed its gradient"]).startswith("fixed")
              and "leak" not in str(r["followed its gradient"])]
+    edited = [r["node"] for r in rows if r[EDIT_COLUMN].startswith("fixed")
+              and "not credit" not in r[EDIT_COLUMN]]
     if fixed:
         st.success(f"Following the gradient at {_names(fixed)} turns example "
                    f"{code(tour.example)} right: the probes blame "
                    f"{'that node' if len(fixed) == 1 else 'those nodes'}.")
     elif len(probes):
-        st.info("No single node's gradient fixes this example when followed alone.")
+        st.info("No single node's gradient fixes this example when followed alone"
+                + (f"; {_names(edited)}'s proposed prompt, run alone, does (an example its "
+                   "update call never saw): the edit probes point there." if edited else "."))
+    if len(probes) and not fixed:
+        st.caption("When every gradient that fixes an example carries the answer (a leak: "
+                   "on the demo, `note`'s right output is the number itself), `engine blame` "
+                   "weighs the edit probes instead, over many examples; the step's failing "
+                   "training examples are also the ones the update call saw, so run it on "
+                   "validation: `python -m engine blame "
+                   f"{tour.run} --step {tour.step} --examples val`.")
     blame_button(tour.db, tour.run, tour.step, key="learn_blame", primary=True,
                  label="Follow the gradient at every node")
 
