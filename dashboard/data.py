@@ -17,6 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views import graph_model as gh
+from engine.data.stats import Z95, wilson
 from engine.runlog import debug, reader
 
 Stamp = tuple[int, ...]
@@ -397,10 +398,7 @@ class Score:
         """Wilson's 95% interval for a pass rate measured on `n` examples."""
         if self.value is None or self.n <= 0:
             return None
-        z, p, n = 1.96, min(max(self.value, 0.0), 1.0), self.n
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
-        return max(0.0, centre - half), min(1.0, centre + half)
+        return wilson(min(max(self.value, 0.0), 1.0) * self.n, self.n, Z95)
 
     def text(self) -> str:
         """'0.250 on 8 examples (95% interval 0.07–0.59)', or '–' when not measured."""

@@ -27,7 +27,6 @@ Definitions (docs/probes.md):
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from typing import Any
 
 from engine.core.claims import gradient_claim
 from engine.core.copies import COPY_REASON
+from engine.data.stats import wilson
 from engine.events import Gradient
 from engine.llm.base import Backend
 from engine.probes.probe import (
@@ -56,7 +56,6 @@ from engine.runlog.probing import (
 )
 
 EXAMPLE_CHOICES = ("sampled", "failing", "val", "all")
-Z90 = 1.6448536269514722  # two-sided 90%
 
 
 class CopiedProposal(ProbeError):
@@ -169,17 +168,6 @@ def select_examples(run: LoggedRun, which: str) -> list[str]:
 # --- what the gradients claim -----------------------------------------------------------
 
 # --- the interval and the verdict -------------------------------------------------------
-
-
-def wilson(successes: int, n: int, z: float = Z90) -> tuple[float, float]:
-    """Wilson score interval of a share; [0, 1] when there is nothing to go on."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def examples_to_separate(p_high: float, p_low: float, limit: int = 100_000) -> int | None:
