@@ -117,10 +117,37 @@ def test_results_have_a_row_per_entry_group_and_method(smoke):
             pytest.approx(sum(tasks) / len(tasks), abs=0.06)
 
 
+def test_each_row_has_its_test_examples_and_a_95_interval_over_them(smoke):
+    """n is every test example the row's runs scored; the interval is Wilson's at 95% over
+    them, pooled (checked against the losses table, not the harness's own sums)."""
+    from engine.data.stats import Z95, wilson
+
+    rows = list(csv.DictReader((smoke["out"] / "results.csv").open(encoding="utf-8")))
+    with duckdb.connect(str(smoke["db"]), read_only=True) as con:
+        for row in (r for r in rows if r["level"] == "entry"):
+            ids = row["run_ids"].split()
+            n, passed = con.execute("""SELECT count(*), sum(score) FROM losses
+                WHERE split = 'test' AND list_contains(?, run_id)""", [ids]).fetchone()
+            assert int(row["test_n"]) == n > 0
+            low, high = wilson(passed, n, Z95)
+            assert (float(row["test_low_pct"]), float(row["test_high_pct"])) == (
+                round(100 * low, 1), round(100 * high, 1))
+            assert float(row["test_low_pct"]) <= float(row["test_pct"]) <= \
+                float(row["test_high_pct"])
+            assert row["per_run_test_pct"].split() == [
+                f"{100 * s:.1f}" for (s,) in con.execute(
+                    """SELECT avg(score) FROM losses WHERE split = 'test'
+                       AND list_contains(?, run_id) GROUP BY run_id
+                       ORDER BY list_position(?, run_id)""", [ids, ids]).fetchall()]
+    text = (smoke["out"] / "results.md").read_text(encoding="utf-8")
+    gsm = next(r for r in rows if r["entry"] == "gsm8k" and r["variant"] == "semantic")
+    assert f"| {gsm['test_n']} | {float(gsm['test_low_pct']):.1f}–" in text
+
+
 def test_results_markdown_puts_paper_figures_beside_ours(smoke):
     text = (smoke["out"] / "results.md").read_text(encoding="utf-8")
     assert text.startswith("# Results: plan `smoke`")
-    assert "| entry | set | method | test % | paper % |" in text
+    assert "| entry | set | method | test % | n | test 95% | per run | paper % |" in text
     assert "| bbh | BBH NLP (1 task) | semantic |" in text
     assert "| bbh | BBH algorithmic (2 tasks) | semantic |" in text
     assert "| liar | liar/test | no-gate (semantic, no gate) |" in text

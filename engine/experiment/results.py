@@ -10,14 +10,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from engine.data.stats import Z95, wilson
 from engine.experiment.cells import Cell
 from engine.experiment.plan import GROUPS, Entry, Plan, Variant
 
 # --- results --------------------------------------------------------------------------
 
 COLUMNS = ("entry", "level", "set", "variant", "method", "options", "update_mode", "gate",
-           "test_pct", "paper_pct", "val_pct", "steps", "accepted_edits", "calls", "tokens",
-           "cost_usd", "runs_finished", "runs_planned", "run_ids")
+           "test_pct", "test_n", "test_low_pct", "test_high_pct", "per_run_test_pct",
+           "paper_pct", "val_pct", "steps", "accepted_edits", "calls", "tokens", "cost_usd",
+           "runs_finished", "runs_planned", "run_ids")
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -33,7 +35,16 @@ def _row(entry: Entry, level: str, label: str, variant: Variant, cells: list[Cel
     costs = [m["cost"] for m in found]
     paper_key = {"entry": variant.name, "nlp": f"nlp/{variant.name}",
                  "algorithmic": f"algorithmic/{variant.name}"}.get(level)
+    # the test examples of every run pooled: a 95% Wilson interval of the pass rate (0/1
+    # scores only; a graded metric's mean has none here)
+    n = sum(int(m.get("test_n") or 0) for m in found)
+    binary = bool(found) and all(m.get("test_binary") for m in found if m.get("test_n"))
+    low, high = wilson(sum(float(m.get("test_sum") or 0) for m in found), n, Z95) \
+        if n and binary else (None, None)
     return {
+        "test_n": n or None, "test_low_pct": _pct(low), "test_high_pct": _pct(high),
+        "per_run_test_pct": " ".join(_num(_pct(m["test"])) for m in found
+                                     if m["test"] is not None),
         "entry": entry.name, "level": level, "set": label, "variant": variant.name,
         "method": variant.method, "options": " ".join(f"{k}={v}" for k, v in variant.options),
         "update_mode": variant.update_mode, "gate": variant.gate, "label": variant.describe(),
@@ -109,7 +120,10 @@ def results_markdown(plan: Plan, rows: list[dict], metrics: dict[str, dict], db:
              f"Plan `{plan.path}`; run log `{db}`; written {time.strftime('%Y-%m-%d %H:%M')}.",
              f"Models: {'; '.join(models) or 'no finished runs yet'}.", "",
              "Test and validation scores in percent, mean over seeds; BBH groups are the "
-             "mean over their tasks. *paper*: the figure the paper reports (gpt-4o-mini "
+             "mean over their tasks. *test 95%*: Wilson's interval of the pass rate over "
+             "the *n* test examples of every run pooled (examples, not seeds, are the unit: "
+             "it leaves out how much the proposals of different seeds vary, which *per run* "
+             "shows: each run's test %). *paper*: the figure the paper reports (gpt-4o-mini "
              "forward). Calls, tokens and cost are totals, cached replies included at no "
              "cost.", ""]
     lines += markdown_table([r for r in rows if r["level"] != "task"], group_ids=True)
@@ -148,8 +162,8 @@ def baseline_notes(rows: list[dict]) -> list[str]:
 
 
 def markdown_table(rows: list[dict], group_ids: bool) -> list[str]:
-    head = ["entry", "set", "method", "test %", "paper %", "val %", "steps", "accepted edits",
-            "calls", "tokens", "cost $", "runs"]
+    head = ["entry", "set", "method", "test %", "n", "test 95%", "per run", "paper %",
+            "val %", "steps", "accepted edits", "calls", "tokens", "cost $", "runs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         done = f"{r['runs_finished']}/{r['runs_planned']}"
@@ -158,7 +172,10 @@ def markdown_table(rows: list[dict], group_ids: bool) -> list[str]:
         if r["runs_finished"] < r["runs_planned"] and r["runs_planned"] == 1:
             runs = "not run"
         label = r["label"] + (BASELINE_MARK if group_ids and r["method"] in BASELINES else "")
-        cells = [r["entry"], r["set"], label, _num(r["test_pct"]), _num(r["paper_pct"]),
+        interval = "" if r["test_low_pct"] is None else \
+            f"{r['test_low_pct']:.1f}–{r['test_high_pct']:.1f}"
+        cells = [r["entry"], r["set"], label, _num(r["test_pct"]), _num(r["test_n"]), interval,
+                 r["per_run_test_pct"], _num(r["paper_pct"]),
                  _num(r["val_pct"]), _num(r["steps"]), str(r["accepted_edits"]),
                  f"{r['calls']:,}", f"{r['tokens']:,}",
                  "" if r["cost_usd"] is None else f"{r['cost_usd']:.2f}", runs]

@@ -25,14 +25,16 @@ def finished_experiment_runs(db: str | Path) -> list[dict]:
 
 def run_metrics(db: str | Path, run_ids: list[str]) -> dict[str, dict]:
     """Per run: test score, last validation score, steps, accepted edits, calls, tokens,
-    cost, models."""
+    cost, models; and the test examples behind the score: `test_n` scored, `test_sum` of
+    their scores, `test_binary` when every score is 0 or 1 (a pass rate, so an interval)."""
     if not run_ids:
         return {}
     with connect(db, read_only=True) as con:
         cursor = con.execute("""
             SELECT r.run_id, r.model, r.optimizer_model, r.backend, t.test, s.steps, s.val,
                    coalesce(u.accepted, 0) AS accepted, coalesce(c.calls, 0) AS calls,
-                   coalesce(c.tokens, 0) AS tokens, c.cost
+                   coalesce(c.tokens, 0) AS tokens, c.cost,
+                   coalesce(tl.test_n, 0) AS test_n, tl.test_sum, tl.test_binary
             FROM runs r
             LEFT JOIN (SELECT run_id, max(value) AS test FROM metrics
                        WHERE key = 'test_score' GROUP BY run_id) t USING (run_id)
@@ -44,6 +46,12 @@ def run_metrics(db: str | Path, run_ids: list[str]) -> dict[str, dict]:
                               sum(prompt_tokens + completion_tokens) AS tokens,
                               sum(cost_usd) AS cost
                        FROM llm_calls GROUP BY run_id) c USING (run_id)
+            LEFT JOIN (SELECT run_id, count(score) AS test_n, sum(score) AS test_sum,
+                              bool_and(score IN (0, 1)) AS test_binary
+                       FROM losses l WHERE split = 'test' AND step = (
+                           SELECT max(step) FROM losses m
+                           WHERE m.run_id = l.run_id AND m.split = 'test')
+                       GROUP BY run_id) tl USING (run_id)
             WHERE list_contains(?, r.run_id)""", [run_ids])
         names = [d[0] for d in cursor.description]
         return {row[0]: dict(zip(names, row)) for row in cursor.fetchall()}
