@@ -215,6 +215,23 @@ def test_a_changed_protocol_is_not_taken_for_a_finished_run(smoke):
     assert cells[0].run_id is None
 
 
+def test_an_embedded_run_is_found_again_under_the_optimizer_it_pairs_with(monkeypatch):
+    """A run on the embedded 0.5B records the 1.5B as its optimizer (execute pairs them):
+    the harness must expect that pair, or a re-run of the plan never finds its runs."""
+    from engine.experiment.cells import resolved_models
+
+    monkeypatch.setattr("engine.llm.models.paired_optimizer", lambda m: (
+        ("qwen2.5-coder-1.5b", None) if m == "qwen2.5-coder-0.5b" else (None, None)))
+    local = RunConfig(graph="", backend="local")
+    assert resolved_models(local) == ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+    assert resolved_models(RunConfig(graph="", backend="local", model="smollm2-135m")) == \
+        ("smollm2-135m", "smollm2-135m")
+    assert resolved_models(RunConfig(graph="", backend="local", optimizer_model="m")) == \
+        ("qwen2.5-coder-0.5b", "m")
+    assert resolved_models(RunConfig(graph="", backend="local", optimizer_backend="openai")
+                           ) == ("qwen2.5-coder-0.5b", "gpt-4o-mini")
+
+
 def test_methods_filter_and_limit_tasks_run_only_what_is_asked(tmp_path):
     db = tmp_path / "runs.duckdb"
     code, stdout, stderr = experiment(*smoke_args(db, tmp_path / "r", "--yes", "--methods",

@@ -137,11 +137,21 @@ def _load_cell_splits(config: RunConfig, entry: Entry) -> Splits:
 
 
 def resolved_models(config: RunConfig) -> tuple[str, str]:
-    """The (forward, optimizer) model names a run with `config` will record."""
+    """The (forward, optimizer) model names a run with `config` will record: an embedded
+    model without --optimizer-model is optimized by the model it pairs with, when that one
+    is installed (as `execute` picks it)."""
     from engine.llm.factory import default_model
+    from engine.llm.models import paired_optimizer
 
     model = config.model or default_model(config.backend)
-    return model, config.optimizer_model or model
+    if config.optimizer_model:
+        return model, config.optimizer_model
+    kind = config.optimizer_backend or config.backend
+    if kind != config.backend:
+        return model, default_model(kind)
+    if kind == "local":
+        return model, paired_optimizer(model)[0] or model
+    return model, model
 
 
 # --- running --------------------------------------------------------------------------
