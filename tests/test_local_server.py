@@ -214,6 +214,45 @@ def test_serving_modes_choose_the_backend(tmp_path, fake_binary, monkeypatch):
         served(local, "fast")
 
 
+def test_the_optimizers_server_keeps_no_ram_cache_of_prompts(tmp_path, fake_binary,
+                                                              monkeypatch):
+    """The embedded pair's second server (the optimizer's: every prompt new) starts with
+    --cache-ram 0; a forward model's keeps its cache."""
+    from engine.llm.factory import make_backend
+
+    monkeypatch.setenv(BINARY_ENV, str(fake_binary))
+    model = model_file(tmp_path)
+    monkeypatch.setattr("engine.llm.local.LocalBackend", lambda **kw: stand_in(model))
+
+    def cache_ram(backend) -> str:
+        argv = backend.server.command()
+        return argv[argv.index("--cache-ram") + 1]
+
+    assert cache_ram(make_backend("local", serving="server")) == "256"
+    assert cache_ram(make_backend("local", serving="server", for_optimizer=True)) == "0"
+
+
+def test_a_run_on_the_embedded_pair_serves_its_optimizer_without_a_ram_cache(monkeypatch):
+    """execute's client: the forward model as asked, the paired optimizer's backend made
+    `for_optimizer` (so its server keeps no RAM cache of prompts)."""
+    from engine.runs import execute as ex
+
+    made = []
+
+    def fake(kind, **kw):
+        made.append(kw)
+        return SimpleNamespace(name=kind, model_name=kw.get("model") or "qwen2.5-coder-0.5b",
+                               model_sha256="forward", supports_schema=True)
+
+    monkeypatch.setattr("engine.llm.factory.make_backend", fake)
+    monkeypatch.setattr("engine.llm.models.paired_optimizer",
+                        lambda m: ("qwen2.5-coder-1.5b", None))
+    monkeypatch.setattr(ex, "_same_local_model", lambda forward, spec: False)
+    ex.make_client(ex.RunConfig(graph="g.yaml", backend="local"), None, None, None)
+    assert [(m.get("model"), m.get("for_optimizer", False)) for m in made] == [
+        (None, False), ("qwen2.5-coder-1.5b", True)]
+
+
 # --- the calls ---------------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
                  timeout: float = 120.0,
                  scripted_options: dict[str, Any] | None = None, model: str | None = None,
                  chat_format: str | None = None, contexts: int | None = None,
-                 serving: str = "auto") -> Backend:
+                 serving: str = "auto", for_optimizer: bool = False) -> Backend:
     """A new backend of `kind`; raises LLMError when it cannot be set up (no key, a
     missing package, a local model file that is not a GGUF model) and ValueError for an
     unknown kind. For "local", `model` is a named model (engine/llm/models.py) or a GGUF
@@ -32,17 +32,20 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
     `chat_format` overrides the file's chat template and `contexts` caps the llama contexts
     serving calls at once (llama contexts in-process, llama-server's slots when served);
     `serving` is "server" (llama-server, engine/llm/server.py), "in-process"
-    (llama-cpp-python) or "auto" (the server when its binary is installed)."""
+    (llama-cpp-python) or "auto" (the server when its binary is installed);
+    `for_optimizer` serves a model that writes only the optimizer's calls (no RAM cache of
+    prompt states, engine/llm/server.py)."""
     if kind == "openai":
         from engine.llm.openai_backend import OpenAIBackend
 
         return OpenAIBackend(base_url=base_url, api_key=api_key, timeout=timeout)
     if kind == "local":
         from engine.llm.local import LocalBackend
-        from engine.llm.server import served
+        from engine.llm.server import CACHE_RAM_MIB, OPTIMIZER_CACHE_RAM_MIB, served
 
         local = LocalBackend(model=model or None, chat_format=chat_format, contexts=contexts)
-        return served(local, serving, slots=contexts, timeout=timeout)
+        return served(local, serving, slots=contexts, timeout=timeout,
+                      cache_ram_mib=OPTIMIZER_CACHE_RAM_MIB if for_optimizer else CACHE_RAM_MIB)
     if kind == "scripted":
         from engine.llm.scripted import ScriptedBackend
 

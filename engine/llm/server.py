@@ -62,6 +62,10 @@ BUILD_HINT = "build it with ./dev setup"
 DEFAULT_SLOTS = 4
 # the server's RAM cache of prompt states (MiB): its default, 8 GiB, is more than the model
 CACHE_RAM_MIB = 256
+# ... for the optimizer's server: its backward and update prompts are each new (what they
+# share, the system prompt and the template, stays in the slots' own KV cache), so a RAM
+# cache would hold states nothing asks for again
+OPTIMIZER_CACHE_RAM_MIB = 0
 # No repeat penalty. llama-server feeds the prompt into the penalty window (its last 64
 # tokens: the step's inputs), so any penalty keeps the model from writing a word or number it
 # was given: the demo's `note`, told "Write the number in the text", scored 5 of 24 at the
@@ -285,7 +289,7 @@ class LocalServerBackend:
     supports_schema = True
 
     def __init__(self, local: Any, *, slots: int | None = None, timeout: float = 120.0,
-                 binary: str | Path | None = None):
+                 binary: str | Path | None = None, cache_ram_mib: int = CACHE_RAM_MIB):
         self.model_path = Path(local.model_path)
         self.model_name = local.model_name
         self.model_sha256 = getattr(local, "model_sha256", None)
@@ -295,7 +299,7 @@ class LocalServerBackend:
         self.slots = max(1, slots or DEFAULT_SLOTS)
         self.timeout = timeout
         self.server = LlamaServer(self.model_path, slots=self.slots, ctx_per_slot=self.n_ctx,
-                                  binary=binary)
+                                  binary=binary, cache_ram_mib=cache_ram_mib)
         if self.server.binary is None:
             raise LLMError(f"llama-server is not installed (.venv/bin/{BINARY_NAME}): "
                            f"{BUILD_HINT}, or use --local-serving in-process")
@@ -377,14 +381,15 @@ class LocalServerBackend:
 
 
 def served(local: Any, serving: str = "auto", *, slots: int | None = None,
-           timeout: float = 120.0) -> Any:
+           timeout: float = 120.0, cache_ram_mib: int = CACHE_RAM_MIB) -> Any:
     """The backend that serves the in-process backend `local`'s model: `local` itself for
     `in-process` (and under `auto` when llama-server is not installed, or a llama-cpp-python
-    chat format is named, which llama-server does not know), else a LocalServerBackend."""
+    chat format is named, which llama-server does not know), else a LocalServerBackend
+    (`cache_ram_mib`: its RAM cache of prompt states)."""
     if serving not in SERVING_MODES:
         raise ValueError(f"unknown local serving {serving!r}; choose one of "
                          f"{', '.join(SERVING_MODES)}")
     if serving == "in-process" or (serving == "auto" and (
             server_binary() is None or getattr(local, "chat_format", None))):
         return local
-    return LocalServerBackend(local, slots=slots, timeout=timeout)
+    return LocalServerBackend(local, slots=slots, timeout=timeout, cache_ram_mib=cache_ram_mib)

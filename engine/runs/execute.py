@@ -147,8 +147,8 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
             and not _same_local_model(forward, opt_model):
         # another embedded model for the optimizer's calls: a backend of its own (one
         # llama model is one file; a remote backend names its model in each request)
-        optimizer_backend = make_backend("local", timeout=config.timeout, **{
-            **local, "model": opt_model})
+        optimizer_backend = make_backend("local", timeout=config.timeout, for_optimizer=True,
+                                         **{**local, "model": opt_model})
     optimizer = optimizer_backend or (
         forward if opt_kind == config.backend else
         make_backend(opt_kind, base_url=config.base_url, timeout=config.timeout))
