@@ -308,11 +308,11 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
                 + (f"; {_names(edited)}'s proposed prompt, run alone, does (an example its "
                    "update call never saw): the edit probes point there." if edited else "."))
     if len(probes) and not fixed:
-        st.caption("When every gradient that fixes an example carries the answer (a leak: "
-                   "on the demo, `note`'s right output is the number itself), `engine blame` "
-                   "weighs the edit probes instead, over many examples; the step's failing "
-                   "training examples are also the ones the update call saw, so run it on "
-                   "validation: `python -m engine blame "
+        st.caption("When no gradient fixes an example without carrying the answer (a leak: "
+                   "a node whose right output is the answer itself can only be fixed that "
+                   "way), `engine blame` weighs each node's proposed prompt instead, over "
+                   "many examples. The step's failing training examples are the ones the "
+                   "update call saw, so ask it on validation: `python -m engine blame "
                    f"{tour.run} --step {tour.step} --examples val`.")
     blame_button(tour.db, tour.run, tour.step, key="learn_blame", primary=True,
                  label="Follow the gradient at every node")
