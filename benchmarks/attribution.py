@@ -11,9 +11,9 @@ the planted fault decides every answer) and back-propagates honestly: each backw
 tells an input to carry the numbers when its value has none (unless the input only says
 who the sentence is about), and that it needs no change otherwise. Because its gradients ignore the context a method adds (siblings, the task),
 every method gets the same gradients here: the method rows check the machinery, they do
-not rank methods. Ranking methods needs a real model (`--backend local` runs the same
-graphs on the embedded SmolLM2-135M; expect mostly "no node": a 135M model rarely follows
-a gradient to a right answer).
+not rank methods. Ranking methods needs a real model: `--backend local` runs the same
+graphs on the default embedded pair (Qwen2.5-Coder-0.5B forward, 1.5B optimizer; about six
+minutes a graph on two cores). Its figures are in docs/probes.md.
 
 Each graph: one optimization step with method semantic, then `blame` (pooled, every
 failing example) with --method semantic,textgrad,semantic-nosibling. Scored per graph:
