@@ -258,10 +258,11 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     for name, v in report.method_verdicts.items():
         lines.append(f"  {name}: {v.node or 'no node'}" + ("" if v.node else f" ({v.reason})"))
     own, single, total = report.pointed
-    claimed = (f"{report.claimed}, on {own} of {total} examples" if report.claimed else
-               f"no single node ({single} of {total} examples point at one node)")
-    claimed += f" ({total - single} point at no single node)" \
-        if report.claimed and single < total else ""
+    if report.claimed:
+        rest = f" ({total - single} point at no single node)" if single < total else ""
+        claimed = f"{report.claimed}, on {own} of {total} examples{rest}"
+    else:
+        claimed = f"no single node ({single} of {total} examples point at one node)"
     agree = ("the same node" if report.claimed and report.claimed == report.verdict.node else
              "a different node" if report.claimed and report.verdict.node else
              "nothing to compare")

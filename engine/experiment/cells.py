@@ -166,9 +166,10 @@ def finished_runs(db: str, cells: list[Cell]) -> None:
     for cell in cells:
         want = cell.config.to_json()
         graph_text = load_graph(cell.config.graph).yaml_text
+        models = resolved_models(cell.config)  # looks up installed models: once per cell
         for row in rows:
             if row["run_id"].startswith(cell.prefix) and row["graph_yaml"] == graph_text and \
-                    (row["model"], row["optimizer_model"]) == resolved_models(cell.config) and \
+                    (row["model"], row["optimizer_model"]) == models and \
                     all(row["config"].get(k) == want[k] for k in SAME_CONFIG):
                 cell.run_id = row["run_id"]
                 break

@@ -270,7 +270,8 @@ def weigh(gradients: list[Evidence], edits: list[Evidence]) -> tuple[Verdict, st
         return by_gradient, "gradient", ""
     untried = [e.node_id for e in edits if not e.counted]
     if untried:
-        by_edit.reason += f" ({', '.join(untried)}: no edit to probe)"
+        by_edit = replace(by_edit, reason=f"{by_edit.reason} ({', '.join(untried)}: no edit "
+                                          "to probe)")
     return by_edit, "edit", f"the gradient probes named no node ({by_gradient.reason})"
 
 
@@ -332,7 +333,8 @@ class BlameReport:
 
     edges: list[Evidence] = field(default_factory=list)  # per (method, node, successor)
     evidence_note: str = ""  # why the edit probes decide, when they do
-    # the claimed node's examples, the examples pointing at one node, the examples
+    # examples pointing at `claimed`, examples pointing at any single node, examples with
+    # claims (the counts behind "gradients point at")
     pointed: tuple[int, int, int] = (0, 0, 0)
 
     @property
