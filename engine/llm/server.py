@@ -72,6 +72,12 @@ OPTIMIZER_CACHE_RAM_MIB = 0
 # in-process backend's 1.3 and 24 of 24 without (benchmarks/demo_prompts.py). The in-process
 # backend penalizes only the reply. Replies stay bounded by max_tokens and the schema's lengths.
 SERVER_REPEAT_PENALTY = 1.0
+# No weight repacking. On x86 llama.cpp copies the Q4_K weights into an interleaved layout
+# and the mapped file's pages stay resident beside the copy: the 1.5B's server peaked at
+# 1.97 GiB with it and 1.39 GiB without, and prompt and generation ran as fast or faster
+# without it on two cores (38-50 against 36-40 prompt tokens/s, 9.7-10 against 8.7-9.5
+# generated; the 0.5B 82 against 70 and 18.6 against 21.2)
+SERVER_FLAGS = ("--no-repack",)
 START_TIMEOUT = 180.0  # seconds for the model to load and /health to answer 200
 SERVING_MODES = ("auto", "server", "in-process")
 _PR_SET_PDEATHSIG = 1
@@ -156,7 +162,8 @@ class LlamaServer:
                 "--parallel", str(self.slots), "--ctx-size", str(self.ctx_per_slot * self.slots),
                 "--no-kv-unified", "--cont-batching",
                 "--threads", str(self.threads), "--threads-batch", str(self.threads),
-                "--cache-ram", str(self.cache_ram_mib), "--no-webui", "--no-warmup"]
+                "--cache-ram", str(self.cache_ram_mib), "--no-webui", "--no-warmup",
+                *SERVER_FLAGS]
         if self.chat_template:
             args += ["--chat-template", self.chat_template]
         return args
