@@ -233,8 +233,8 @@ def test_the_optimizers_server_keeps_no_ram_cache_of_prompts(tmp_path, fake_bina
 
 
 def test_the_server_keeps_one_copy_of_the_weights(tmp_path, fake_binary, monkeypatch):
-    """Weight repacking keeps the mapped file's pages resident beside an interleaved copy
-    (0.6 GiB more for the 1.5B): every server starts with it off."""
+    """A mapped model file's pages stay resident beside llama.cpp's repacked copy of the
+    weights (0.6 GiB more for the 1.5B): every server reads the weights in instead."""
     from engine.llm.factory import make_backend
 
     monkeypatch.setenv(BINARY_ENV, str(fake_binary))
@@ -242,7 +242,7 @@ def test_the_server_keeps_one_copy_of_the_weights(tmp_path, fake_binary, monkeyp
     monkeypatch.setattr("engine.llm.local.LocalBackend", lambda **kw: stand_in(model))
     for optimizer in (False, True):
         argv = make_backend("local", serving="server", for_optimizer=optimizer).server.command()
-        assert "--no-repack" in argv
+        assert argv[argv.index("--load-mode") + 1] == "none"
 
 
 def test_a_run_on_the_embedded_pair_serves_its_optimizer_without_a_ram_cache(monkeypatch):

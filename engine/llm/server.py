@@ -72,12 +72,13 @@ OPTIMIZER_CACHE_RAM_MIB = 0
 # in-process backend's 1.3 and 24 of 24 without (benchmarks/demo_prompts.py). The in-process
 # backend penalizes only the reply. Replies stay bounded by max_tokens and the schema's lengths.
 SERVER_REPEAT_PENALTY = 1.0
-# No weight repacking. On x86 llama.cpp copies the Q4_K weights into an interleaved layout
-# and the mapped file's pages stay resident beside the copy: the 1.5B's server peaked at
-# 1.97 GiB with it and 1.39 GiB without, and prompt and generation ran as fast or faster
-# without it on two cores (38-50 against 36-40 prompt tokens/s, 9.7-10 against 8.7-9.5
-# generated; the 0.5B 82 against 70 and 18.6 against 21.2)
-SERVER_FLAGS = ("--no-repack",)
+# The weights read into memory, not mapped. On x86 llama.cpp repacks the Q4_K weights into
+# an interleaved layout; from a mapped file the file's pages stay resident beside the copy
+# (the 1.5B's server peaked at 1.97 GiB, the demo at 3.05 GiB). Read in, the weights are
+# held once (1.39 GiB; the demo 2.4 GiB) and keep the repacked layout's speed: 4 concurrent
+# requests on the 1.5B generated 22-23 tokens/s against 16-17.5 with repacking turned off
+# instead (benchmarks/local_model_speed.py, two cores). Loading takes about 4 s longer.
+SERVER_FLAGS = ("--load-mode", "none")
 START_TIMEOUT = 180.0  # seconds for the model to load and /health to answer 200
 SERVING_MODES = ("auto", "server", "in-process")
 _PR_SET_PDEATHSIG = 1
