@@ -48,11 +48,13 @@ from engine.runs.code import bind_logged_graph
 KINDS = ("output", "gradient", "edit")
 
 
-def probe_rewrite_messages(prompt: str, inputs: dict[str, str], output: str, feedback: str
+def probe_rewrite_messages(inputs: dict[str, str], output: str, feedback: str
                            ) -> list[tuple[str, str]]:
-    return [("system", P.BACKWARD_SYSTEM),
-            ("user", P.PROBE_REWRITE.format(prompt=prompt, inputs=P.render_inputs(inputs),
-                                          output=output, feedback=feedback))]
+    """The gradient probe's rewrite call: the node's inputs, output and gradient, not its
+    prompt (engine/prompts/templates.py says why)."""
+    return [("system", P.PROBE_REWRITE_SYSTEM),
+            ("user", P.PROBE_REWRITE.format(inputs=P.render_inputs(inputs), output=output,
+                                          feedback=feedback))]
 
 
 class ProbeError(ValueError):
@@ -334,9 +336,8 @@ class Prober:
         """(rewritten output, call id, error): the optimizer model applies the gradient."""
         ctx = ctx or self.ctx
         node = self.run.graph.node(node_id)
-        messages = probe_rewrite_messages(self.run.prompts.text.get(node_id, ""),
-                                            trace.inputs.get(node_id, {}),
-                                            trace.output(node_id), feedback)
+        messages = probe_rewrite_messages(trace.inputs.get(node_id, {}),
+                                          trace.output(node_id), feedback)
         request = ctx.client.request(
             "probe", messages, max_tokens=ctx.optimizer_max_tokens,
             meta={"role": "probe_rewrite", "node": node.id, "output": trace.output(node_id),

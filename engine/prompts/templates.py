@@ -387,10 +387,29 @@ DEFAULT = PromptSet("default", forward_messages, backward_messages, repair_messa
                     update_messages)
 # --- probes (engine/probes/probe.py) -----------------------------------------------------------
 
-# The gradient probe's call: the backward call's task and the instruction, then the
-# example; the optimizer model follows the gradient by rewriting the node's output (parsed
-# like a forward reply, parse_output).
-PROBE_REWRITE = BACKWARD_TASK + (
-    "Rewrite the output as the feedback says it should have been. Change only what the "
-    "feedback asks for and keep the output's form. Write the rewritten output between "
-    "<output> and </output>.") + BACKWARD_EXAMPLE
+# The gradient probe's call: the optimizer model follows the gradient by rewriting the
+# node's output (parsed like a forward reply, parse_output). The node's task is left out on
+# purpose: a gradient may ask for another kind of output than the task does (the numbers
+# where the prompt asks for a name), and the counterfactual it claims is that output, not the
+# task's. Shown the task, the embedded 1.5B rewrote "Bob" (feedback: "should be a list of
+# distinct numbers") as "Bob" on most examples; without it, as the sentence's numbers or the
+# sentence itself. The instruction comes after the example, where a small model heeds it.
+PROBE_REWRITE_SYSTEM = (
+    "You rewrite one step's output in a pipeline of language-model calls the way feedback "
+    "on it says the output should have been."
+)
+PROBE_REWRITE = """A step of the pipeline read these inputs:
+{inputs}
+
+It produced this output:
+<output>
+{output}
+</output>
+
+Feedback on this output:
+<feedback>
+{feedback}
+</feedback>
+
+Rewrite the output as the feedback says it should have been, taking what it needs from the \
+inputs. Write only the rewritten output, between <output> and </output>."""

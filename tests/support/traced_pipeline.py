@@ -29,9 +29,10 @@ def responder(body: dict) -> str:
         return str(sum(int(n) for n in re.findall(DIGITS, user)))
     if REWRITE in user:
         numbers = re.findall(DIGITS, user.split('<input name="input">')[-1].split("</input>")[0])
-        if "Numbers:" in user:
+        output = user.split("<output>")[1].split("</output>")[0]  # the node's own output
+        if "feels" in output:  # numbers'
             return f"<output>The numbers are {' and '.join(numbers)}.</output>"
-        if "Who:" in user:
+        if "It is about" in output:  # who's
             return "<output>It is about a person.</output>"
         return f"<output>{sum(int(n) for n in numbers)}</output>"
     return default_responder(body)
