@@ -97,7 +97,7 @@ def test_gradient_probe_asks_the_optimizer_to_follow_the_gradient(logged):
     assert "<output>\n" + text.split()[0] + "\n</output>" in rewrite.user_text  # its output
     # not the node's prompt: the claim is the output the gradient asks for, whatever the
     # prompt asked (shown it, a small rewriter keeps to it)
-    assert not any("Copy the first word" in text for _, text in rewrite.messages)
+    assert not any("Copy the first word" in content for _, content in rewrite.messages)
     assert result.intervention == numbers_in(text) and result.after_output == target
     assert result.flipped and not result.leaks_target
     purposes = rows(logged, "SELECT purpose, count(*) FROM llm_calls WHERE step = 1 AND "
