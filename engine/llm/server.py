@@ -76,7 +76,7 @@ SERVER_REPEAT_PENALTY = 1.0
 # an interleaved layout; from a mapped file the file's pages stay resident beside the copy
 # (the 1.5B's server peaked at 1.97 GiB, the demo at 3.05 GiB). Read in, the weights are
 # held once (1.39 GiB; the demo 2.4 GiB) and keep the repacked layout's speed: 4 concurrent
-# requests on the 1.5B generated 22-23 tokens/s against 16-17.5 with repacking turned off
+# requests on the 1.5B generated 19-23 tokens/s against 16-17.5 with repacking turned off
 # instead (benchmarks/local_model_speed.py, two cores). Loading takes about 4 s longer.
 SERVER_FLAGS = ("--load-mode", "none")
 START_TIMEOUT = 180.0  # seconds for the model to load and /health to answer 200
