@@ -2,7 +2,7 @@
 import the traces, back-propagate, blame. Prints blame's verdict with its intervals.
 
     python benchmarks/traces_blame.py [--model qwen2.5-coder-0.5b] [--sentences 12]
-                                      [--dir DIR] [--base-url URL]
+                                      [--val N] [--dir DIR] [--base-url URL]
 
 `sample_graphs/traced_pipeline.py` (three `openai` SDK calls; `numbers`'s prompt is
 plainly at fault) runs on the first `--sentences` sentences against llama.cpp's
@@ -12,9 +12,13 @@ Then, as the commands of docs/traces.md do:
 
     python -m engine import-traces traces.jsonl --db traces.duckdb --targets targets.jsonl \\
         --metric numeric --base-url URL --concurrency 4 --timeout 600 \\
-        --optimizer-max-tokens 256
+        --optimizer-max-tokens 256 [--val N]
     python -m engine backprop RUN_ID --db traces.duckdb
-    python -m engine blame RUN_ID --db traces.duckdb
+    python -m engine blame RUN_ID --db traces.duckdb [--examples val]
+
+With `--val N` the last N traces are held out as the validation split: backprop
+back-propagates the others and gates its proposals on these, and blame probes these, so
+that each proposed edit is tested on traces its update call never saw.
 
 Sized for two cores: each forward call asks for at most the pipeline's own 64 tokens (the
 imported run keeps the limit its spans recorded), backward, rewrite and update calls for
@@ -43,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from engine.probes.blame import blame  # noqa: E402
+from engine.runlog.traces import failing_count  # noqa: E402
 from engine.traces.backprop import backprop  # noqa: E402
 from engine.traces.importer import import_traces  # noqa: E402
 
@@ -70,7 +75,7 @@ def embedded_server(model: str, slots: int) -> Iterator[str]:
 
 def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
                 concurrency: int, timeout: float, optimizer_max_tokens: int,
-                optimizer_model: str | None = None,
+                optimizer_model: str | None = None, val: int = 0,
                 say: Callable[[str], None] = print) -> Any:
     """Trace, import, back-propagate and blame; returns blame's report."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -90,10 +95,11 @@ def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
     lap(f"traced {len(answers)} runs of the pipeline ({3 * len(answers)} calls)")
     imported = import_traces(traces, db, targets=targets, metric="numeric", base_url=base_url,
                              run_id=RUN_ID, concurrency=concurrency, timeout=timeout,
-                             optimizer_max_tokens=optimizer_max_tokens)
+                             optimizer_max_tokens=optimizer_max_tokens, val=val)
     p = imported.pipeline
     say(f"imported {len(p.traces)} traces: calls {', '.join(p.nodes)}; flows "
-        f"{', '.join(f'{a} -> {b}' for a, b in p.edges)}; {imported.scored} scored, "
+        f"{', '.join(f'{a} -> {b}' for a, b in p.edges)}; {imported.scored} scored"
+        f"{f' ({imported.val} held out for validation)' if imported.val else ''}, "
         f"{imported.failing} failing; {len(p.ambiguous)} ambiguous flows")
     lap("imported")
     if imported.failing == 0:
@@ -105,8 +111,8 @@ def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
         if optimizer_model else {})))
     if result.status != "finished":
         raise SystemExit(f"error: backprop {result.status}: {result.reason}")
-    lap(f"back-propagated {imported.failing} failing traces")
-    report = asyncio.run(blame(str(db), RUN_ID))
+    lap(f"back-propagated {failing_count(str(db), RUN_ID, 0)} failing training traces")
+    report = asyncio.run(blame(str(db), RUN_ID, examples="val" if val else "failing"))
     lap(f"blame ({report.model_calls} calls reached the model, {report.tokens} tokens)")
     return report
 
@@ -140,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                              "'same' (the server of the pipeline's calls)")
     parser.add_argument("--sentences", type=int, default=12,
                         help="pipeline runs, one trace each (default: 12)")
+    parser.add_argument("--val", type=int, default=0,
+                        help="of the traces, hold out the last N as validation; blame then "
+                             "probes those (--examples val) (default: 0)")
     parser.add_argument("--slots", type=int, default=4,
                         help="llama-server's parallel slots, and the calls in flight")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per call")
@@ -168,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             report = walkthrough(base_url, folder, model=args.model,
                                  optimizer_model=optimizer,
                                  sentences=args.sentences, concurrency=args.slots,
+                                 val=args.val,
                                  timeout=args.timeout,
                                  optimizer_max_tokens=args.optimizer_max_tokens)
     except LLMError as exc:  # no model file, no llama-server, a server that will not start

@@ -283,7 +283,8 @@ def test_traces_that_do_not_all_make_the_same_calls_are_refused(tmp_path, existi
 
 def test_more_bad_input_is_refused(tmp_path, existing_log, capsys):
     """The other refusals docs/traces.md lists: a --node-key no span carries, --metric judge,
-    a run id already in the log, a file that is not there."""
+    a run id already in the log, a file that is not there, a --val that leaves no trace
+    for training."""
     traces = write_lines(tmp_path / "t.jsonl", example_spans())
     assert "has no attribute 'app.step'" in _refused(capsys, existing_log, str(traces),
                                                        "--node-key", "app.step")
@@ -292,6 +293,12 @@ def test_more_bad_input_is_refused(tmp_path, existing_log, capsys):
     assert "already exists" in _refused(capsys, existing_log, str(traces), "--run-id",
                                         _run_ids(existing_log)[0])
     assert "no such file" in _refused(capsys, existing_log, str(tmp_path / "none.jsonl"))
+    assert "no trace is scored, so none can be held out" in _refused(
+        capsys, existing_log, str(traces), "--val", "1")
+    targets = tmp_path / "targets.jsonl"
+    targets.write_text(json.dumps({"trace_id": hex_id("trace-1", 32), "target": "7"}) + "\n")
+    assert "--val 1: hold out fewer traces than the 1 scored ones" in _refused(
+        capsys, existing_log, str(traces), "--targets", str(targets), "--val", "1")
 
 
 def test_refused_input_creates_no_run_log(tmp_path, capsys):

@@ -170,3 +170,56 @@ def test_backprop_can_send_the_optimizers_calls_to_another_backend(imported, cap
     assert all(r.get("model") != "judge-model" for r in server.requests[seen:])
     assert (config["optimizer_backend"], config["optimizer_model"]) == ("scripted",
                                                                         "judge-model")
+
+
+def test_held_out_traces_are_validation_that_gates_the_proposals_and_tests_each_edit(
+        tmp_path, capsys):
+    """--val 4: the last four scored traces are the validation split. backprop never
+    back-propagates them, scores its proposal on them (re-running them on the user's
+    model), and blame --examples val tests each proposed edit on them: out of sample, so
+    the repaired `numbers` prompt counts as flips there, where on the training traces that
+    fed its update call every flip is in-sample."""
+    pipeline = load_pipeline()
+    with FakeOpenAIServer(responder=responder) as server:
+        pipeline.run(server.base_url, "fake-qwen", tmp_path / "traces.jsonl", 8,
+                     tmp_path / "targets.jsonl")
+        db = str(tmp_path / "runs.duckdb")
+        assert main(["import-traces", str(tmp_path / "traces.jsonl"), "--db", db,
+                     "--targets", str(tmp_path / "targets.jsonl"), "--metric", "numeric",
+                     "--base-url", server.base_url, "--run-id", "held", "--val", "4",
+                     "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert (got["traces"], got["scored"], got["val"], got["failing"]) == (8, 8, 4, 8)
+        with duckdb.connect(db, read_only=True) as con:
+            splits = con.execute(
+                "SELECT split, json_extract_string(fields, '$.input') FROM examples WHERE "
+                "run_id = 'held' ORDER BY split, position").fetchall()
+            step0 = con.execute("SELECT train_score, val_score FROM steps WHERE run_id = "
+                                "'held' AND step = 0").fetchone()
+        rows = [json.loads(line)["text"] for line in
+                pipeline.DATA.read_text(encoding="utf-8").splitlines()[:8]]
+        assert [text for split, text in splits if split == "val"] == rows[4:]
+        assert [text for split, text in splits if split == "train"] == rows[:4]
+        assert step0 == (0.0, 0.0)
+
+        assert main(["backprop", "held", "--db", db]) == 0
+        capsys.readouterr()
+        with duckdb.connect(db, read_only=True) as con:
+            graded = {e for (e,) in con.execute(
+                "SELECT DISTINCT g.example_id FROM gradients g WHERE g.run_id = 'held' AND "
+                "g.step = 1").fetchall()}
+            val_ids = {e for (e,) in con.execute(
+                "SELECT example_id FROM examples WHERE run_id = 'held' AND split = 'val'"
+            ).fetchall()}
+            update = con.execute("SELECT new_prompt, accepted, val_before, val_after FROM "
+                                 "updates WHERE run_id = 'held' AND step = 1 AND node_id = "
+                                 "'numbers'").fetchone()
+        assert len(graded) == 4 and not graded & val_ids
+        assert update == (FIXED_NUMBERS, True, 0.0, 1.0)
+
+        assert main(["blame", "held", "--db", db, "--examples", "val", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+    edits = {row["node"]: row["edit"] for row in report["nodes"]}
+    assert (report["examples"], report["probed_examples"]) == ("val", 4)
+    assert (edits["numbers"]["flips"], edits["numbers"]["in_sample"]) == (4, 0)
+    assert report["verdict"]["node"] == "numbers", report["verdict"]

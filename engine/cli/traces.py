@@ -2,7 +2,7 @@
 
     python -m engine import-traces FILE --db DB [--node-key ATTR] [--targets FILE.jsonl]
                                    [--metric NAME|FILE.py:NAME] [--base-url URL]
-                                   [--model NAME] [--run-id ID] [--json]
+                                   [--val N] [--model NAME] [--run-id ID] [--json]
                                    [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
     python -m engine backprop RUN_ID --db DB [--method M] [--base-url URL] [--model NAME]
                               [--optimizer-backend KIND] [--optimizer-model NAME]
@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from engine.core.graph import METRICS
-from engine.runs.settings import positive_int
+from engine.runs.settings import non_negative_int, positive_int
 
 
 def add_call_settings(p: argparse.ArgumentParser) -> None:
@@ -50,6 +50,10 @@ def register_cli(sub: Any) -> None:
                    help=f"grader of the final output: {', '.join(m for m in METRICS if m != 'judge')}"
                         " or a Python metric (example, prediction) -> score "
                         "(default: exact_match)")
+    p.add_argument("--val", type=non_negative_int, default=0, metavar="N",
+                   help="hold out the last N scored traces as the validation split: never "
+                        "back-propagated; backprop gates its proposals on them and "
+                        "`blame --examples val` tests each proposed edit on them (default: 0)")
     p.add_argument("--base-url", metavar="URL",
                    help="the OpenAI-compatible server that re-runs call (default: "
                         "OPENAI_BASE_URL)")
@@ -88,13 +92,14 @@ def cmd_import_traces(args: argparse.Namespace) -> int:
                            metric=args.metric, base_url=args.base_url, model=args.model,
                            run_id=args.run_id, concurrency=args.concurrency,
                            timeout=args.timeout,
-                           optimizer_max_tokens=args.optimizer_max_tokens)
+                           optimizer_max_tokens=args.optimizer_max_tokens, val=args.val)
     if args.json:
         print(json.dumps(result.as_json(), ensure_ascii=False, indent=1))
         return 0
     p = result.pipeline
     print(f"imported {len(p.traces)} traces into run '{result.run_id}' ({args.db}): "
-          f"{len(p.nodes)} calls, {len(p.edges)} flows; {result.scored} scored, "
+          f"{len(p.nodes)} calls, {len(p.edges)} flows; {result.scored} scored"
+          f"{f' ({result.val} held out for validation)' if result.val else ''}, "
           f"{result.failing} failing")
     for node in p.nodes.values():
         reads = ", ".join(node.inputs)

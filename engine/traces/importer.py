@@ -2,7 +2,8 @@
 
 The run is an ordinary one at step 0: its graph has one `recorded` LLM node per call site
 (engine/prompts/recorded.py), its training examples are the scored traces (unscored ones
-are kept in the split `unscored`), and its forward pass is the recorded calls, replayed:
+are kept in the split `unscored`; with `val`, the last `val` scored traces are held out as
+its validation split), and its forward pass is the recorded calls, replayed:
 a backend that answers each request with the reply the trace recorded runs the graph
 through the run's client, so the node outputs, losses, calls and reply cache are written
 exactly as a run writes them. Later forward passes with the same prompts are cache hits;
@@ -49,7 +50,8 @@ class ImportResult:
     run_id: str
     pipeline: Pipeline
     scored: int
-    failing: int
+    failing: int  # scored traces that fail, training and validation
+    val: int = 0  # of the scored traces, held out as the validation split
 
     def as_json(self) -> dict[str, Any]:
         p = self.pipeline
@@ -58,22 +60,28 @@ class ImportResult:
                           for n in p.nodes.values()],
                 "edges": [list(e) for e in p.edges],
                 "traces": len(p.traces), "scored": self.scored, "failing": self.failing,
-                "ambiguous": p.ambiguous}
+                "val": self.val, "ambiguous": p.ambiguous}
 
 
 def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = None,
                   targets: str | Path | None = None, metric: str = "exact_match",
                   base_url: str | None = None, model: str | None = None,
                   run_id: str | None = None, concurrency: int | None = None,
-                  timeout: float | None = None, optimizer_max_tokens: int | None = None
-                  ) -> ImportResult:
+                  timeout: float | None = None, optimizer_max_tokens: int | None = None,
+                  val: int = 0) -> ImportResult:
     """Read the spans, infer the pipeline, and write it as a run. Every check comes before
     the first write: bad input raises TraceError (or RunLogError) and writes nothing.
 
     The run's forward calls ask for the token limit the pipeline's calls asked for (the
     largest recorded, else the run default); `concurrency`, `timeout` and
     `optimizer_max_tokens` are the run's settings for the later calls to the user's model
-    (a local server with a few slots wants `concurrency` at its slot count)."""
+    (a local server with a few slots wants `concurrency` at its slot count).
+
+    `val`: the last `val` scored traces (in the file's order) become the validation split:
+    graded and replayed like the rest, never back-propagated. `backprop` then gates its
+    proposals on them (re-running them through the user's model), and `blame --examples val`
+    probes them with edits whose update call never saw them, which is the only way an
+    edit probe counts on an import (every training trace feeds the proposal)."""
     pipeline = infer_pipeline(read_spans(path), node_key)
     target_of = read_targets(targets, pipeline.traces) if targets else {}
     graph = pipeline_graph(pipeline, metric, Path(path).stem)
@@ -96,10 +104,19 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
         config.code = code_origins(graph)
     scored = [e for e in examples if e.target is not None]
     unscored = [replace(e, target="") for e in examples if e.target is None]
-    losses = asyncio.run(_write_run(config, graph, scored, unscored,
+    if val < 0:
+        raise TraceError(f"--val {val}: expected a count of traces, 0 or more")
+    if val and not scored:
+        raise TraceError(f"--val {val}: no trace is scored, so none can be held out for "
+                         "validation (give --targets)")
+    if val >= len(scored) > 0:
+        raise TraceError(f"--val {val}: hold out fewer traces than the {len(scored)} scored "
+                         "ones (at least one must stay for training)")
+    train, held = (scored[:-val], scored[-val:]) if val else (scored, [])
+    losses = asyncio.run(_write_run(config, graph, train, held, unscored,
                                     Replay(graph, pipeline.traces, examples)))
     return ImportResult(config.run_id, pipeline, len(scored),
-                        sum(1 for x in losses if x.score < 1.0))
+                        sum(1 for x in losses if x.score < 1.0), len(held))
 
 
 class Replay:
@@ -135,7 +152,9 @@ class Replay:
 
 
 async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
-                     unscored: list[Example], backend: Replay) -> list:
+                     held: list[Example], unscored: list[Example], backend: Replay) -> list:
+    """Step 0 of the run: the training, validation (`held`) and unscored traces replayed;
+    the losses of the scored ones."""
     cache = Cache("readwrite")
     client = make_client(config, cache, backend, backend)
     writer = RunLogWriter(config.db, config.run_id, cache)
@@ -143,7 +162,7 @@ async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
     client.on_call, client.on_event, client.run_id = bus.emit, bus.emit, config.run_id
     rows = [{"run_id": config.run_id, "split": split, "example_id": e.id, "position": i,
              "fields": json.dumps(e.fields, ensure_ascii=False), "target": e.target}
-            for split, part in (("train", scored), (UNSCORED, unscored))
+            for split, part in (("train", scored), ("val", held), (UNSCORED, unscored))
             for i, e in enumerate(part)]
     writer.start_run(run_row(config.run_id, graph, config.to_json(), "openai",
                              client.forward_model, client.optimizer_model), rows)
@@ -156,15 +175,20 @@ async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
             bus.emit(PromptVersion(config.run_id, node.id, 0, prompts.text[node.id], 0, True))
         traces = await forward_pass(ctx, prompts, scored, "train")
         losses = await compute_losses(ctx, traces, "train")
+        val_losses = []
+        if held:
+            val_losses = await compute_losses(
+                ctx, await forward_pass(ctx, prompts, held, "val"), "val")
         await forward_pass(ctx, prompts, unscored, UNSCORED)
-        bus.emit(StepFinished(config.run_id, 0, mean_score(losses), None, False, started,
-                              time.time(), metrics={"traces": float(len(scored) +
-                                                                    len(unscored))}))
+        bus.emit(StepFinished(config.run_id, 0, mean_score(losses),
+                              mean_score(val_losses) if held else None, False, started,
+                              time.time(), metrics={"traces": float(
+                                  len(scored) + len(held) + len(unscored))}))
     except BaseException as exc:
         writer.finish("failed", f"{exc.__class__.__name__}: {exc}")
         raise
     writer.finish("finished")
-    return losses
+    return losses + val_losses
 
 
 def example_of(trace: Trace, target: str | None) -> Example:
