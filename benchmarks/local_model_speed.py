@@ -1,7 +1,7 @@
 """Speed of an embedded model, served by llama-server and in-process.
 
     python benchmarks/local_model_speed.py --model NAME|PATH [--serving both|server|in-process]
-                                           [--max-tokens 128] [--concurrent 4]
+                                           [--max-tokens 128] [--concurrent 4] [--repeat 1]
 
 For the model (a registry name where engine/llm/models.py knows it, `smollm2-135m`, or a
 GGUF file's path) and each serving mode it prints:
@@ -10,6 +10,9 @@ GGUF file's path) and each serving mode it prints:
 - alone: prompt tokens/s (a one-token request on a fresh prompt) and generation tokens/s
   (the rest of a `--max-tokens` request's time) of one request;
 - N concurrent: the same for `--concurrent` requests sent at once, aggregate over them;
+  with `--repeat R`, alone and concurrent are measured R times in turn, the medians are
+  printed, and the concurrent/alone ratio of each repeat (its spread is the figure's
+  uncertainty: on a shared two-core machine one pair swings by 10-20%);
 - prefix reuse: of a second request sharing a long system prompt with a first, the prompt
   tokens the server served from its prefix cache (in-process: not reported, shown as n/a);
 - peak RSS of this process and its children (the server) while that mode ran.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -99,7 +103,8 @@ async def prefix_reuse(backend) -> tuple[int, int]:
     return replies[1].prompt_tokens, replies[1].cached_tokens
 
 
-async def measure(path: Path, serving: str, concurrent: int, max_tokens: int) -> None:
+async def measure(path: Path, serving: str, concurrent: int, max_tokens: int,
+                  repeat: int = 1) -> None:
     local = LocalBackend(model_path=path)
     backend = served(local, serving, slots=concurrent, timeout=600)  # a loaded machine is slow
     if serving == "server" and backend is local:
@@ -111,18 +116,29 @@ async def measure(path: Path, serving: str, concurrent: int, max_tokens: int) ->
             await backend.complete(LLMRequest(messages=(("user", "Hi"),), model="bench",
                                               purpose="forward", max_tokens=1))
             load = time.perf_counter() - started
-            p1, g1, _ = await throughput(backend, 1, max_tokens, 0)
-            pn, gn, made = await throughput(backend, concurrent, max_tokens, 100)
+            rounds = []  # (alone, concurrent) per repeat, each a (prompt, generation, made)
+            for r in range(repeat):
+                alone = await throughput(backend, 1, max_tokens, 1000 * r)
+                rounds.append((alone, await throughput(backend, concurrent, max_tokens,
+                                                       1000 * r + 100)))
             prompt, cached = await prefix_reuse(backend)
         finally:
             await backend.aclose()
     where = (f"llama-server, {backend.slots} slots" if serving == "server"
              else f"in-process, {local.contexts} contexts x {local.n_threads} threads")
     print(f"== {serving} ({where})")
+    p1, g1, _ = (statistics.median(a[i] for a, _ in rounds) for i in range(3))
+    pn, gn, made = (statistics.median(c[i] for _, c in rounds) for i in range(3))
+    ratios = [c[1] / a[1] for a, c in rounds]
     print(f"load + first token: {load:.2f} s")
     print(f"alone:        prompt {p1:6.1f} tok/s, generation {g1:5.1f} tok/s")
     print(f"{concurrent} concurrent: prompt {pn:6.1f} tok/s, generation {gn:5.1f} tok/s "
-          f"aggregate ({gn / g1:.2f}x alone; {made} tokens generated)")
+          f"aggregate ({gn / g1:.2f}x alone; {made:.0f} tokens generated)")
+    if repeat > 1:  # one pair of runs swings by 10-20% on a shared two-core machine
+        print(f"  medians of {repeat} repeats (alone, then {concurrent} concurrent, each "
+              f"time); generation alone and concurrent, and their ratio, in each repeat: "
+              f"{', '.join(f'{a[1]:.1f}/{c[1]:.1f} {x:.2f}' for (a, c), x in zip(rounds, ratios))} "
+              f"(median {statistics.median(ratios):.2f}x)")
     reuse = f"{cached} of {prompt}" if serving == "server" else f"n/a (of {prompt})"
     print(f"prefix reuse: prompt tokens served from the cache {reuse}")
     print(rss.describe())
@@ -135,13 +151,19 @@ def main() -> int:
     parser.add_argument("--serving", choices=("both", "server", "in-process"), default="both")
     parser.add_argument("--concurrent", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="measure alone and concurrent this many times, in turn, and "
+                             "print the medians and each repeat's ratio (default: 1)")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be 1 or more")
     path = model_path(args.model)
     print(f"model: {path} ({path.stat().st_size:,} bytes); cores: "
           f"{len(os.sched_getaffinity(0))}; uptime: {os.popen('uptime').read().strip()}")
     for serving in (("server", "in-process") if args.serving == "both" else (args.serving,)):
         try:
-            asyncio.run(measure(path, serving, args.concurrent, args.max_tokens))
+            asyncio.run(measure(path, serving, args.concurrent, args.max_tokens,
+                                args.repeat))
         except LLMError as exc:
             print(f"== {serving}: the model cannot run: {exc}")
     return 0
