@@ -357,6 +357,22 @@ def test_the_command_line_refuses_a_missing_server_in_one_line(tmp_path, monkeyp
     assert len(lines) == 1 and lines[0].startswith("error: llama-server is not installed")
 
 
+def test_counting_tokens_writes_nothing_to_the_terminal(tmp_path, fake_binary, capfd):
+    """The vocabulary the backend counts prompt tokens with loads without llama.cpp's
+    warning about its context ("n_ctx_seq (512) > n_ctx_train (0) ..."), which every
+    embedded run printed."""
+    reason = embedded_model_missing()
+    if reason:
+        pytest.skip(reason)
+    from engine.llm.local import local_model_path
+
+    backend = LocalServerBackend(stand_in(local_model_path()), binary=fake_binary)
+    capfd.readouterr()
+    vocab = backend._tokenizer()
+    assert vocab is not None and vocab.tokenize(b"hello world")
+    assert capfd.readouterr().err == ""
+
+
 # --- the real binary ---------------------------------------------------------------------
 
 

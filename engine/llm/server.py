@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -44,6 +45,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +262,28 @@ class LlamaServer:
 
 
 @atexit.register
+@contextlib.contextmanager
+def stderr_silenced() -> Iterator[None]:
+    """Nothing reaches stderr in the block, whether written from C to file descriptor 2 or
+    through `sys.stderr` (llama-cpp-python's log callback). A vocabulary-only model has no
+    training context length, so the context llama-cpp-python makes for it has llama.cpp
+    warn "n_ctx_seq (512) > n_ctx_train (0) -- possible training context overflow", which
+    `verbose=False` does not stop: about a context that never evaluates anything, on every
+    embedded run's terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                null.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 def _stop_all() -> None:
     for server in list(_LIVE):
         server.stop(timeout=2.0)
@@ -374,8 +398,9 @@ class LocalServerBackend:
             try:
                 import llama_cpp
 
-                self._vocab = llama_cpp.Llama(model_path=str(self.model_path), vocab_only=True,
-                                              verbose=False)
+                with stderr_silenced():
+                    self._vocab = llama_cpp.Llama(model_path=str(self.model_path),
+                                                  vocab_only=True, verbose=False)
             except (ImportError, OSError, RuntimeError, ValueError):
                 self._vocab = False  # prompts go as they are; the server refuses an overflow
         return self._vocab or None
