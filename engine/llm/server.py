@@ -261,7 +261,6 @@ class LlamaServer:
         self.stop()
 
 
-@atexit.register
 @contextlib.contextmanager
 def stderr_silenced() -> Iterator[None]:
     """Nothing reaches stderr in the block, whether written from C to file descriptor 2 or
@@ -284,6 +283,7 @@ def stderr_silenced() -> Iterator[None]:
         os.close(saved)
 
 
+@atexit.register
 def _stop_all() -> None:
     for server in list(_LIVE):
         server.stop(timeout=2.0)
