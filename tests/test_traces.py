@@ -308,6 +308,10 @@ def test_refused_input_creates_no_run_log(tmp_path, capsys):
     assert main(["import-traces", str(path), "--db", str(db)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
     assert not db.exists() and not (tmp_path / "new.duckdb.wal").exists()
+    traces = write_lines(tmp_path / "t.jsonl", example_spans())  # fine, but --val is not
+    assert main(["import-traces", str(traces), "--db", str(db), "--val", "1"]) == 2
+    assert capsys.readouterr().err.startswith("error: --val 1: ")
+    assert not db.exists() and not (tmp_path / "new.duckdb.wal").exists()
 
 
 def _run_ids(db: Path) -> list[str]:

@@ -86,6 +86,17 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
     target_of = read_targets(targets, pipeline.traces) if targets else {}
     graph = pipeline_graph(pipeline, metric, Path(path).stem)
     examples = [example_of(t, target_of.get(t.example_id)) for t in pipeline.traces]
+    scored = [e for e in examples if e.target is not None]
+    unscored = [replace(e, target="") for e in examples if e.target is None]
+    if val < 0:
+        raise TraceError(f"--val {val}: expected a count of traces, 0 or more")
+    if val and not scored:
+        raise TraceError(f"--val {val}: no trace is scored, so none can be held out for "
+                         "validation (give --targets)")
+    if val >= len(scored) > 0:
+        raise TraceError(f"--val {val}: hold out fewer traces than the {len(scored)} scored "
+                         "ones (at least one must stay for training)")
+    train, held = (scored[:-val], scored[-val:]) if val else (scored, [])
     open_for_writing(db)
     config = RunConfig(graph=str(path), backend="openai", model=model or pipeline.model
                        or "recorded", db=str(db), steps=0, base_url=base_url, gate=True,
@@ -102,17 +113,6 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
         from engine.runs.code import code_origins
 
         config.code = code_origins(graph)
-    scored = [e for e in examples if e.target is not None]
-    unscored = [replace(e, target="") for e in examples if e.target is None]
-    if val < 0:
-        raise TraceError(f"--val {val}: expected a count of traces, 0 or more")
-    if val and not scored:
-        raise TraceError(f"--val {val}: no trace is scored, so none can be held out for "
-                         "validation (give --targets)")
-    if val >= len(scored) > 0:
-        raise TraceError(f"--val {val}: hold out fewer traces than the {len(scored)} scored "
-                         "ones (at least one must stay for training)")
-    train, held = (scored[:-val], scored[-val:]) if val else (scored, [])
     losses = asyncio.run(_write_run(config, graph, train, held, unscored,
                                     Replay(graph, pipeline.traces, examples)))
     return ImportResult(config.run_id, pipeline, len(scored),
