@@ -4,8 +4,9 @@ before it starts (engine/runs/estimate.py: the same function prints `run`'s line
 dashboard's Estimate) beside what the run then did, and the relative errors.
 Goals: calls within 15%, tokens within 25%.
 
-Plans: `sample_graphs/demo.yaml` on the default embedded pair (`--backend local`: Qwen2.5-Coder-0.5B forward, 1.5B optimizer; the
-scripted demo model with `--no-local`), one step, as the dashboard's demo button runs it;
+Plans: `sample_graphs/demo.yaml` on the default embedded pair (`--backend local`:
+Qwen2.5-Coder-0.5B forward, 1.5B optimizer; the scripted demo model with `--no-local`), one
+step, as the dashboard's demo button runs it;
 `gsm8k.yaml` and `bbh.yaml` at their own splits and `run`'s default 4 steps against a local
 OpenAI-compatible server whose replies depend on the whole prompt
 (tests/support/fake_openai.py `prompt_responder`); the fork continues the GSM8K run from
