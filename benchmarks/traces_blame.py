@@ -102,8 +102,10 @@ def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
         f"{f' ({imported.val} held out for validation)' if imported.val else ''}, "
         f"{imported.failing} failing; {len(p.ambiguous)} ambiguous flows")
     lap("imported")
-    if imported.failing == 0:
-        raise SystemExit("error: every trace passed: nothing to blame (more --sentences?)")
+    failing = failing_count(str(db), RUN_ID, 0)  # what backprop back-propagates
+    if failing == 0:
+        raise SystemExit("error: every training trace passed: nothing to back-propagate "
+                         "(more --sentences, or a smaller --val?)")
     # the optimizer's calls (gradients, rewrites, edits) on an embedded model of their own
     # when one is named: what a user does whose pipeline runs a small model
     result = asyncio.run(backprop(str(db), RUN_ID, **({
@@ -111,7 +113,7 @@ def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
         if optimizer_model else {})))
     if result.status != "finished":
         raise SystemExit(f"error: backprop {result.status}: {result.reason}")
-    lap(f"back-propagated {failing_count(str(db), RUN_ID, 0)} failing training traces")
+    lap(f"back-propagated {failing} failing training traces")
     report = asyncio.run(blame(str(db), RUN_ID, examples="val" if val else "failing"))
     lap(f"blame ({report.model_calls} calls reached the model, {report.tokens} tokens)")
     return report
