@@ -268,7 +268,8 @@ def stderr_silenced() -> Iterator[None]:
     training context length, so the context llama-cpp-python makes for it has llama.cpp
     warn "n_ctx_seq (512) > n_ctx_train (0) -- possible training context overflow", which
     `verbose=False` does not stop: about a context that never evaluates anything, on every
-    embedded run's terminal."""
+    embedded run's terminal. Process-wide: another thread's stderr in the block (a load of
+    the vocabulary, well under a second, once per backend) is lost too."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
