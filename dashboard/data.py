@@ -104,6 +104,16 @@ def steps(db: str, run_id: str) -> pd.DataFrame:
 
 
 @st.cache_data(**CACHE_OPTIONS)
+def _split_sizes(db: str, run_id: str, version: Stamp) -> dict[str, int]:
+    return reader.split_sizes(db, run_id)
+
+
+def split_sizes(db: str, run_id: str) -> dict[str, int]:
+    """Examples per split of a run (see reader.split_sizes)."""
+    return _split_sizes(db, run_id, stamp(db))
+
+
+@st.cache_data(**CACHE_OPTIONS)
 def _step_examples(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
     return reader.step_examples(db, run_id, step)
 

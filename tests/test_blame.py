@@ -20,11 +20,13 @@ from engine.probes.blame import (
     blame,
     examples_to_separate,
     gradient_claim,
+    logged_verdict,
     verdict,
     weigh,
     wilson,
 )
 from engine.probes.probe import ProbeResult
+from engine.runlog.reader import node_blame
 from engine.runs.execute import RunConfig, execute
 from tests.support.blame_fault_script import blame_fault_responder
 from tests.support.runlog import rows
@@ -66,6 +68,11 @@ def test_blame_pools_every_failing_example_and_names_the_fault(tmp_path):
     rows = {r.node_id: r for r in report.nodes}
     assert rows["numbers"].interval[0] > max(rows["who"].interval[1], rows["total"].interval[1])
     assert report.verdict.node == "numbers" and report.claimed == "numbers"
+    logged = {r["node_id"]: (r["probed"], r["flips"], r["leaks"], r["edit_flips"],
+                             r["edit_probed"])
+              for r in node_blame(db, "bf", 1).to_dict("records")}
+    assert logged == {n: (p, f, k, e, ep) for n, (p, f, k, e, _, ep) in table(report).items()}
+    assert logged_verdict(node_blame(db, "bf", 1).to_dict("records"))[0].node == "numbers"
     with duckdb.connect(db, read_only=True) as con:
         kinds = con.execute("SELECT kind, count(*) FROM probes GROUP BY kind ORDER BY kind"
                             ).fetchall()
@@ -239,6 +246,9 @@ def test_a_method_without_gradients_is_judged_by_its_out_of_sample_edits(tmp_pat
     assert "5/8" in edited and "<- probes" in edited and "<- probes" not in grads
     assert "probes blame: numbers (edit probes: " in out
     assert "the edit probes decide: the run has no gradients" in out
+    # the pages' verdict, from the probes the blame logged, is the command's
+    pooled = logged_verdict(node_blame(db, "bf", 1).to_dict("records"))
+    assert (pooled[0].node, pooled[1]) == ("numbers", "edit")
     report = run_blame(db)
     assert report.evidence == "edit" and {r.kind for r in report.results} == {"edit"}
     edits = {e.node_id: e for e in report.edits}

@@ -67,9 +67,34 @@ def test_learn_check_the_blame_fills_in_without_a_reload(server, page):
     expect(main.get_by_text(f"blame {log.demo} finished in")).to_be_visible(
         timeout=JOB_TIMEOUT)
     expect(verdict.first).to_be_visible(timeout=30_000)  # the probes' verdict, read back
+    pooled = main.get_by_text("The probes blame").or_(
+        main.get_by_text("The probes name no node yet"))
+    expect(pooled.first).to_be_visible()  # and over every example probed at the step
     not_reloaded(page)
     assert not page.locator("[data-testid='stException']").count()
     shoot(page, "learn-blame")
+    no_script_ran(page)
+
+
+def test_learn_check_the_blame_on_the_validation_examples(server, page):
+    """Chosen on the page, the blame probes the validation examples (the tour's own
+    training example is not among them): the pooled table and its verdict fill in."""
+    base, log = server
+    page.goto(f"{base}/learn?run={log.demo}&step=1&tour=Check+the+blame")
+    settle(page)
+    main = page.locator("[data-testid='stMain']")
+    main.get_by_text(re.compile(r"failing validation examples \(of \d+\)")).click()
+    mark_page(page)
+    main.get_by_role("button", name="Follow the gradient at every node").click()
+    expect(main.get_by_text(f"blame {log.demo} finished in")).to_be_visible(
+        timeout=JOB_TIMEOUT)
+    expect(main.get_by_text("Over every failing example probed at step 1")).to_be_visible(
+        timeout=30_000)
+    expect(main.get_by_text("The probes blame").or_(
+        main.get_by_text("The probes name no node yet")).first).to_be_visible()
+    not_reloaded(page)
+    assert not page.locator("[data-testid='stException']").count()
+    shoot(page, "learn-blame-val")
     no_script_ran(page)
 
 

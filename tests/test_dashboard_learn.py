@@ -15,6 +15,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import jobs
+from engine.data.stats import wilson
 from tests.support.dashboard_log import REVIEWS, build_run_log, like_a_live_server, responder
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -229,6 +230,59 @@ def test_check_the_blame_shows_the_edit_probes_when_every_gradient_fix_leaks(log
         "mood", "ran with its proposed prompt"] == "fixed: the example now passes"
     assert ("`mood`'s proposed prompt, run alone, does (an example its update call never "
             "saw): the edit probes point there.") in text(at)
+
+
+def _edit_probes(con, run: str, flips: dict[str, int], examples: list[str]) -> None:
+    """Probes of each node's proposed prompt (its step-1 update, inserted) on `examples`,
+    the first `flips[node]` of them fixed."""
+    for node, fixed in flips.items():
+        prompt = f"the proposal for {node}"
+        con.execute("DELETE FROM updates WHERE run_id = ? AND step = 1 AND node_id = ?",
+                    [run, node])
+        con.execute("INSERT INTO updates (run_id, step, node_id, old_prompt, new_prompt, "
+                    "accepted) VALUES (?, 1, ?, 'old', ?, false)", [run, node, prompt])
+        for i, example in enumerate(examples):
+            con.execute("""INSERT INTO probes (probe_id, run_id, step, example_id, node_id,
+                kind, intervention, before_output, after_output, before_score, after_score,
+                created_at, call_ids, leaks_target) VALUES (?, ?, 1, ?, ?, 'edit', ?,
+                'wrong', 'x', 0.0, ?, 0, '[]', false)""",
+                        [f"e-{node}-{example}", run, example, node, prompt,
+                         1.0 if i < fixed else 0.0])
+
+
+def test_check_the_blame_pools_every_probed_example_with_intervals_and_names_the_node(
+        log, tmp_path):
+    """After a blame on the validation examples (which the tour's own example is not among),
+    the stage shows every probe of the step per node, with 90% intervals, and the node they
+    name by blame's own rule; with too few examples it says why no node is named."""
+    db = tmp_path / "pooled.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        val = [r[0] for r in con.execute(
+            "SELECT DISTINCT example_id FROM examples WHERE run_id = ? AND split = 'val' "
+            "ORDER BY example_id", [log.demo]).fetchall()]
+        con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
+        _edit_probes(con, log.demo, {"mood": len(val), "answer": 0}, val)
+    assert len(val) >= 4  # 4/4 against 0/4: 90% intervals apart
+    at = learn(db, "Check the blame", run=log.demo, step=1)
+    pooled = at.dataframe[1].value.set_index("node")
+    n = len(val)
+    assert pooled.loc["mood", "fixed by its edit alone"] == f"{n}/{n}"
+    assert pooled.loc["answer", "fixed by its edit alone"] == f"0/{n}"
+    low, high = wilson(n, n)
+    assert pooled.loc["mood", "90% interval "] == f"[{low:.2f}, {high:.2f}]"
+    assert ("The probes blame `mood`: following its proposed prompt fixes failing examples, "
+            "and its 90% interval lies above every other node's.") in text(at)
+    with duckdb.connect(str(db)) as con:  # two examples: the intervals overlap
+        con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
+        _edit_probes(con, log.demo, {"mood": 2, "answer": 0}, val[:2])
+    at = learn(db, "Check the blame", run=log.demo, step=1)
+    assert at.dataframe[1].value.set_index("node").loc["mood", "fixed by its edit alone"] \
+        == "2/2"
+    shown = text(at)
+    assert "The probes name no node yet: insufficient evidence: mood (2/2) and answer (0/2) " \
+           "have overlapping 90% intervals" in shown
+    assert "The probes blame" not in shown
 
 
 def test_gate_falls_back_to_another_run_of_the_graph_and_names_it(log, tmp_path):

@@ -102,6 +102,56 @@ def test_one_click_checks_the_blame_and_the_page_follows_it(open_page, log, star
     assert [b for b in at.button if b.key == key]  # and it can be checked again
 
 
+@pytest.mark.parametrize(("page", "key"), [("graph", "graph_blame"),
+                                           ("examples", "examples_blame"),
+                                           ("inspect", "inspect_blame")])
+def test_the_blame_button_can_probe_the_validation_examples(open_page, log, started, page,
+                                                           key, tmp_path):
+    """The button offers the failing validation examples (the ones the update call never
+    saw, where each node's edit is tested out of sample) beside the training ones, each
+    labelled with its split's size as the run log holds it, and starts what was chosen."""
+    db = tmp_path / "sizes.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:  # one validation example fewer than training ones
+        con.execute("DELETE FROM examples WHERE run_id = ? AND example_id = (SELECT "
+                    "max(example_id) FROM examples WHERE run_id = ? AND split = 'val')",
+                    [log.semantic, log.semantic])
+        sizes = dict(con.execute("SELECT split, count(DISTINCT example_id) FROM examples "
+                                 "WHERE run_id = ? GROUP BY split", [log.semantic]).fetchall())
+    assert sizes["val"] == sizes["train"] - 1
+    at = open_page(page, db=db, run=log.semantic, step=1, example=log.example, node="hint_a")
+    choice = at.radio(key=f"{key}_examples")
+    assert choice.value == "failing"  # blame's default, as on the command line
+    assert list(choice.options) == [
+        f"failing training examples (of {sizes['train']})",
+        f"failing validation examples (of {sizes['val']})"]
+    assert "never saw" in choice.help
+    choice.set_value("val").run()
+    at.button(key=key).click().run()
+    (job,) = started
+    assert job.command[2:] == ["engine", "blame", log.semantic, "--db", str(db),
+                               "--step", "1", "--examples", "val"]
+    assert f"blame {log.semantic} running" in texts(at)
+    assert "s so far · on validation examples" in texts(at)
+    end(job)
+    at.run()
+    assert "s · on validation examples" in texts(at)  # the finished line says which
+    assert at.radio(key=f"{key}_examples").value == "val"  # the choice outlived the job
+
+
+def test_a_run_without_validation_examples_is_offered_no_choice(open_page, log, started,
+                                                                tmp_path):
+    db = tmp_path / "noval.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM examples WHERE run_id = ? AND split = 'val'", [log.semantic])
+    at = open_page("graph", db=db, run=log.semantic, step=1)
+    assert not [r for r in at.radio if r.key == "graph_blame_examples"]
+    at.button(key="graph_blame").click().run()
+    (job,) = started
+    assert job.command[-2:] == ["--step", "1"]
+
+
 def test_a_failed_blame_leaves_its_error_line(open_page, log, started):
     at = open_page("graph", run=log.semantic, step=1)
     at.button(key="graph_blame").click().run()

@@ -1,14 +1,15 @@
 """Checking the blame in one click, from any page that shows a step: a button starts
-`python -m engine blame RUN --step S` in the background (follow the gradient at every
-LLM node for every failing example), its progress shows live, and the page rereads the
-probes when it ends. One slot per (run, step), so the Graph page, the Examples page, the
+`python -m engine blame RUN --step S [--examples val]` in the background (follow the
+gradient at every LLM node, and run each node's proposed edit alone, on every failing
+example of the chosen split), its progress shows live, and the page rereads the probes
+when it ends. One slot per (run, step), so the Graph page, the Examples page, the
 inspector and the Learn tour all see the same job."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import jobs
+from dashboard import data, jobs
 from dashboard.views import job_watch
 
 LABEL = "Check the blame"
@@ -23,17 +24,57 @@ def _running_elsewhere(db: str, run: str) -> list[jobs.Job]:
     return [j for j in jobs.probe_jobs(db, run) if j.kind == "blame" and j.returncode is None]
 
 
+# `blame --examples` choices the button offers, and what each costs and buys
+EXAMPLES = {
+    "failing": "failing training examples",
+    "val": "failing validation examples",
+}
+EXAMPLES_HELP = (
+    "Training: the step's failing training examples. The update call saw the "
+    "back-propagated ones, so a proposed edit that fixes one of those is not counted as "
+    "credit, and with few examples the intervals stay wide. Validation: examples the "
+    "update call never saw, so each node's proposed edit is tested out of sample; each "
+    "failing one first needs a backward pass of its own, so the check takes longer.")
+
+
+def examples_choice(db: str, run: str, *, key: str) -> str:
+    """Which examples the blame button probes: a choice between the step's failing training
+    and validation examples, each labelled with its split's size; "failing" when the run
+    has no validation split."""
+    sizes = data.split_sizes(db, run)
+    offered = [name for name, split in (("failing", "train"), ("val", "val"))
+               if sizes.get(split)]
+    if len(offered) < 2:
+        return "failing"
+    counts = {"failing": sizes["train"], "val": sizes["val"]}
+    # kept apart from the widget's own state, which Streamlit drops while a job runs and
+    # the choice is not drawn
+    kept = f"_{key}_examples_kept"
+    chosen = st.radio("Examples to probe", offered, key=f"{key}_examples", horizontal=True,
+                      index=offered.index(st.session_state.get(kept, "failing")),
+                      format_func=lambda c: f"{EXAMPLES[c]} (of {counts[c]})",
+                      help=EXAMPLES_HELP) or "failing"
+    st.session_state[kept] = chosen
+    return chosen
+
+
 def blame_button(db: str, run: str, step: int, *, key: str, label: str = LABEL,
                  primary: bool = False) -> bool:
-    """The button, or the live progress of the blame job it started; True while one runs."""
+    """The choice of examples and the button, or the live progress of the blame job it
+    started; True while one runs."""
     watched = job_watch.follow(slot(run, step), extra=lambda: _running_elsewhere(db, run))
     if any(job.returncode is None for job in watched):
         return True
+    examples = examples_choice(db, run, key=key)
+    flag = None if examples == "failing" else examples  # `failing` is blame's default
+    command = f"python -m engine blame {run} --step {step}" + (f" --examples {flag}"
+                                                                if flag else "")
     if st.button(label, key=key, type="primary" if primary else "secondary",
                  icon=":material/troubleshoot:",
-                 help=f"Follow the gradient at every node for every failing example of step "
-                 f"{step} (python -m engine blame {run} --step {step}), in the background"):
-        job = jobs.start_blame(run, db, step)
+                 help=f"Follow the gradient at every node, and run each node's proposed "
+                 f"edit alone, on every {EXAMPLES[examples][:-1]} of step {step} "
+                 f"({command}), in the background"):
+        job = jobs.start_blame(run, db, step, flag)
         job_watch.remember(slot(run, step), job)
         st.rerun()
     return False

@@ -44,10 +44,26 @@ def last_line(job: jobs.Job) -> str:
 
 def describe(job: jobs.Job) -> str:
     """One line for a job: what it is, and how long it ran (or has run so far)."""
+    on = _examples(job)
     if job.returncode is None:
-        return f"{job.kind} {job.run_id} running · {int(job.seconds)} s so far"
+        return f"{job.kind} {job.run_id} running · {int(job.seconds)} s so far{on}"
     how = "finished" if job.returncode == 0 else f"ended with status {job.returncode}"
-    return f"{job.kind} {job.run_id} {how} in {int(job.seconds)} s"
+    return f"{job.kind} {job.run_id} {how} in {int(job.seconds)} s{on}"
+
+
+EXAMPLE_WORDS = {"val": "validation examples", "failing": "training examples",
+                 "sampled": "back-propagated examples", "all": "training and validation "
+                 "examples"}
+
+
+def _examples(job: jobs.Job) -> str:
+    """' · on validation examples' for a job started with `--examples val`, and so on;
+    '' for one without the flag."""
+    command = list(job.command or [])
+    if "--examples" not in command[:-1]:
+        return ""
+    chosen = command[command.index("--examples") + 1]
+    return f" · on {EXAMPLE_WORDS.get(chosen, f'examples {chosen}')}"
 
 
 def follow(slot: str, extra: Callable[[], list[jobs.Job]] | None = None) -> list[jobs.Job]:

@@ -16,7 +16,9 @@ from dashboard.views.quality import mark
 from dashboard.views.text import fmt, md, plural, show_messages, show_text
 from dashboard.views.validation import fork_validation
 from dashboard.views.whatif import flip_label, prompt_after
+from engine.data.stats import wilson
 from engine.methods import METHODS
+from engine.probes.blame import logged_verdict
 
 STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Without siblings",
           "Update", "The gate", "Check the blame", "Fix it yourself", "Explore"]
@@ -312,10 +314,45 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
                    "a node whose right output is the answer itself can only be fixed that "
                    "way), `engine blame` weighs each node's proposed prompt instead, over "
                    "many examples. The step's failing training examples are the ones the "
-                   "update call saw, so ask it on validation: `python -m engine blame "
-                   f"{tour.run} --step {tour.step} --examples val`.")
+                   "update call saw, so ask it on validation: choose *failing validation "
+                   "examples* below (`python -m engine blame "
+                   f"{tour.run} --step {tour.step} --examples val`).")
+    pooled_blame(tour)
     blame_button(tour.db, tour.run, tour.step, key="learn_blame", primary=True,
                  label="Follow the gradient at every node")
+
+
+def pooled_blame(tour: Selection) -> None:
+    """Every probe logged at the tour's step, per node, with 90% intervals, and the node
+    they name by `engine blame`'s rule: what one example cannot settle."""
+    counts = probe_data.node_blame(tour.db, tour.run, tour.step)
+    if counts.empty:
+        return
+    rows = counts.to_dict("records")
+    table = []
+    for r in rows:
+        g_low, g_high = wilson(int(r["flips"]), int(r["probed"]))
+        e_low, e_high = wilson(int(r["edit_flips"]), int(r["edit_probed"]))
+        table.append({
+            "node": r["node_id"],
+            "fixed by its gradient": f"{int(r['flips'])}/{int(r['probed'])}",
+            "90% interval": f"[{g_low:.2f}, {g_high:.2f}]" if int(r["probed"]) else "–",
+            "leaks": int(r["leaks"]),
+            "fixed by its edit alone": (f"{int(r['edit_flips'])}/{int(r['edit_probed'])}"
+                                        if int(r["edit_probed"]) else "no proposal probed"),
+            "90% interval ": (f"[{e_low:.2f}, {e_high:.2f}]" if int(r["edit_probed"])
+                              else "–")})
+    st.markdown(f"**Over every failing example probed at step {tour.step}** (a fix that "
+                "carries the answer, or an edit's fix on an example its update call saw, is "
+                "not counted)")
+    st.dataframe(pd.DataFrame(table), hide_index=True)
+    found, evidence = logged_verdict(rows)
+    if found.node:
+        by = "its gradient" if evidence == "gradient" else "its proposed prompt"
+        st.success(f"The probes blame {code(found.node)}: following {by} fixes failing "
+                   f"examples, and its 90% interval lies above every other node's.")
+    else:
+        st.info(f"The probes name no node yet: {found.reason}.")
 
 
 FIX_TEXT = """

@@ -304,6 +304,20 @@ def verdict(rows: list[Evidence]) -> Verdict:
                          f"{how}", more)
 
 
+def logged_verdict(rows: list[dict[str, Any]]) -> tuple[Verdict, str]:
+    """(verdict, evidence kind) by `weigh`'s rule from per-node counts as
+    reader.node_blame reads them from a step's logged probes (keys node_id, probed, flips,
+    leaks, edit_probed, edit_flips): the verdict a page shows for every probe logged at the
+    step, whichever blame jobs wrote them."""
+    gradients = [Evidence(r["node_id"], "gradient", probed=int(r["probed"]),
+                          flips=int(r["flips"]), leaks=int(r["leaks"]))
+                 for r in rows if int(r["probed"])]
+    edits = [Evidence(r["node_id"], "edit", probed=int(r["edit_probed"]),
+                      flips=int(r["edit_flips"])) for r in rows]
+    found, evidence, _ = weigh(gradients, edits)
+    return found, evidence
+
+
 # --- blame ------------------------------------------------------------------------------
 
 

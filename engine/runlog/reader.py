@@ -446,6 +446,14 @@ def split_fields(db: str | Path, run_id: str, split: str) -> pd.DataFrame:
                  [run_id, split])
 
 
+def split_sizes(db: str | Path, run_id: str) -> dict[str, int]:
+    """Examples per split of one run ({"train": 8, "val": 24, ...}; a split it lacks is
+    absent): what `blame --examples failing|val` chooses its failing examples from."""
+    frame = query(db, """SELECT split, count(DISTINCT example_id) AS n FROM examples
+                         WHERE run_id = ? GROUP BY split""", [run_id])
+    return {str(split): int(n) for split, n in frame.itertuples(index=False)}
+
+
 def all_updates(db: str | Path, run_id: str) -> pd.DataFrame:
     """Every update row of a run, by step and node."""
     return query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id", [run_id])
