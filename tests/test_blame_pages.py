@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from dashboard.views.blame import interval_text
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
 from engine.probes.blame import probe
@@ -78,6 +79,15 @@ def test_edit_alone_counts_only_the_proposed_edit_as_blame_json_does(tmp_path, c
                 for n in report["nodes"]}
     assert expected["numbers"] == (5, 8)  # 3 of its 8 fixes are in-sample: not counted
     assert edit_counts(db) == expected
+    # the intervals the pages print beside the counts are the command's
+    pages = {r["node_id"]: r for r in node_blame(db, "bf", 1).to_dict("records")}
+    for n in report["nodes"]:
+        row = pages[n["node"]]
+        assert interval_text(row["edit_flips"], row["edit_probed"]) == \
+            "[{:.2f}, {:.2f}]".format(*n["edit"]["interval"])
+        assert interval_text(row["flips"], row["probed"]) == \
+            "[{:.2f}, {:.2f}]".format(*n["interval"])
+    assert interval_text(0, 0) == "–"
 
 
 def test_a_what_if_prompt_is_not_the_optimizers_edit(tmp_path, capsys, scripted):

@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboard import data, links, probe_data
 from dashboard.state import need_run, need_step, selection
-from dashboard.views.blame import blame_button, just_finished
+from dashboard.views.blame import blame_button, interval_text, just_finished
 from dashboard.views.colors import QUANTITIES, color_nodes
 from dashboard.views.graph_view import draw_graph, node_rows
 from dashboard.views.method_compare import compare_section, latest_report
@@ -56,6 +56,9 @@ def node_summary(sel, graph) -> None:
               "blame)")
     c2.metric("fixed by its edit alone", f"{int(b.get('edit_flips') or 0)} / "
               f"{int(b.get('edit_probed') or 0)}" if b.get("edit_probed") else "not probed")
+    if b.get("probed") or b.get("edit_probed"):
+        c1.caption(f"90% interval {interval_text(b.get('flips'), b.get('probed'))}")
+        c2.caption(f"90% interval {interval_text(b.get('edit_flips'), b.get('edit_probed'))}")
     c3.metric("gradients in", int(r.get("gradients") or 0))
     edit = r.get("edit") if isinstance(r.get("edit"), str) else (
         "none (a function node has no prompt)" if node in graph.model.functions
@@ -112,6 +115,12 @@ for column in ("probed", "flips", "edit_probed", "edit_flips", "leaks"):  # no "
         table[column] = table[column].fillna(0).astype(int)
 if "edit" in table:
     table["edit"] = table["edit"].fillna("none proposed")
+if "flips" in table:  # each count with its 90% interval, as `engine blame` prints it
+    table.insert(list(table.columns).index("flips") + 1, "flips_interval",
+                 [interval_text(k, n) for k, n in zip(table["flips"], table["probed"])])
+if "edit_flips" in table:
+    table.insert(list(table.columns).index("edit_flips") + 1, "edit_interval",
+                 [interval_text(k, n) for k, n in zip(table["edit_flips"], table["edit_probed"])])
 st.dataframe(
     table,
     hide_index=True, column_config={
@@ -121,5 +130,7 @@ st.dataframe(
         "calls": "calls", "tokens": "tokens",
         "cost_usd": st.column_config.NumberColumn("cost (USD)", format="%.5f"),
         "probed": "failing examples probed", "flips": "fixed by following its gradient",
+        "flips_interval": "90% interval",
         "edit_probed": "probed with its edit alone", "edit_flips": "fixed by its edit alone",
+        "edit_interval": "90% interval (edit)",
         "leaks": "fixes that leak the target"})

@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboard import data, jobs
 from dashboard.views import job_watch
+from engine.data.stats import wilson
 
 LABEL = "Check the blame"
 
@@ -78,6 +79,16 @@ def blame_button(db: str, run: str, step: int, *, key: str, label: str = LABEL,
         job_watch.remember(slot(run, step), job)
         st.rerun()
     return False
+
+
+def interval_text(flips: object, probed: object) -> str:
+    """A probe count's 90% Wilson interval as blame prints it ("[0.60, 1.00]"), or "–" when
+    nothing was probed."""
+    n = int(probed) if isinstance(probed, int | float) and probed == probed else 0
+    if n <= 0:
+        return "–"
+    low, high = wilson(int(flips or 0), n)
+    return f"[{low:.2f}, {high:.2f}]"
 
 
 def blame_cell(blame: object, probes: object, leaked: object = None,

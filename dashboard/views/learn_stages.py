@@ -10,13 +10,12 @@ import streamlit as st
 from dashboard import data, jobs, probe_data
 from dashboard.state import Selection
 from dashboard.views import job_watch
-from dashboard.views.blame import blame_button
+from dashboard.views.blame import blame_button, interval_text
 from dashboard.views.panes import update_pane
 from dashboard.views.quality import mark
 from dashboard.views.text import fmt, md, plural, show_messages, show_text
 from dashboard.views.validation import fork_validation
 from dashboard.views.whatif import flip_label, prompt_after
-from engine.data.stats import wilson
 from engine.methods import METHODS
 from engine.probes.blame import logged_verdict
 
@@ -331,17 +330,14 @@ def pooled_blame(tour: Selection) -> None:
     rows = counts.to_dict("records")
     table = []
     for r in rows:
-        g_low, g_high = wilson(int(r["flips"]), int(r["probed"]))
-        e_low, e_high = wilson(int(r["edit_flips"]), int(r["edit_probed"]))
         table.append({
             "node": r["node_id"],
             "fixed by its gradient": f"{int(r['flips'])}/{int(r['probed'])}",
-            "90% interval": f"[{g_low:.2f}, {g_high:.2f}]" if int(r["probed"]) else "–",
+            "90% interval": interval_text(r["flips"], r["probed"]),
             "leaks": int(r["leaks"]),
             "fixed by its edit alone": (f"{int(r['edit_flips'])}/{int(r['edit_probed'])}"
                                         if int(r["edit_probed"]) else "no proposal probed"),
-            "90% interval ": (f"[{e_low:.2f}, {e_high:.2f}]" if int(r["edit_probed"])
-                              else "–")})
+            "90% interval ": interval_text(r["edit_flips"], r["edit_probed"])})
     st.markdown(f"**Over every failing example probed at step {tour.step}** (a fix that "
                 "carries the answer, or an edit's fix on an example its update call saw, is "
                 "not counted)")
