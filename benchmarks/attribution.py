@@ -1,10 +1,15 @@
 """Attribution benchmark: does `blame` name the node where a fault was planted?
 
-Seven graphs over one task ("Ann has 3 apples and gets 4 more." -> 7), each with a planted
-fault whose culprit is known: chains of depth 2, 3 and 4 (the fault first, in the middle),
-a diamond, a fault with two successors, a fault fed through a Python function, and two
-faults at once. A faulty node is told to copy the first word of its input (a name), so
-the numbers never reach the node that adds them.
+Seven graphs, each with a planted fault whose culprit is known: chains of depth 2, 3 and 4
+(the fault first, in the middle), a diamond, a fault with two successors, a fault fed
+through a Python function, and two faults at once. A faulty node is told to copy the first
+word of its input (a name), so the numbers never reach the last node. Two tasks for that
+last node (`--task`): `sum` ("Ann has 3 apples and gets 4 more." -> 7: add the numbers),
+the default on the scripted model; `copy` ("Ann has 7 apples in the basket." -> 7: repeat
+the number), the default on `--backend local`, whose 0.5B forward model cannot add. On
+`copy` every gradient that fixes the fault carries the answer (a leak, never credit), so
+the edit probes decide there and the method columns, which follow gradients only, name
+no node by construction.
 
 The model is `planted_fault_responder`, a scripted model that obeys prompts literally (so
 the planted fault decides every answer) and back-propagates honestly: each backward call
@@ -21,7 +26,8 @@ top-1 attribution of the probes, of the gradients' own claims, and of each metho
 when the named node is a culprit; "no node" is wrong), with the calls and tokens blame
 spent.
 
-    .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--json] [GRAPH ...]
+    .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--task sum|copy]
+        [--json] [GRAPH ...]
 
 (GRAPH names some of the graphs, e.g. `chain2 diamond` on the slower embedded model.)
 """
@@ -52,7 +58,19 @@ from engine.runs.execute import RunConfig, execute  # noqa: E402
 METHODS = ["semantic", "textgrad", "semantic-nosibling"]
 FAULT = "Copy the first word of the text."
 RELAY = "Repeat the text you are given."
-TOTAL = "Add up the numbers you are given, each distinct number once, and reply with the sum."
+# The task: (the last node's prompt, example i -> (text, answer)). `sum` asks the last node
+# to add two numbers; `copy` to repeat the one number it is given, which the default
+# embedded forward model (Qwen2.5-Coder-0.5B) does reliably and cannot do for sums (it
+# added 4 + 11 as 16). On `copy` a fix of the fault carries the answer itself, so every
+# gradient probe that fixes it leaks (never credit) and the edit probes decide.
+TASKS: dict[str, tuple[str, Callable[[int], tuple[str, int]]]] = {
+    "sum": ("Add up the numbers you are given, each distinct number once, and reply with "
+            "the sum.", lambda i: (f"{NAMES[i]} has {i + 2} apples and gets {3 * i + 5} more.",
+                                   4 * i + 7)),
+    "copy": ("Reply with the number of apples stated in your input.",
+             lambda i: (f"{NAMES[i]} has {4 * i + 7} apples in the basket.", 4 * i + 7)),
+}
+TOTAL = "<the task's last step>"  # in GRAPHS: the chosen task's prompt
 HARMLESS = {"who", "text_note"}  # say who the sentence is about: never asked for numbers
 NAMES = ["Ann", "Bob", "Cleo", "Dev", "Eve", "Finn", "Gus", "Hana", "Ivo", "Jo", "Kai", "Lu"]
 
@@ -111,6 +129,8 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
                 out = words[0] if words else "nobody"
             elif "add up" in task:
                 out = str(sum(int(n) for n in dict.fromkeys(_numbers(joined))))
+            elif "number of apples stated" in task:
+                out = (_numbers(joined) or ["none"])[0]
             elif "numbers" in task:
                 out = " and ".join(_numbers(joined))
             elif "who" in task:
@@ -149,13 +169,14 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
     return respond
 
 
-def graph_yaml(name: str, nodes: list[tuple], data: Path) -> str:
+def graph_yaml(name: str, nodes: list[tuple], data: Path, task: str = "sum") -> str:
     lines = [f"name: {name}", f"dataset: {data}", "input_fields: [text]",
              "target_field: answer", "metric: numeric", "splits: {train: 6, val: 6, test: 0}",
              "nodes:"]
     order = {n[0]: i for i, n in enumerate(nodes)}
     for node in sorted(nodes, key=lambda n: _depth(n, nodes, order)):
         node_id, prompt, inputs = node[0], node[1], node[2]
+        prompt = TASKS[task][0] if prompt == TOTAL else prompt
         lines.append(f"  - id: {node_id}")
         if len(node) > 3:
             lines += [f"    kind: {node[3]}", f"    function: {node[4]}"]
@@ -176,17 +197,17 @@ def _depth(node: tuple, nodes: list[tuple], order: dict[str, int]) -> tuple[int,
     return depth, order[node[0]]
 
 
-def dataset(path: Path) -> None:
-    rows = [{"id": f"p{i:02d}", "text": f"{NAMES[i]} has {i + 2} apples and gets "
-             f"{3 * i + 5} more.", "answer": str(4 * i + 7)} for i in range(12)]
+def dataset(path: Path, task: str = "sum") -> None:
+    rows = [{"id": f"p{i:02d}", "text": text, "answer": str(answer)}
+            for i, (text, answer) in ((i, TASKS[task][1](i)) for i in range(12))]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
 async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
-              backend: str) -> dict:
-    data = work / "planted.jsonl"
+              backend: str, task: str = "sum") -> dict:
+    data = work / f"planted-{task}.jsonl"
     graph = work / f"{name}.yaml"
-    graph.write_text(graph_yaml(name, nodes, data), encoding="utf-8")
+    graph.write_text(graph_yaml(name, nodes, data, task), encoding="utf-8")
     db = str(work / f"{name}.duckdb")
 
     def model():
@@ -204,7 +225,8 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
                          forward_backend=model())
     named = {"probes": report.verdict.node, "claims": report.claimed,
              **{m: v.node for m, v in report.method_verdicts.items()}}
-    return {"graph": name, "culprits": sorted(culprits), "examples": len(report.examples),
+    return {"graph": name, "task": task, "culprits": sorted(culprits),
+            "examples": len(report.examples),
             "named": named, "right": {k: v in culprits for k, v in named.items()},
             "evidence": report.evidence,
             "calls": report.calls, "model_calls": report.model_calls, "tokens": report.tokens,
@@ -216,32 +238,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="scripted", choices=("scripted", "local"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--task", choices=tuple(TASKS),
+                        help="the last node's task: sum (the default on the scripted model) "
+                             "or copy (the default on --backend local, whose 0.5B forward "
+                             "model cannot add)")
     parser.add_argument("--keep", metavar="DIR",
                         help="write the graphs and run logs to DIR and keep them (default: a "
                              "temporary folder)")
     parser.add_argument("graphs", nargs="*", metavar="GRAPH",
                         help=f"graphs to run (default: all of {', '.join(GRAPHS)})")
     args = parser.parse_args()
+    task = args.task or ("copy" if args.backend == "local" else "sum")
     unknown = sorted(set(args.graphs) - set(GRAPHS))
     if unknown:
         parser.error(f"unknown graph {', '.join(unknown)} (choose from {', '.join(GRAPHS)})")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        dataset(work / "planted.jsonl")
+        dataset(work / f"planted-{task}.jsonl", task)
         rows = []
         for name, (nodes, culprits) in GRAPHS.items():
             if name not in (args.graphs or GRAPHS):
                 continue
             started = time.perf_counter()
-            rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend)))
+            rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task)))
             print(f"{name}: {rows[-1]['named']['probes'] or 'no node'} "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     scorers = ["probes", "claims", *METHODS]
-    print(f"attribution benchmark, backend {args.backend}: top-1 (named node / right?)")
+    print(f"attribution benchmark, backend {args.backend}, task {task} ({TASKS[task][0]!r}): "
+          "top-1 (named node / right?)")
     header = f"{'graph':<17}{'n':>3}  " + "".join(f"{s:<22}" for s in scorers) + \
         f"{'calls':>7}{'model':>7}{'tokens':>8}"
     print(header)

@@ -18,6 +18,7 @@ from engine.llm.scripted import ScriptedBackend
 from engine.probes.blame import (
     Evidence,
     blame,
+    edit_verdict,
     examples_to_separate,
     gradient_claim,
     logged_verdict,
@@ -26,11 +27,13 @@ from engine.probes.blame import (
     wilson,
 )
 from engine.probes.probe import ProbeResult
-from engine.runlog.reader import node_blame
+from engine.runlog.reader import node_blame, step_updates
 from engine.runs.execute import RunConfig, execute
 from tests.support.blame_fault_script import blame_fault_responder
 from tests.support.runlog import rows
 from tests.test_probe import GRAPH
+
+NODES = ["who", "numbers", "total"]  # the graph's LLM nodes
 
 
 def logged_run(tmp_path, misleading: bool = False, **config) -> str:
@@ -72,7 +75,8 @@ def test_blame_pools_every_failing_example_and_names_the_fault(tmp_path):
                              r["edit_probed"])
               for r in node_blame(db, "bf", 1).to_dict("records")}
     assert logged == {n: (p, f, k, e, ep) for n, (p, f, k, e, _, ep) in table(report).items()}
-    assert logged_verdict(node_blame(db, "bf", 1).to_dict("records"))[0].node == "numbers"
+    assert logged_verdict(node_blame(db, "bf", 1).to_dict("records"),
+                          step_updates(db, "bf", 1).to_dict("records"), NODES)[0].node == "numbers"
     with duckdb.connect(db, read_only=True) as con:
         kinds = con.execute("SELECT kind, count(*) FROM probes GROUP BY kind ORDER BY kind"
                             ).fetchall()
@@ -148,6 +152,23 @@ def test_edit_probes_decide_when_every_gradient_fix_carries_the_answer():
     assert chosen.reason.startswith("no gradient probe flipped")
     # one node tried is no comparison
     assert weigh(gradients, edits[:1] + [Evidence("thing", "edit")])[1] == "gradient"
+    # ... unless the other's update left its prompt as it was: its edit alone changes
+    # nothing, so it fixes none of the examples the tried node was probed on
+    kept = [Evidence("fault", "edit", probed=6, flips=4),
+            Evidence("total", "edit", unchanged=1)]
+    chosen, kind, _ = weigh([Evidence("fault", probed=6, leaks=6),
+                             Evidence("total", probed=6, leaks=6)], kept)
+    assert (chosen.node, kind) == ("fault", "edit")
+    assert chosen.reason == ("fault's 90% interval lies above every other node's (total: its "
+                             "update left the prompt unchanged, so 0 of 6)")
+    # but a proposal never probed (a copy of training examples) is no such comparison
+    copied = [kept[0], Evidence("total", "edit", copy_rejected=1)]
+    assert weigh(gradients, copied)[1] == "gradient"
+    assert edit_verdict(copied).reason == ("only fault's edit was probed: no other node to "
+                                        "compare")
+    # and one fix in six does not clear an unchanged node's 0 of 6
+    assert weigh([], [Evidence("fault", "edit", probed=6, flips=1),
+                      Evidence("total", "edit", unchanged=1)])[0].node is None
     # no gradients at all: the edits decide
     assert weigh([], edits)[1:] == ("edit", "the run has no gradients")
 
@@ -247,7 +268,8 @@ def test_a_method_without_gradients_is_judged_by_its_out_of_sample_edits(tmp_pat
     assert "probes blame: numbers (edit probes: " in out
     assert "the edit probes decide: the run has no gradients" in out
     # the pages' verdict, from the probes the blame logged, is the command's
-    pooled = logged_verdict(node_blame(db, "bf", 1).to_dict("records"))
+    pooled = logged_verdict(node_blame(db, "bf", 1).to_dict("records"),
+                            step_updates(db, "bf", 1).to_dict("records"), NODES)
     assert (pooled[0].node, pooled[1]) == ("numbers", "edit")
     report = run_blame(db)
     assert report.evidence == "edit" and {r.kind for r in report.results} == {"edit"}
@@ -256,6 +278,37 @@ def test_a_method_without_gradients_is_judged_by_its_out_of_sample_edits(tmp_pat
     assert report.verdict.node == "numbers"
     sampled = run_blame(db, examples="sampled")
     assert sampled.verdict.node is None  # every edit flip there is in-sample
+
+
+def test_a_node_whose_update_changed_nothing_counts_as_fixing_nothing(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Only `numbers`'s update proposed a new prompt; `who`'s and `total`'s left theirs as
+    they were. Their edits alone change nothing, so they fix none of the failing examples:
+    `numbers`'s out-of-sample fixes are weighed against 0 of n, and blame names it (it used
+    to say one tried node was no comparison). The pages' verdict agrees."""
+    def only_numbers(request):
+        if request.purpose == "update" and request.meta.get("node") != "numbers":
+            return f"<prompt>{request.meta.get('prompt', '')}</prompt>"
+        return blame_fault_responder()(request)
+
+    db = str(tmp_path / "runs.duckdb")
+    asyncio.run(execute(RunConfig(graph=str(GRAPH), db=db, steps=1, test=0, run_id="bf",
+                                  failures_per_step=3, update_when="always", method="none"),
+                        forward_backend=ScriptedBackend(responder=only_numbers)))
+    with duckdb.connect(db, read_only=True) as con:
+        assert con.execute("SELECT node_id FROM updates WHERE new_prompt <> old_prompt"
+                           ).fetchall() == [("numbers",)]
+    report = run_blame(db)
+    edits = {e.node_id: e for e in report.edits}
+    assert (edits["numbers"].flips, edits["numbers"].probed) == (5, 8)
+    assert (edits["who"].probed, edits["who"].unchanged) == (0, 1)
+    assert (report.verdict.node, report.evidence) == ("numbers", "edit")
+    assert report.verdict.reason.endswith(
+        "(total: its update left the prompt unchanged, so 0 of 8; who: its update left the "
+        "prompt unchanged, so 0 of 8)")
+    pooled = logged_verdict(node_blame(db, "bf", 1).to_dict("records"),
+                            step_updates(db, "bf", 1).to_dict("records"), NODES)
+    assert (pooled[0].node, pooled[0].reason) == ("numbers", report.verdict.reason)
 
 
 def test_copied_proposals_are_never_probed(tmp_path, capsys, monkeypatch):

@@ -316,12 +316,12 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
                    "update call saw, so ask it on validation: choose *failing validation "
                    "examples* below (`python -m engine blame "
                    f"{tour.run} --step {tour.step} --examples val`).")
-    pooled_blame(tour)
+    pooled_blame(tour, llm)
     blame_button(tour.db, tour.run, tour.step, key="learn_blame", primary=True,
                  label="Follow the gradient at every node")
 
 
-def pooled_blame(tour: Selection) -> None:
+def pooled_blame(tour: Selection, llm: list[str]) -> None:
     """Every probe logged at the tour's step, per node, with 90% intervals, and the node
     they name by `engine blame`'s rule: what one example cannot settle."""
     counts = probe_data.node_blame(tour.db, tour.run, tour.step)
@@ -342,7 +342,8 @@ def pooled_blame(tour: Selection) -> None:
                 "carries the answer, or an edit's fix on an example its update call saw, is "
                 "not counted)")
     st.dataframe(pd.DataFrame(table), hide_index=True)
-    found, evidence = logged_verdict(rows)
+    found, evidence = logged_verdict(
+        rows, data.updates(tour.db, tour.run, tour.step).to_dict("records"), llm)
     if found.node:
         by = "its gradient" if evidence == "gradient" else "its proposed prompt"
         st.success(f"The probes blame {code(found.node)}: following {by} fixes failing "

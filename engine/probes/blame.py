@@ -114,19 +114,31 @@ def received_gradients(run: LoggedRun) -> dict[tuple[str, str], str]:
     return aggregate_gradients(run.db, run.run_id, run.step)
 
 
+def proposal_kind(row: tuple[str, str, str] | None) -> str:
+    """What a node's update at a step left to probe, from its (old prompt, new prompt,
+    reject reason) row: "copied" (rejected as a copy of training examples: never probed),
+    "unchanged" (no update, or the prompt left as it was) or "proposed"."""
+    if row is not None and row[2] == COPY_REASON:
+        return "copied"
+    if row is None or not row[1].strip() or row[1].strip() == row[0].strip():
+        return "unchanged"
+    return "proposed"
+
+
 def proposed_prompt(run: LoggedRun, node_id: str) -> str:
     """The node's proposal at the step. One the optimizer rejected as a copy of training
     examples is refused: a flip it causes is the examples pasted in, not credit."""
     row = step_proposal(run.db, run.run_id, run.step, node_id)
-    if row is None or not row[1].strip() or row[1].strip() == row[0].strip():
-        if row is not None and row[2] == COPY_REASON:
-            raise CopiedProposal(f"step {run.step}'s proposal for node '{node_id}' was "
-                                 f"rejected: it {COPY_REASON}")
+    kind = proposal_kind(row)
+    if kind == "copied":
+        unchanged = row[1].strip() in ("", row[0].strip())
+        raise CopiedProposal(f"step {run.step}'s proposal for node '{node_id}' was rejected: "
+                             f"it {COPY_REASON}" + ("" if unchanged else
+                                                    " (to probe it anyway, pass it as "
+                                                    "--edit @FILE)"))
+    if kind == "unchanged":
         raise ProbeError(f"step {run.step} has no proposed edit for node '{node_id}'"
                          + ("" if row is None else " (its update left the prompt unchanged)"))
-    if row[2] == COPY_REASON:
-        raise CopiedProposal(f"step {run.step}'s proposal for node '{node_id}' was rejected: "
-                             f"it {COPY_REASON} (to probe it anyway, pass it as --edit @FILE)")
     return row[1]
 
 
@@ -203,6 +215,7 @@ class Evidence:
     repeat_groups: int = 0  # groups probed more than once
     repeat_agree: int = 0  # ... whose repeats all agreed on the flip
     copy_rejected: int = 0  # steps whose proposal was a copy: not probed
+    unchanged: int = 0  # steps whose update left the prompt as it was (edit rows)
     claimed: int = 0  # gradients that asked the node to change (gradient kind)
     claim_agree: int = 0  # ... claim == flipped, per example
     edge: str = ""  # the successor whose gradient alone was followed (edge rows)
@@ -257,22 +270,39 @@ def weigh(gradients: list[Evidence], edits: list[Evidence]) -> tuple[Verdict, st
     carries the answer, as when a node's right output is the answer itself), the edit
     probes decide if they name one: an edit that fixes examples its update call never saw,
     at one node and not the others, is evidence of that node's fault the gradients could
-    not give. There a node whose update proposed no edit is left out of the comparison
-    (nothing was tried at it), and at least two nodes must have been tried."""
+    not give. A node whose update left its prompt as it was is compared as what its edit
+    alone is: no change, so none of the failing examples the others were probed on is
+    fixed. A node whose proposal was not probed (it copied training examples) is left out
+    of the comparison, and at least two nodes must be compared."""
     if not gradients:
-        return verdict(edits), "edit", "the run has no gradients"
+        return edit_verdict(edits), "edit", "the run has no gradients"
     by_gradient = verdict(gradients)
     if by_gradient.node:
         return by_gradient, "gradient", ""
-    tried = [e for e in edits if e.counted]
-    by_edit = verdict(tried) if len(tried) > 1 else Verdict(None, "")
+    by_edit = edit_verdict(edits)
     if not by_edit.node:
         return by_gradient, "gradient", ""
-    untried = [e.node_id for e in edits if not e.counted]
-    if untried:
-        by_edit = replace(by_edit, reason=f"{by_edit.reason} ({', '.join(untried)}: no edit "
-                                          "to probe)")
     return by_edit, "edit", f"the gradient probes named no node ({by_gradient.reason})"
+
+
+def edit_verdict(edits: list[Evidence]) -> Verdict:
+    """The edit probes' verdict, nodes with no proposal compared as unchanged (see weigh)."""
+    tried = [e for e in edits if e.counted]
+    n = max((e.counted for e in tried), default=0)
+    kept = [replace(e, probed=n, errors=0) for e in edits
+            if not e.counted and e.unchanged and not e.copy_rejected and n]
+    compared = tried + kept
+    if len(compared) < 2:
+        return verdict(compared) if not tried else Verdict(
+            None, f"only {tried[0].node_id}'s edit was probed: no other node to compare")
+    found = verdict(compared)
+    # named in id order, so the note reads the same from a blame and from the run log
+    notes = [f"{e.node_id}: its update left the prompt unchanged, so 0 of {n}"
+             for e in sorted(kept, key=lambda e: e.node_id)]
+    compared_ids = {e.node_id for e in compared}
+    notes += [f"{e.node_id}: no edit to probe"
+              for e in sorted(edits, key=lambda e: e.node_id) if e.node_id not in compared_ids]
+    return replace(found, reason=f"{found.reason} ({'; '.join(notes)})") if notes else found
 
 
 def verdict(rows: list[Evidence]) -> Verdict:
@@ -304,16 +334,29 @@ def verdict(rows: list[Evidence]) -> Verdict:
                          f"{how}", more)
 
 
-def logged_verdict(rows: list[dict[str, Any]]) -> tuple[Verdict, str]:
+def logged_verdict(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
+                   nodes: list[str]) -> tuple[Verdict, str]:
     """(verdict, evidence kind) by `weigh`'s rule from per-node counts as
     reader.node_blame reads them from a step's logged probes (keys node_id, probed, flips,
-    leaks, edit_probed, edit_flips): the verdict a page shows for every probe logged at the
-    step, whichever blame jobs wrote them."""
+    leaks, edit_probed, edit_flips), the step's updates (keys node_id, old_prompt,
+    new_prompt, reject_reason) and the graph's LLM nodes (a node no probe touched counts
+    zero): the verdict a page shows for every probe logged at the step, whichever blame
+    jobs wrote them."""
+    by_node = {u["node_id"]: (str(u.get("old_prompt") or ""), str(u.get("new_prompt") or ""),
+                              str(u.get("reject_reason") or "")) for u in updates}
+    seen = {r["node_id"] for r in rows}
+    rows = list(rows) + [{"node_id": n, "probed": 0, "flips": 0, "leaks": 0,
+                          "edit_probed": 0, "edit_flips": 0} for n in nodes if n not in seen]
     gradients = [Evidence(r["node_id"], "gradient", probed=int(r["probed"]),
                           flips=int(r["flips"]), leaks=int(r["leaks"]))
                  for r in rows if int(r["probed"])]
-    edits = [Evidence(r["node_id"], "edit", probed=int(r["edit_probed"]),
-                      flips=int(r["edit_flips"])) for r in rows]
+    edits = []
+    for r in rows:
+        kind = proposal_kind(by_node.get(r["node_id"]))
+        edits.append(Evidence(r["node_id"], "edit", probed=int(r["edit_probed"]),
+                              flips=int(r["edit_flips"]),
+                              unchanged=int(kind == "unchanged"),
+                              copy_rejected=int(kind == "copied")))
     found, evidence, _ = weigh(gradients, edits)
     return found, evidence
 
@@ -559,14 +602,14 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
     for name in methods:
         by_method[name], by_edge[name], method_claims[name] = await backprop(name, failing)
     nodes = [n for n in run.graph.topological_order() if run.graph.node(n).kind == "llm"]
-    edits, copied = {}, set()
+    edits, copied, unchanged = {}, set(), set()
     for n in nodes:
         try:
             edits[n] = proposed_prompt(run, n)
         except CopiedProposal:
             copied.add(n)
-        except ProbeError:
-            pass
+        except ProbeError:  # no proposal: the update left the prompt as it was
+            unchanged.add(n)
     # method "" marks the run's own gradients; a name, the comparison's re-computed ones
     jobs = [dict(kind="gradient", example_id=e, node_id=n, feedback=gradients[(e, n)])
             for e in failing for n in nodes if (e, n) in gradients]
@@ -583,6 +626,7 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
              if len(graph.successors(n)) > 1 for t in graph.successors(n)
              if edges.get((e, n, t), ("",))[0].strip()]
     return {"run": run, "failing": failing, "nodes": nodes, "edits": edits, "copied": copied,
+            "unchanged": unchanged,
             "gradients": gradients, "by_method": by_method, "by_edge": by_edge,
             "method_claims": method_claims, "jobs": jobs,
             "recorded": {k: v for k, v in recorded_claims(run.db, run.run_id, run.step).items()
@@ -682,6 +726,8 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
     for p in plans:
         for n in p["copied"]:
             edits[n].copy_rejected += 1
+        for n in p.get("unchanged", ()):
+            edits[n].unchanged += 1
     has_gradients = any(r.probed for r in grads.values())
     chosen, evidence, note = weigh(list(grads.values()) if has_gradients else [],
                                    list(edits.values()))
