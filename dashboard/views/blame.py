@@ -11,7 +11,7 @@ import streamlit as st
 
 from dashboard import data, jobs
 from dashboard.views import job_watch
-from engine.data.stats import wilson
+from engine.data.stats import bracketed, wilson
 
 LABEL = "Check the blame"
 
@@ -87,8 +87,7 @@ def interval_text(flips: object, probed: object) -> str:
     n = int(probed) if isinstance(probed, int | float) and probed == probed else 0
     if n <= 0:
         return "–"
-    low, high = wilson(int(flips or 0), n)
-    return f"[{low:.2f}, {high:.2f}]"
+    return bracketed(wilson(int(flips or 0), n))
 
 
 def blame_cell(blame: object, probes: object, leaked: object = None,

@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.table import Column, Table
 
+from engine.data.stats import bracketed
 from engine.probes.probe import ProbeError
 
 
@@ -178,8 +179,7 @@ def cmd_blame(args: argparse.Namespace) -> int:
 
 def _rate(row: Any) -> tuple[str, str]:
     """flips over counted probes, and the 90% interval of that share."""
-    low, high = row.interval
-    return f"{row.flips}/{row.counted}", f"[{low:.2f}, {high:.2f}]"
+    return f"{row.flips}/{row.counted}", bracketed(row.interval)
 
 
 def _change(value: float | None) -> str:

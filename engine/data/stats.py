@@ -19,3 +19,9 @@ def wilson(successes: float, n: int, z: float = Z90) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bracketed(bounds: tuple[float, float]) -> str:
+    """An interval as `engine blame` and the pages print it: "[0.60, 1.00]"."""
+    low, high = bounds
+    return f"[{low:.2f}, {high:.2f}]"
