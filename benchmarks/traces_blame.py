@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "temporary folder, kept)")
     args = parser.parse_args(argv)
     from engine.llm.base import LLMError
+    from engine.traces import TraceError
 
     folder = Path(args.dir or tempfile.mkdtemp(prefix="traces-blame-"))
     started = time.perf_counter()
@@ -182,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                                  val=args.val,
                                  timeout=args.timeout,
                                  optimizer_max_tokens=args.optimizer_max_tokens)
-    except LLMError as exc:  # no model file, no llama-server, a server that will not start
+    except (LLMError, TraceError) as exc:  # no model file, no llama-server, a server
+        # that will not start; traces the importer refuses (the model's replies made no
+        # readable flow)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from engine.cli.probes import blame_lines

@@ -90,3 +90,23 @@ def test_without_llama_server_it_says_so_in_one_line(tmp_path, capsys, monkeypat
     assert main(["--model", str(model), "--dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: llama-server is not installed") and err.count("\n") == 1
+
+
+def test_traces_the_importer_refuses_end_in_one_line(tmp_path, capsys):
+    """A model whose `numbers` call echoes the sentence (as the 0.5B does, asked a task it
+    ignores): its reply is the pipeline's input too, so no flow from it can be read and
+    the import is refused. The walkthrough says why in one `error:` line, status 2."""
+
+    def echoing(body: dict) -> str:
+        system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
+        if system.startswith("Numbers:"):
+            return user.removeprefix("Text: ")
+        return responder(body)
+
+    with FakeOpenAIServer(responder=echoing) as server:
+        code = main(["--base-url", server.base_url, "--sentences", "4", "--dir",
+                     str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: the calls numbers, total feed no later call") and \
+        err.count("\n") == 1, err
