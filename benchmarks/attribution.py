@@ -27,7 +27,12 @@ when the named node is a culprit; "no node" is wrong), with the calls and tokens
 spent.
 
     .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--task sum|copy]
-        [--json] [GRAPH ...]
+        [--examples failing|val] [--val N] [--json] [GRAPH ...]
+
+`--examples val` blames on the failing validation examples instead of the failing training
+ones (`--val N` of them per graph, 6 by default): there every edit flip counts (the update
+call never saw them), where on the 6 training examples the 2 back-propagated are in-sample
+and often only 2 fail at all.
 
 (GRAPH names some of the graphs, e.g. `chain2 diamond` on the slower embedded model.)
 """
@@ -65,10 +70,11 @@ RELAY = "Repeat the text you are given."
 # gradient probe that fixes it leaks (never credit) and the edit probes decide.
 TASKS: dict[str, tuple[str, Callable[[int], tuple[str, int]]]] = {
     "sum": ("Add up the numbers you are given, each distinct number once, and reply with "
-            "the sum.", lambda i: (f"{NAMES[i]} has {i + 2} apples and gets {3 * i + 5} more.",
-                                   4 * i + 7)),
+            "the sum.", lambda i: (f"{NAMES[i % len(NAMES)]} has {i + 2} apples and gets "
+                                   f"{3 * i + 5} more.", 4 * i + 7)),
     "copy": ("Reply with the number of apples stated in your input.",
-             lambda i: (f"{NAMES[i]} has {4 * i + 7} apples in the basket.", 4 * i + 7)),
+             lambda i: (f"{NAMES[i % len(NAMES)]} has {4 * i + 7} apples in the basket.",
+                        4 * i + 7)),
 }
 TOTAL = "<the task's last step>"  # in GRAPHS: the chosen task's prompt
 HARMLESS = {"who", "text_note"}  # say who the sentence is about: never asked for numbers
@@ -169,10 +175,14 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
     return respond
 
 
-def graph_yaml(name: str, nodes: list[tuple], data: Path, task: str = "sum") -> str:
+TRAIN = 6  # training examples per graph (2 of the failing ones are back-propagated)
+
+
+def graph_yaml(name: str, nodes: list[tuple], data: Path, task: str = "sum",
+               val: int = 6) -> str:
     lines = [f"name: {name}", f"dataset: {data}", "input_fields: [text]",
-             "target_field: answer", "metric: numeric", "splits: {train: 6, val: 6, test: 0}",
-             "nodes:"]
+             "target_field: answer", "metric: numeric",
+             f"splits: {{train: {TRAIN}, val: {val}, test: 0}}", "nodes:"]
     order = {n[0]: i for i, n in enumerate(nodes)}
     for node in sorted(nodes, key=lambda n: _depth(n, nodes, order)):
         node_id, prompt, inputs = node[0], node[1], node[2]
@@ -197,17 +207,21 @@ def _depth(node: tuple, nodes: list[tuple], order: dict[str, int]) -> tuple[int,
     return depth, order[node[0]]
 
 
-def dataset(path: Path, task: str = "sum") -> None:
+def dataset(path: Path, task: str = "sum", rows: int = 12) -> None:
+    """`rows` sentences, names cycling, every answer distinct."""
     rows = [{"id": f"p{i:02d}", "text": text, "answer": str(answer)}
-            for i, (text, answer) in ((i, TASKS[task][1](i)) for i in range(12))]
+            for i, (text, answer) in ((i, TASKS[task][1](i)) for i in range(rows))]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
 async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
-              backend: str, task: str = "sum") -> dict:
-    data = work / f"planted-{task}.jsonl"
+              backend: str, task: str = "sum", examples: str = "failing",
+              val: int = 6) -> dict:
+    data = work / f"planted-{task}-{TRAIN + val}.jsonl"
+    if not data.exists():
+        dataset(data, task, TRAIN + val)
     graph = work / f"{name}.yaml"
-    graph.write_text(graph_yaml(name, nodes, data, task), encoding="utf-8")
+    graph.write_text(graph_yaml(name, nodes, data, task, val), encoding="utf-8")
     db = str(work / f"{name}.duckdb")
 
     def model():
@@ -215,18 +229,18 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
             else None
 
     config = RunConfig(graph=str(graph), db=db, steps=1, run_id=name, backend=backend,
-                       failures_per_step=2, train=6, val=6, test=0)
+                       failures_per_step=2, train=TRAIN, val=val, test=0)
     # the Python tool comes from an importable module, so that blame can import it again
     tools = {"keep_digits": importlib.import_module("attribution").keep_digits}
     spec = parse_graph(graph.read_text(encoding="utf-8"), str(graph), tools)
     await execute(config, forward_backend=model(), graph=spec)
     started = time.perf_counter()
-    report = await blame(db, name, None, "failing", methods=METHODS,
+    report = await blame(db, name, None, examples, methods=METHODS,
                          forward_backend=model())
     named = {"probes": report.verdict.node, "claims": report.claimed,
              **{m: v.node for m, v in report.method_verdicts.items()}}
     return {"graph": name, "task": task, "culprits": sorted(culprits),
-            "examples": len(report.examples),
+            "probed": examples, "examples": len(report.examples),
             "named": named, "right": {k: v in culprits for k, v in named.items()},
             "evidence": report.evidence,
             "calls": report.calls, "model_calls": report.model_calls, "tokens": report.tokens,
@@ -245,6 +259,14 @@ def main() -> None:
     parser.add_argument("--keep", metavar="DIR",
                         help="write the graphs and run logs to DIR and keep them (default: a "
                              "temporary folder)")
+    parser.add_argument("--examples", choices=("failing", "val"), default="failing",
+                        help="what blame probes: the step's failing training examples (the "
+                             "default; the update call saw 2 of them, so their edit flips "
+                             "are in-sample) or the failing validation examples (out of "
+                             "sample, one backward pass each: slower)")
+    parser.add_argument("--val", type=int, default=6,
+                        help=f"validation examples per graph (default 6; {TRAIN} training "
+                             "examples always)")
     parser.add_argument("graphs", nargs="*", metavar="GRAPH",
                         help=f"graphs to run (default: all of {', '.join(GRAPHS)})")
     args = parser.parse_args()
@@ -252,24 +274,27 @@ def main() -> None:
     unknown = sorted(set(args.graphs) - set(GRAPHS))
     if unknown:
         parser.error(f"unknown graph {', '.join(unknown)} (choose from {', '.join(GRAPHS)})")
+    if args.val < 1:
+        parser.error("--val must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        dataset(work / f"planted-{task}.jsonl", task)
         rows = []
         for name, (nodes, culprits) in GRAPHS.items():
             if name not in (args.graphs or GRAPHS):
                 continue
             started = time.perf_counter()
-            rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task)))
+            rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task,
+                                        args.examples, args.val)))
             print(f"{name}: {rows[-1]['named']['probes'] or 'no node'} "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     scorers = ["probes", "claims", *METHODS]
-    print(f"attribution benchmark, backend {args.backend}, task {task} ({TASKS[task][0]!r}): "
-          "top-1 (named node / right?)")
+    print(f"attribution benchmark, backend {args.backend}, task {task} ({TASKS[task][0]!r}), "
+          f"blame on the {'failing training' if args.examples == 'failing' else 'failing validation'}"
+          f" examples ({TRAIN} training, {args.val} validation): top-1 (named node / right?)")
     header = f"{'graph':<17}{'n':>3}  " + "".join(f"{s:<22}" for s in scorers) + \
         f"{'calls':>7}{'model':>7}{'tokens':>8}"
     print(header)

@@ -1,0 +1,46 @@
+"""benchmarks/attribution.py on the scripted model: which examples blame probes
+(`--examples failing|val`) and how many validation examples each graph gets (`--val N`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import duckdb
+
+from benchmarks import attribution
+
+
+def run(monkeypatch, capsys, *args: str) -> list[dict]:
+    monkeypatch.setattr(sys, "argv", ["attribution.py", "--json", *args])
+    attribution.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_blame_on_the_validation_examples_probes_those_and_names_the_fault(
+        monkeypatch, capsys, tmp_path):
+    rows = run(monkeypatch, capsys, "--examples", "val", "--val", "9", "--keep",
+               str(tmp_path), "chain2")
+    assert [(r["graph"], r["probed"], r["examples"], r["named"]["probes"]) for r in rows] == [
+        ("chain2", "val", 9, "fault")]
+    with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
+        splits = dict(con.execute("SELECT split, count(*) FROM examples WHERE run_id = "
+                                  "'chain2' GROUP BY split").fetchall())
+        probed = {e for (e,) in con.execute("SELECT DISTINCT example_id FROM probes WHERE "
+                                            "kind = 'gradient'").fetchall()}
+        val = {e for (e,) in con.execute("SELECT example_id FROM examples WHERE run_id = "
+                                         "'chain2' AND split = 'val'").fetchall()}
+    assert splits == {"train": 6, "val": 9}
+    assert probed == val  # every validation example fails at the start, each is probed
+
+
+def test_by_default_it_blames_the_failing_training_examples(monkeypatch, capsys, tmp_path):
+    rows = run(monkeypatch, capsys, "--keep", str(tmp_path), "chain2")
+    assert [(r["probed"], r["examples"], r["named"]["probes"]) for r in rows] == [
+        ("failing", 6, "fault")]
+    with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
+        probed = {e for (e,) in con.execute("SELECT DISTINCT example_id FROM probes WHERE "
+                                            "kind = 'gradient'").fetchall()}
+        train = {e for (e,) in con.execute("SELECT example_id FROM examples WHERE run_id = "
+                                           "'chain2' AND split = 'train'").fetchall()}
+    assert probed == train
