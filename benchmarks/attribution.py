@@ -3,7 +3,8 @@
 Seven graphs, each with a planted fault whose culprit is known: chains of depth 2, 3 and 4
 (the fault first, in the middle), a diamond, a fault with two successors, a fault fed
 through a Python function, and two faults at once. A faulty node is told to copy the first
-word of its input (a name), so the numbers never reach the last node. Two tasks for that
+word of its input (a name; on `copy`: to say how the person feels), so the numbers never
+reach the last node. Two tasks for that
 last node (`--task`): `sum` ("Ann has 3 apples and gets 4 more." -> 7: add the numbers),
 the default on the scripted model; `copy` ("Ann has 7 apples in the basket." -> 7: repeat
 the number), the default on `--backend local`, whose 0.5B forward model cannot add. On
@@ -61,7 +62,14 @@ from engine.probes.blame import blame  # noqa: E402
 from engine.runs.execute import RunConfig, execute  # noqa: E402
 
 METHODS = ["semantic", "textgrad", "semantic-nosibling"]
-FAULT = "Copy the first word of the text."
+FAULT = "<the task's planted fault>"  # in GRAPHS: the chosen task's fault (FAULTS)
+# The planted fault, per task: a prompt whose output never carries the numbers. On `copy`,
+# which runs on the 0.5B, "Copy the first word" is ignored in many runs (the 0.5B passes the
+# whole sentence on, number and all, so no training example fails and nothing is learnt);
+# asked for the person's mood, it dropped the number in 16 of 16 trial sentences.
+FAULTS = {"sum": "Copy the first word of the text.",
+          "copy": "How does the person feel? Answer in one short sentence about their mood."}
+MOOD = "how does the person feel"  # the copy task's fault, as the scripted model reads it
 RELAY = "Repeat the text you are given."
 # The task: (the last node's prompt, example i -> (text, answer)). `sum` asks the last node
 # to add two numbers; `copy` to repeat the one number it is given, which the default
@@ -133,6 +141,9 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
             if "first word" in task:
                 words = re.findall(r"[A-Za-z]+", joined)
                 out = words[0] if words else "nobody"
+            elif MOOD in task:
+                words = re.findall(r"[A-Za-z]+", joined)
+                out = f"{words[0] if words else 'Nobody'} feels fine."
             elif "add up" in task:
                 out = str(sum(int(n) for n in dict.fromkeys(_numbers(joined))))
             elif "number of apples stated" in task:
@@ -168,7 +179,8 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
             return f"<output>{request.meta.get('output', '')}</output>"
         if request.purpose == "update":
             prompt = request.meta.get("prompt", "")
-            new = "Write the numbers of the text." if "first word" in prompt.lower() else prompt
+            new = "Write the numbers of the text." if "first word" in prompt.lower() or \
+                MOOD in prompt.lower() else prompt
             return f"<prompt>{new}</prompt>"
         return None
 
@@ -186,7 +198,8 @@ def graph_yaml(name: str, nodes: list[tuple], data: Path, task: str = "sum",
     order = {n[0]: i for i, n in enumerate(nodes)}
     for node in sorted(nodes, key=lambda n: _depth(n, nodes, order)):
         node_id, prompt, inputs = node[0], node[1], node[2]
-        prompt = TASKS[task][0] if prompt == TOTAL else prompt
+        prompt = TASKS[task][0] if prompt == TOTAL else FAULTS[task] if prompt == FAULT \
+            else prompt
         lines.append(f"  - id: {node_id}")
         if len(node) > 3:
             lines += [f"    kind: {node[3]}", f"    function: {node[4]}"]
@@ -292,7 +305,8 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     scorers = ["probes", "claims", *METHODS]
-    print(f"attribution benchmark, backend {args.backend}, task {task} ({TASKS[task][0]!r}), "
+    print(f"attribution benchmark, backend {args.backend}, task {task} ({TASKS[task][0]!r}; "
+          f"planted fault {FAULTS[task]!r}), "
           f"blame on the {'failing training' if args.examples == 'failing' else 'failing validation'}"
           f" examples ({TRAIN} training, {args.val} validation): top-1 (named node / right?)")
     header = f"{'graph':<17}{'n':>3}  " + "".join(f"{s:<22}" for s in scorers) + \

@@ -44,3 +44,22 @@ def test_by_default_it_blames_the_failing_training_examples(monkeypatch, capsys,
         train = {e for (e,) in con.execute("SELECT example_id FROM examples WHERE run_id = "
                                            "'chain2' AND split = 'train'").fetchall()}
     assert probed == train
+
+
+def test_the_copy_task_plants_a_fault_that_drops_the_number(monkeypatch, capsys, tmp_path):
+    """On `copy` (the default on the embedded model) the fault asks for the person's mood,
+    which the 0.5B obeys, where it often ignores "Copy the first word"; the scripted run
+    sends that prompt, its outputs carry no number, and the probes still name it."""
+    rows = run(monkeypatch, capsys, "--task", "copy", "--keep", str(tmp_path), "chain2")
+    assert rows[0]["named"]["probes"] == "fault"
+    with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
+        sent = con.execute("SELECT DISTINCT json_extract_string(messages, '$[0].content') || "
+                           "json_extract_string(messages, '$[1].content') FROM llm_calls "
+                           "WHERE node_id = 'fault' AND purpose = 'forward' AND step = 0"
+                           ).fetchall()
+        outputs = [o for (o,) in con.execute(
+            "SELECT output_text FROM node_outputs WHERE node_id = 'fault' AND step = 0"
+        ).fetchall()]
+    assert sent and all("How does the person feel? Answer in one short sentence about their "
+                        "mood." in text for (text,) in sent)
+    assert len(outputs) == 12 and not any(ch.isdigit() for o in outputs for ch in o)
