@@ -70,6 +70,12 @@ FAULT = "<the task's planted fault>"  # in GRAPHS: the chosen task's fault (FAUL
 FAULTS = {"sum": "Copy the first word of the text.",
           "copy": "How does the person feel? Answer in one short sentence about their mood."}
 MOOD = "how does the person feel"  # the copy task's fault, as the scripted model reads it
+WHO = "<the task's harmless step>"  # in GRAPHS: a sibling that never carries the numbers
+# On `copy` the 0.5B answers "Say who the sentence is about." by repeating the sentence,
+# number and all (12 of 12 trial sentences), which repairs the fault's sibling path and
+# leaves nothing failing; asked for the name only, it gave the name (0 of 12 with a digit).
+WHOS = {"sum": "Say who the sentence is about.",
+        "copy": "What is the person's name? Reply with the name only."}
 RELAY = "Repeat the text you are given."
 # The task: (the last node's prompt, example i -> (text, answer)). `sum` asks the last node
 # to add two numbers; `copy` to repeat the one number it is given, which the default
@@ -97,14 +103,14 @@ GRAPHS: dict[str, tuple[list[tuple], set[str]]] = {
                 ("relay", RELAY, ["fault"]), ("total", TOTAL, ["relay"])], {"fault"}),
     "diamond": ([("fault", FAULT, ["text"]), ("left", RELAY, ["fault"]),
                  ("right", RELAY, ["fault"]), ("total", TOTAL, ["left", "right"])], {"fault"}),
-    "two_successors": ([("who", "Say who the sentence is about.", ["text"]),
+    "two_successors": ([("who", WHO, ["text"]),
                         ("fault", FAULT, ["text"]), ("add", RELAY, ["fault"]),
                         ("check", RELAY, ["fault"]), ("total", TOTAL, ["who", "add", "check"])],
                        {"fault"}),
     "through_function": ([("fault", FAULT, ["text"]),
                           ("digits", None, ["fault"], "function", "keep_digits"),
                           ("total", TOTAL, ["text_note", "digits"]),
-                          ("text_note", "Say who the sentence is about.", ["text"])],
+                          ("text_note", WHO, ["text"])],
                          {"fault"}),
     "two_faults": ([("fault_a", FAULT, ["text"]), ("fault_b", FAULT, ["text"]),
                     ("total", TOTAL, ["fault_a", "fault_b"])], {"fault_a", "fault_b"}),
@@ -150,7 +156,7 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
                 out = (_numbers(joined) or ["none"])[0]
             elif "numbers" in task:
                 out = " and ".join(_numbers(joined))
-            elif "who" in task:
+            elif "who" in task or "person's name" in task:
                 words = re.findall(r"[A-Za-z]+", joined)
                 out = words[0] if words else "nobody"
             else:
@@ -198,8 +204,8 @@ def graph_yaml(name: str, nodes: list[tuple], data: Path, task: str = "sum",
     order = {n[0]: i for i, n in enumerate(nodes)}
     for node in sorted(nodes, key=lambda n: _depth(n, nodes, order)):
         node_id, prompt, inputs = node[0], node[1], node[2]
-        prompt = TASKS[task][0] if prompt == TOTAL else FAULTS[task] if prompt == FAULT \
-            else prompt
+        prompt = {TOTAL: TASKS[task][0], FAULT: FAULTS[task], WHO: WHOS[task]}.get(prompt,
+                                                                                 prompt)
         lines.append(f"  - id: {node_id}")
         if len(node) > 3:
             lines += [f"    kind: {node[3]}", f"    function: {node[4]}"]

@@ -48,10 +48,21 @@ def test_by_default_it_blames_the_failing_training_examples(monkeypatch, capsys,
 
 def test_the_copy_task_plants_a_fault_that_drops_the_number(monkeypatch, capsys, tmp_path):
     """On `copy` (the default on the embedded model) the fault asks for the person's mood,
-    which the 0.5B obeys, where it often ignores "Copy the first word"; the scripted run
-    sends that prompt, its outputs carry no number, and the probes still name it."""
-    rows = run(monkeypatch, capsys, "--task", "copy", "--keep", str(tmp_path), "chain2")
-    assert rows[0]["named"]["probes"] == "fault"
+    and the harmless sibling for the name only: prompts the 0.5B obeys without passing the
+    number on, where it repeats the whole sentence when told to "Copy the first word" or to
+    "Say who the sentence is about". The scripted run sends those prompts, the fault's
+    outputs carry no number, and the probes still name it."""
+    rows = run(monkeypatch, capsys, "--task", "copy", "--keep", str(tmp_path), "chain2",
+               "through_function")
+    assert [(r["graph"], r["named"]["probes"]) for r in rows] == [
+        ("chain2", "fault"), ("through_function", "fault")]
+    with duckdb.connect(str(tmp_path / "through_function.duckdb"), read_only=True) as con:
+        harmless = con.execute(
+            "SELECT DISTINCT json_extract_string(messages, '$[0].content') || "
+            "json_extract_string(messages, '$[1].content') FROM llm_calls WHERE node_id = "
+            "'text_note' AND purpose = 'forward' AND step = 0").fetchall()
+    assert harmless and all("What is the person's name? Reply with the name only." in text
+                            for (text,) in harmless)
     with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
         sent = con.execute("SELECT DISTINCT json_extract_string(messages, '$[0].content') || "
                            "json_extract_string(messages, '$[1].content') FROM llm_calls "
