@@ -65,6 +65,12 @@ def test_the_walkthrough_prints_the_verdict_with_intervals_and_stays_small(tmp_p
             config["optimizer_max_tokens"]) == (2, 600.0, 64, 256)
 
 
+def four_sentences(model, folder) -> int:
+    """The walkthrough on 4 sentences against the scripted server answering with `model`."""
+    with FakeOpenAIServer(responder=model) as server:
+        return main(["--base-url", server.base_url, "--sentences", "4", "--dir", str(folder)])
+
+
 def test_a_wrong_verdict_exits_1(tmp_path, capsys):
     """The script's status says whether blame named the call at fault: here every call's
     rewrite is made useless, so no node is named."""
@@ -74,9 +80,7 @@ def test_a_wrong_verdict_exits_1(tmp_path, capsys):
             return "<output>It is about a person.</output>"
         return responder(body)
 
-    with FakeOpenAIServer(responder=useless) as server:
-        code = main(["--base-url", server.base_url, "--sentences", "4", "--dir",
-                     str(tmp_path)])
+    code = four_sentences(useless, tmp_path)
     out = capsys.readouterr().out
     assert code == 1
     assert any(line.startswith("verdict: no node (the fault is numbers): ")
@@ -103,9 +107,7 @@ def test_traces_the_importer_refuses_end_in_one_line(tmp_path, capsys):
             return user.removeprefix("Text: ")
         return responder(body)
 
-    with FakeOpenAIServer(responder=echoing) as server:
-        code = main(["--base-url", server.base_url, "--sentences", "4", "--dir",
-                     str(tmp_path)])
+    code = four_sentences(echoing, tmp_path)
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: the calls numbers, total feed no later call") and \
