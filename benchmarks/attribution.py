@@ -66,7 +66,7 @@ FAULT = "<the task's planted fault>"  # in GRAPHS: the chosen task's fault (FAUL
 # The planted fault, per task: a prompt whose output never carries the numbers. On `copy`,
 # which runs on the 0.5B, "Copy the first word" is ignored in many runs (the 0.5B passes the
 # whole sentence on, number and all, so no training example fails and nothing is learnt);
-# asked for the person's mood, it dropped the number in 16 of 16 trial sentences.
+# asked for the person's mood, it dropped the number in 12 of 12 trial sentences.
 FAULTS = {"sum": "Copy the first word of the text.",
           "copy": "How does the person feel? Answer in one short sentence about their mood."}
 MOOD = "how does the person feel"  # the copy task's fault, as the scripted model reads it
@@ -226,10 +226,10 @@ def _depth(node: tuple, nodes: list[tuple], order: dict[str, int]) -> tuple[int,
     return depth, order[node[0]]
 
 
-def dataset(path: Path, task: str = "sum", rows: int = 12) -> None:
-    """`rows` sentences, names cycling, every answer distinct."""
+def dataset(path: Path, task: str = "sum", n: int = 12) -> None:
+    """`n` sentences, names cycling, every answer distinct."""
     rows = [{"id": f"p{i:02d}", "text": text, "answer": str(answer)}
-            for i, (text, answer) in ((i, TASKS[task][1](i)) for i in range(rows))]
+            for i, (text, answer) in ((i, TASKS[task][1](i)) for i in range(n))]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
