@@ -24,8 +24,9 @@ minutes a graph on two cores). Its figures are in docs/probes.md.
 Each graph: one optimization step with method semantic, then `blame` (pooled, every
 failing example) with --method semantic,textgrad,semantic-nosibling. Scored per graph:
 top-1 attribution of the probes, of the gradients' own claims, and of each method (right
-when the named node is a culprit; "no node" is wrong), with the calls and tokens blame
-spent.
+when the named node is a culprit, or when blame ties on exactly the planted culprits, as
+two_faults' two repairs each pass the number on; "no node" and any other tie are wrong),
+with the calls and tokens blame spent.
 
     .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--task sum|copy]
         [--examples failing|val] [--val N] [--json] [GRAPH ...]
@@ -58,7 +59,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from engine.core.graph import parse_graph  # noqa: E402
 from engine.llm.base import LLMRequest  # noqa: E402
 from engine.llm.scripted import ScriptedBackend  # noqa: E402
-from engine.probes.blame import blame  # noqa: E402
+from engine.probes.blame import Verdict, blame  # noqa: E402
 from engine.runs.execute import RunConfig, execute  # noqa: E402
 
 METHODS = ["semantic", "textgrad", "semantic-nosibling"]
@@ -233,6 +234,12 @@ def dataset(path: Path, task: str = "sum", n: int = 12) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
+def is_right(found: Verdict, culprits: set[str]) -> bool:
+    """A verdict is right when it names a culprit, or ties on exactly the planted culprits
+    (a tie that leaves one out, or takes in a harmless node, is wrong)."""
+    return found.node in culprits or bool(found.tied) and set(found.tied) == culprits
+
+
 async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
               backend: str, task: str = "sum", examples: str = "failing",
               val: int = 6) -> dict:
@@ -256,11 +263,14 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
     started = time.perf_counter()
     report = await blame(db, name, None, examples, methods=METHODS,
                          forward_backend=model())
-    named = {"probes": report.verdict.node, "claims": report.claimed,
-             **{m: v.node for m, v in report.method_verdicts.items()}}
+    verdicts = {"probes": report.verdict, **report.method_verdicts}
+    named = {k: v.node or " or ".join(v.tied) or None for k, v in verdicts.items()}
+    named = {"probes": named["probes"], "claims": report.claimed, **named}
+    right = {"claims": report.claimed in culprits,
+             **{k: is_right(v, culprits) for k, v in verdicts.items()}}
     return {"graph": name, "task": task, "culprits": sorted(culprits),
             "probed": examples, "examples": len(report.examples),
-            "named": named, "right": {k: v in culprits for k, v in named.items()},
+            "named": named, "right": right,
             "evidence": report.evidence,
             "calls": report.calls, "model_calls": report.model_calls, "tokens": report.tokens,
             "seconds": round(time.perf_counter() - started, 2),

@@ -74,3 +74,33 @@ def test_the_copy_task_plants_a_fault_that_drops_the_number(monkeypatch, capsys,
     assert sent and all("How does the person feel? Answer in one short sentence about their "
                         "mood." in text for (text,) in sent)
     assert len(outputs) == 12 and not any(ch.isdigit() for o in outputs for ch in o)
+
+
+def test_two_faults_is_right_only_as_a_tie_on_both_culprits(monkeypatch, capsys, tmp_path):
+    """Either planted fault's repair alone passes the numbers on, so the probes tie on the
+    two; the benchmark scores that tie right because it is exactly the planted pair."""
+    rows = run(monkeypatch, capsys, "--keep", str(tmp_path), "two_faults")
+    assert rows[0]["named"]["probes"] == "fault_a or fault_b"
+    assert rows[0]["right"]["probes"] is True
+    assert "a tie: the 90% intervals of fault_a and fault_b" in rows[0]["reason"]
+    # `engine blame` on the same run says so, and marks both rows
+    from engine.cli import main
+    from engine.llm.scripted import ScriptedBackend
+
+    monkeypatch.setattr("engine.llm.factory.make_backend", lambda *a, **k: ScriptedBackend(
+        responder=attribution.planted_fault_responder()))
+    assert main(["blame", "two_faults", "--db", str(tmp_path / "two_faults.duckdb")]) == 0
+    shown = capsys.readouterr().out
+    assert "probes blame: fault_a or fault_b (" in shown
+    assert shown.count("<- probes (tie)") == 2
+
+
+def test_a_tie_is_right_only_on_exactly_the_planted_culprits():
+    from engine.probes.blame import Verdict
+
+    both = {"fault_a", "fault_b"}
+    assert attribution.is_right(Verdict(None, "", tied=["fault_a", "fault_b"]), both)
+    assert not attribution.is_right(Verdict(None, "", tied=["fault_a", "total"]), both)
+    assert not attribution.is_right(Verdict(None, "", tied=["fault", "who"]), {"fault"})
+    assert attribution.is_right(Verdict("fault_b", ""), both)
+    assert not attribution.is_right(Verdict(None, ""), {"fault"})

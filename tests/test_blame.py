@@ -126,6 +126,31 @@ def test_no_verdict_while_intervals_overlap():
     assert verdict([Evidence("a", probed=2, flips=0), Evidence("b", probed=2)]).node is None
 
 
+def test_two_nodes_above_the_rest_but_not_each_other_are_a_tie():
+    """two_faults' shape: either repair alone passes the number on, so both faults fix every
+    failing example and the third node none. No single node is named; the tie names both,
+    and only when each clears every node outside it."""
+    rows = [Evidence("total", probed=6), Evidence("fault_b", probed=6, flips=6),
+            Evidence("fault_a", probed=6, flips=6)]
+    v = verdict(rows)
+    assert v.node is None and v.tied == ["fault_a", "fault_b"]
+    assert v.named == "fault_a or fault_b"
+    assert v.reason.startswith("a tie: the 90% intervals of fault_a and fault_b (fault_a 6/6, "
+                               "fault_b 6/6) each lie above every other node's")
+    assert v.as_json()["tied"] == ["fault_a", "fault_b"]
+    # one tied node that does not clear the third: no tie, only insufficient evidence
+    weak = verdict([Evidence("total", probed=6, flips=1), Evidence("a", probed=6, flips=6),
+                    Evidence("b", probed=6, flips=3)])
+    assert weak.tied == [] and weak.named == "no node"
+    assert "insufficient evidence" in weak.reason
+    # a tie needs a node outside it, and a single leader is named, not tied
+    assert verdict([Evidence("a", probed=6, flips=6), Evidence("b", probed=6, flips=6)]
+                   ).tied == []
+    assert verdict([Evidence("a", probed=6, flips=6), Evidence("b", probed=6, flips=6),
+                    Evidence("c", probed=6)]).tied == ["a", "b"]
+    assert verdict([Evidence("a", probed=6, flips=6), Evidence("b", probed=6)]).node == "a"
+
+
 def test_edit_probes_decide_when_every_gradient_fix_carries_the_answer():
     """The demo's shape: the faulty node's right output is the answer itself, so every
     gradient that fixes it leaks (no gradient flips anywhere). Its out-of-sample edit
@@ -444,6 +469,12 @@ def test_a_named_node_never_overlaps_another():
         if v.node is not None:
             named = next(r for r in rows if r.node_id == v.node)
             assert all(named.interval[0] > r.interval[1] for r in rows if r is not named)
+            assert v.tied == []
+        if v.tied:  # each tied node clears every node outside the tie, and a node is left
+            inside = [r for r in rows if r.node_id in v.tied]
+            outside = [r for r in rows if r.node_id not in v.tied]
+            assert len(inside) >= 2 and outside and all(r.flips for r in inside)
+            assert all(i.interval[0] > o.interval[1] for i in inside for o in outside)
         elif any(r.flips for r in rows) and len(rows) > 1 and v.more_examples is not None:
             assert v.more_examples > 0
 

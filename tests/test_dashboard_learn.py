@@ -472,3 +472,27 @@ def test_on_the_demo_the_sibling_stage_shows_prompts_that_differ_and_counts_them
     labels = {b.key: b.label for b in at.button if str(b.key).startswith("learn_pair_")}
     assert "leaves out `thing`" in labels["learn_pair_textgrad"]
     assert "without `thing`'s output" in labels["learn_pair_semantic-nosibling"]
+
+
+def test_check_the_blame_says_which_nodes_tie(log, tmp_path, monkeypatch):
+    """Two nodes above the rest but not each other (blame's tie): the stage names both and
+    says why neither alone is named, not "no node yet"."""
+    from engine.probes.blame import Verdict
+
+    db = tmp_path / "tie.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        val = [r[0] for r in con.execute(
+            "SELECT DISTINCT example_id FROM examples WHERE run_id = ? AND split = 'val' "
+            "ORDER BY example_id", [log.demo]).fetchall()]
+        con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
+        _edit_probes(con, log.demo, {"mood": 4, "answer": 4}, val[:4])
+    tie = Verdict(None, "a tie: the 90% intervals of answer and mood (answer 4/4, mood 4/4) "
+                        "each lie above every other node's but overlap one another's", None,
+                  ["answer", "mood"])
+    monkeypatch.setattr("dashboard.views.learn_stages.logged_verdict",
+                        lambda *a, **k: (tie, "edit"))
+    shown = text(learn(db, "Check the blame", run=log.demo, step=1))
+    assert "The probes tie on `answer` and `mood`: a tie: the 90% intervals of answer and " \
+           "mood (answer 4/4, mood 4/4)" in shown
+    assert "The probes name no node yet" not in shown and "The probes blame" not in shown

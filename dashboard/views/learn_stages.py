@@ -348,6 +348,9 @@ def pooled_blame(tour: Selection, llm: list[str]) -> None:
         by = "its gradient" if evidence == "gradient" else "its proposed prompt"
         st.success(f"The probes blame {code(found.node)}: following {by} fixes failing "
                    f"examples, and its 90% interval lies above every other node's.")
+    elif found.tied:
+        st.warning(f"The probes tie on {' and '.join(code(n) for n in found.tied)}: "
+                   f"{found.reason}.")
     else:
         st.info(f"The probes name no node yet: {found.reason}.")
 

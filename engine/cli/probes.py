@@ -186,6 +186,11 @@ def _change(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f}"
 
 
+def _mark(report: Any) -> str:
+    """The table's mark on the node the probes name, or on each node of a tie."""
+    return "<- probes (tie)" if report.verdict.tied else "<- probes"
+
+
 def blame_lines(report: Any, out: Any) -> list[str]:
     """Print the per-node tables; return the lines that follow them."""
     widest = max((len(row.node_id) for row in report.nodes), default=4)
@@ -200,7 +205,7 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     for row in report.nodes:
         marks = []
         if row.node_id in report.blamed and report.evidence == "gradient":
-            marks.append("<- probes")
+            marks.append(_mark(report))
         if row.node_id == report.claimed:
             marks.append("<- gradients")
         table.add_row(row.node_id, str(row.probed), *_rate(row), str(row.errors),
@@ -222,7 +227,7 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                       str(edit.errors), str(edit.leaks),
                       (f"{edit.regressions}/{edit.guarded}" if edit.guarded else "-")
                       + (f" ({edit.copy_rejected} copy-rejected)" if edit.copy_rejected
-                         else ""), "<- probes" if named else "")
+                         else ""), _mark(report) if named else "")
     out.print(table)
     lines = ["gradient flips: failing examples made correct by following the node's gradient "
              "(leaks, rewrites that carry the answer, are not counted), with a 90% Wilson "
@@ -235,10 +240,12 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                    "claimed", Column("", no_wrap=True),
                    title="gradient efficacy per method, on the same traces")
         for row in report.methods:
-            named = report.method_verdicts[row.method].node == row.node_id
+            found = report.method_verdicts[row.method]
+            named = row.node_id == found.node or row.node_id in found.tied
             mt.add_row(row.method, row.node_id, str(row.probed), *_rate(row), str(row.errors),
                        str(row.leaks), _change(row.mean_score_change),
-                       f"{row.claimed}/{row.probed}", "<- blamed" if named else "")
+                       f"{row.claimed}/{row.probed}",
+                       ("<- tied" if found.tied else "<- blamed") if named else "")
         out.print(mt)
     if report.edges:
         et = Table(Column("method", no_wrap=True), Column("edge", no_wrap=True), "probed",
@@ -251,12 +258,12 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                        f"{row.claimed}/{row.probed}")
         out.print(et)
     evidence = f"{report.evidence} probes"
-    lines.append(f"probes blame: {report.verdict.node or 'no node'} ({evidence}: "
+    lines.append(f"probes blame: {report.verdict.named} ({evidence}: "
                  f"{report.verdict.reason})")
     if report.evidence_note:
         lines.append(f"  the edit probes decide: {report.evidence_note}")
     for name, v in report.method_verdicts.items():
-        lines.append(f"  {name}: {v.node or 'no node'}" + ("" if v.node else f" ({v.reason})"))
+        lines.append(f"  {name}: {v.named}" + ("" if v.node else f" ({v.reason})"))
     own, single, total = report.pointed
     if report.claimed:
         rest = f" ({total - single} point at no single node)" if single < total else ""

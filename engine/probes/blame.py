@@ -259,9 +259,19 @@ class Verdict:
     node: str | None
     reason: str
     more_examples: int | None = None  # per node, to separate the two leading nodes
+    # with no node named: the leading nodes whose intervals each lie above every node
+    # outside them but overlap one another's (the fault is in one or more of them)
+    tied: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return {"node": self.node, "reason": self.reason, "more_examples": self.more_examples}
+        return {"node": self.node, "reason": self.reason, "more_examples": self.more_examples,
+                "tied": self.tied}
+
+    @property
+    def named(self) -> str:
+        """What the verdict names, in a word: the node, the tied nodes joined by " or ",
+        or "no node"."""
+        return self.node or " or ".join(self.tied) or "no node"
 
 
 def weigh(gradients: list[Evidence], edits: list[Evidence]) -> tuple[Verdict, str, str]:
@@ -280,9 +290,9 @@ def weigh(gradients: list[Evidence], edits: list[Evidence]) -> tuple[Verdict, st
     if by_gradient.node:
         return by_gradient, "gradient", ""
     by_edit = edit_verdict(edits)
-    if not by_edit.node:
-        return by_gradient, "gradient", ""
-    return by_edit, "edit", f"the gradient probes named no node ({by_gradient.reason})"
+    if by_edit.node or (by_edit.tied and not by_gradient.tied):
+        return by_edit, "edit", f"the gradient probes named no node ({by_gradient.reason})"
+    return by_gradient, "gradient", ""
 
 
 def edit_verdict(edits: list[Evidence]) -> Verdict:
@@ -318,6 +328,7 @@ def verdict(rows: list[Evidence]) -> Verdict:
     if all(low > r.interval[1] for r in others):
         return Verdict(best.node_id, f"{best.node_id}'s 90% interval lies above every other "
                                      "node's")
+    tied = leading_group(ranked)
     rival = max(others, key=lambda r: r.interval[1])
     need = examples_to_separate(best.share or 0.0, rival.share or 0.0)
     have = min(best.counted, rival.counted)
@@ -328,10 +339,31 @@ def verdict(rows: list[Evidence]) -> Verdict:
         more = max(need - have, 1)
         how = (f"about {need} examples per node would separate them at these rates "
                f"({more} more than the {have} now)")
+    if tied:
+        by_id = {r.node_id: r for r in ranked}
+        counts = ", ".join(f"{n} {by_id[n].flips}/{by_id[n].counted}" for n in tied)
+        return Verdict(None, f"a tie: the 90% intervals of {' and '.join(tied)} ({counts}) "
+                             "each lie above every other node's but overlap one another's, "
+                             "so the fault lies in one or more of them; "
+                             f"{how}", more, tied)
     return Verdict(None, f"insufficient evidence: {best.node_id} "
                          f"({best.flips}/{best.counted}) and {rival.node_id} "
                          f"({rival.flips}/{rival.counted}) have overlapping 90% intervals; "
                          f"{how}", more)
+
+
+def leading_group(ranked: list[Evidence]) -> list[str]:
+    """The smallest group of two or more leading nodes (`ranked` by flip rate, highest
+    first) each of whose 90% intervals lies above the interval of every node outside it,
+    with at least one node outside it; [] if there is none. Two planted faults each of
+    whose repairs alone passes the answer on tie this way: no probe of one node at a time
+    can tell which of them is at fault, and both are above the rest."""
+    for size in range(2, len(ranked)):
+        group, rest = ranked[:size], ranked[size:]
+        if all(r.flips for r in group) and \
+                min(r.interval[0] for r in group) > max(r.interval[1] for r in rest):
+            return sorted(r.node_id for r in group)
+    return []
 
 
 def logged_verdict(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
@@ -400,7 +432,8 @@ class BlameReport:
 
     @property
     def blamed(self) -> list[str]:
-        return [self.verdict.node] if self.verdict.node else []
+        """The node the probes name, or the nodes they tie on."""
+        return [self.verdict.node] if self.verdict.node else list(self.verdict.tied)
 
     def as_json(self) -> dict[str, Any]:
         nodes = []
@@ -419,7 +452,8 @@ class BlameReport:
                                           self.pointed)),
             "claims": self.claims,
             **({"methods": [{**m.as_json(), "method": m.method,
-                             "verdict": self.method_verdicts[m.method].node}
+                             "verdict": self.method_verdicts[m.method].node,
+                             "tied": self.method_verdicts[m.method].tied}
                             for m in self.methods]} if self.methods else {}),
             **({"edges": [edge_json(e) for e in self.edges]} if self.methods else {}),
             "repeats": self.repeats, "repeats_note": self.repeats_note,
