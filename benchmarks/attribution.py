@@ -82,12 +82,19 @@ RELAY = "Repeat the text you are given."
 # to add two numbers; `copy` to repeat the one number it is given, which the default
 # embedded forward model (Qwen2.5-Coder-0.5B) does reliably and cannot do for sums (it
 # added 4 + 11 as 16). On `copy` a fix of the fault carries the answer itself, so every
-# gradient probe that fixes it leaks (never credit) and the edit probes decide.
+# gradient probe that fixes it leaks (never credit) and the edit probes decide. Its prompt
+# is one the 0.5B follows on every graph's inputs: asked "Reply with the number of apples
+# stated in your input.", it answered "2" for diamond's two copies of the sentence (2 of 8
+# right) and 2 of 8 for through_function's name and digits; this one answered 8 of 8 on
+# each graph's repaired inputs, and no input without the number gave the answer (a plain
+# trial of forward calls in the engine's format, 2026-12-04).
+COPY_TOTAL = "Copy the number written in your inputs. Reply with that number only, or 0 " \
+    "if there is none."
 TASKS: dict[str, tuple[str, Callable[[int], tuple[str, int]]]] = {
     "sum": ("Add up the numbers you are given, each distinct number once, and reply with "
             "the sum.", lambda i: (f"{NAMES[i % len(NAMES)]} has {i + 2} apples and gets "
                                    f"{3 * i + 5} more.", 4 * i + 7)),
-    "copy": ("Reply with the number of apples stated in your input.",
+    "copy": (COPY_TOTAL,
              lambda i: (f"{NAMES[i % len(NAMES)]} has {4 * i + 7} apples in the basket.",
                         4 * i + 7)),
 }
@@ -153,8 +160,8 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
                 out = f"{words[0] if words else 'Nobody'} feels fine."
             elif "add up" in task:
                 out = str(sum(int(n) for n in dict.fromkeys(_numbers(joined))))
-            elif "number of apples stated" in task:
-                out = (_numbers(joined) or ["none"])[0]
+            elif "copy the number written" in task:
+                out = (_numbers(joined) or ["0"])[0]
             elif "numbers" in task:
                 out = " and ".join(_numbers(joined))
             elif "who" in task or "person's name" in task:

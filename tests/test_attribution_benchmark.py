@@ -73,6 +73,13 @@ def test_the_copy_task_plants_a_fault_that_drops_the_number(monkeypatch, capsys,
         ).fetchall()]
     assert sent and all("How does the person feel? Answer in one short sentence about their "
                         "mood." in text for (text,) in sent)
+    with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
+        last = con.execute("SELECT DISTINCT json_extract_string(messages, '$[1].content') "
+                           "FROM llm_calls WHERE node_id = 'total' AND purpose = 'forward'"
+                           ).fetchall()
+    # the last step's prompt the 0.5B follows on a diamond's two copies and on bare digits
+    assert last and all("Copy the number written in your inputs. Reply with that number "
+                        "only, or 0 if there is none." in text for (text,) in last)
     assert len(outputs) == 12 and not any(ch.isdigit() for o in outputs for ch in o)
 
 
