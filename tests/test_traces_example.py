@@ -84,6 +84,57 @@ def test_backprop_then_probes_call_the_users_model_with_upstream_outputs_substit
     assert example[1] == "Maria has 3 apples in the basket and adds 15 more."
 
 
+def _sent(db, purpose: str, node: str) -> list[str]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return [m for (m,) in con.execute(
+            "SELECT json_extract_string(messages, '$[1].content') FROM llm_calls WHERE "
+            "run_id = 'ex' AND step = 1 AND purpose = ? AND node_id = ?",
+            [purpose, node]).fetchall()]
+
+
+def test_the_optimizer_reads_an_imported_calls_own_message_with_its_inputs_tagged(
+        imported, capsys):
+    """What `total` really read is the pipeline's message ("Note: ...\nNumbers: ..."): its
+    backward call and its update call show that message with each upstream reply tagged
+    where it sits, not the bare inputs; a sibling-blind method hides the sibling's reply."""
+    server, db, _, _ = imported
+    assert main(["backprop", "ex", "--db", str(db)]) == 0
+    capsys.readouterr()
+    with duckdb.connect(str(db), read_only=True) as con:
+        example, read = con.execute(
+            "SELECT o.example_id, o.input_text FROM node_outputs o JOIN examples e ON "
+            "e.run_id = o.run_id AND e.example_id = o.example_id WHERE o.run_id = 'ex' AND "
+            "o.step = 0 AND o.node_id = 'total' ORDER BY e.position LIMIT 1").fetchone()
+    assert re.fullmatch(r'<message role="user">\nNote: <input name="who">It is about Maria\.'
+                        r'</input>\nNumbers: <input name="numbers">Maria [^<]+</input>\n'
+                        r'</message>', read), read
+    backward = _sent(db, "backward", "total")
+    assert len(backward) == 6 and all(
+        "For one example it read these messages, each input tagged where it sits:\n"
+        '<message role="user">\nNote: <input name="who">' in m for m in backward)
+    assert any(read in m for m in backward)
+    update = _sent(db, "update", "total")
+    assert update and read in update[0]
+    # following a gradient, the rewrite call shows what the call read, tagged the same way
+    assert main(["probe", "ex", "--db", str(db), "--step", "1", "--node", "total",
+                 "--gradient", "--example", example]) == 0
+    capsys.readouterr()
+    rewrites = _sent(db, "probe", "total")
+    assert rewrites and any(m.startswith("A step of the pipeline read these inputs:\n" + read)
+                            for m in rewrites)
+
+    assert main(["backprop", "ex", "--db", str(db), "--method", "textgrad"]) == 0
+    capsys.readouterr()
+    with duckdb.connect(str(db), read_only=True) as con:
+        blind = [m for (m,) in con.execute(
+            "SELECT json_extract_string(c.messages, '$[1].content') FROM gradients g JOIN "
+            "llm_calls c USING (call_id) WHERE g.run_id = 'ex' AND g.step = 2 AND "
+            "g.node_id = 'numbers' AND g.kind = 'gradient'").fetchall()]
+    assert blind and all('Note: <input name="who">(not shown)</input>\nNumbers: <input '
+                         'name="numbers">' in m for m in blind)
+    assert not any("It is about" in m for m in blind)
+
+
 def test_blame_names_the_call_whose_prompt_is_at_fault(imported, capsys):
     server, db, _, _ = imported
     assert main(["backprop", "ex", "--db", str(db)]) == 0

@@ -10,6 +10,7 @@ that implements `node_gradients` (and may override `backward` and `propose_updat
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from engine.core.functions import function_backward
 from engine.events import Gradient, LossRecord
 from engine.prompts import structured as S
 from engine.prompts import templates as P
+from engine.prompts.recorded import RECORDED_FIELD, marked_read
 
 
 @dataclass
@@ -171,6 +173,18 @@ def input_tasks(graph, prompts_text: dict[str, str], names: list[str]) -> dict[s
             if task:
                 tasks[name] = task
     return tasks
+
+
+def recorded_read(ctx: RunContext, trace: ExampleTrace, node_id: str,
+                  shown: Collection[str] | None = None) -> str:
+    """For a call imported from traces, the messages it read with its inputs tagged (those
+    not in `shown` hidden): what a backward call shows of it instead of the bare inputs,
+    so a passage or wording around them, or only the part of the pipeline's input the
+    call was given, is what the optimizer reads. "" for any other node."""
+    if not ctx.graph.node(node_id).recorded:
+        return ""
+    return marked_read(trace.example.fields.get(RECORDED_FIELD, ""), node_id,
+                       trace.inputs[node_id], shown)
 
 
 def asking_nodes(graph) -> list:

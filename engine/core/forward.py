@@ -20,7 +20,7 @@ from engine.data.examples import Example
 from engine.events import Activation
 from engine.llm.client import LLMClient
 from engine.prompts import templates as P
-from engine.prompts.recorded import RECORDED_FIELD, recorded_messages
+from engine.prompts.recorded import RECORDED_FIELD, marked_read, recorded_messages
 
 
 @dataclass(frozen=True)
@@ -216,12 +216,21 @@ async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: N
                        raw=record.response, parse_error=problem, call_id=record.call_id)
 
 
+def input_text(example: Example, node: Node, values: dict[str, str]) -> str:
+    """What the node read, as logged and shown to the optimizer: its inputs as blocks, or
+    for a call imported from traces, its recorded messages with each input tagged where it
+    sits (the passage or wording around them is part of what it read)."""
+    read = marked_read(example.fields.get(RECORDED_FIELD, ""), node.id, values) \
+        if node.recorded else ""
+    return read or P.render_inputs(values)
+
+
 def _activation(ctx: RunContext, split: str, example: Example, node: Node, prompts: Prompts,
                 values: dict[str, str], *, output: str = "", error: str | None = None,
                 raw: str = "", parse_error: str | None = None, call_id: str | None = None
                 ) -> Activation:
     return Activation(
         run_id=ctx.run_id, step=ctx.step, split=split, example_id=example.id, node_id=node.id,
-        prompt_version=prompts.version.get(node.id, 0), input_text=P.render_inputs(values),
+        prompt_version=prompts.version.get(node.id, 0), input_text=input_text(example, node, values),
         output_text=output, error=error, raw_text=raw, parse_error=parse_error,
         call_id=call_id)

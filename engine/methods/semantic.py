@@ -8,7 +8,13 @@ split into one gradient per predecessor: each is conditioned on its siblings' va
 
 from __future__ import annotations
 
-from engine.core.backward import Method, NodeGradient, ask_backward, input_tasks
+from engine.core.backward import (
+    Method,
+    NodeGradient,
+    ask_backward,
+    input_tasks,
+    recorded_read,
+)
 from engine.core.forward import ExampleTrace, Prompts, RunContext
 from engine.prompts import templates as P
 
@@ -24,7 +30,8 @@ class SemanticBackprop(Method):
         view = P.BackwardView(prompts.text[node_id], dict(trace.inputs[node_id]),
                               frozenset(ctx.graph.input_fields), trace.output(node_id),
                               feedback, predecessors, self.mode,
-                              input_tasks(ctx.graph, prompts.text, predecessors))
+                              input_tasks(ctx.graph, prompts.text, predecessors),
+                              recorded_read(ctx, trace, node_id))
         grads, call_id, problem, claims = await ask_backward(ctx, node_id, trace.example.id,
                                                              view, self.role)
         return {p: NodeGradient(grads[p], call_id, problem, claims.get(p)) for p in predecessors}

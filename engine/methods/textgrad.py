@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.core.backward import Method, NodeGradient, ask_backward, asking_nodes, input_tasks
+from engine.core.backward import (
+    Method,
+    NodeGradient,
+    ask_backward,
+    asking_nodes,
+    input_tasks,
+    recorded_read,
+)
 from engine.core.forward import ExampleTrace, Prompts, RunContext
 from engine.prompts import templates as P
 
@@ -40,10 +47,12 @@ class TextGrad(Method):
         values = trace.inputs[node_id]
 
         async def one(pred: str) -> NodeGradient:
-            view = P.BackwardView(prompts.text[node_id], self.shown_inputs(ctx, values, pred),
+            shown = self.shown_inputs(ctx, values, pred)
+            view = P.BackwardView(prompts.text[node_id], shown,
                                   frozenset(ctx.graph.input_fields), trace.output(node_id),
                                   feedback, [pred], input_tasks=input_tasks(
-                                      ctx.graph, prompts.text, [pred]))
+                                      ctx.graph, prompts.text, [pred]),
+                                  read=recorded_read(ctx, trace, node_id, shown))
             grads, call_id, problem, claims = await ask_backward(
                 ctx, node_id, trace.example.id, view, self.role)
             return NodeGradient(grads[pred], call_id, problem, claims.get(pred))

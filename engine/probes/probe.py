@@ -48,13 +48,12 @@ from engine.runs.code import bind_logged_graph
 KINDS = ("output", "gradient", "edit")
 
 
-def probe_rewrite_messages(inputs: dict[str, str], output: str, feedback: str
-                           ) -> list[tuple[str, str]]:
-    """The gradient probe's rewrite call: the node's inputs, output and gradient, not its
-    prompt (engine/prompts/templates.py says why)."""
+def probe_rewrite_messages(read: str, output: str, feedback: str) -> list[tuple[str, str]]:
+    """The gradient probe's rewrite call: what the node read (its inputs as blocks, or an
+    imported call's messages with its inputs tagged: the activation's `input_text`), its
+    output and gradient, not its prompt (engine/prompts/templates.py says why)."""
     return [("system", P.PROBE_REWRITE_SYSTEM),
-            ("user", P.PROBE_REWRITE.format(inputs=P.render_inputs(inputs), output=output,
-                                          feedback=feedback))]
+            ("user", P.PROBE_REWRITE.format(inputs=read, output=output, feedback=feedback))]
 
 
 class ProbeError(ValueError):
@@ -336,8 +335,10 @@ class Prober:
         """(rewritten output, call id, error): the optimizer model applies the gradient."""
         ctx = ctx or self.ctx
         node = self.run.graph.node(node_id)
-        messages = probe_rewrite_messages(trace.inputs.get(node_id, {}),
-                                          trace.output(node_id), feedback)
+        activation = trace.activations.get(node_id)
+        read = activation.input_text if activation else P.render_inputs(
+            trace.inputs.get(node_id, {}))
+        messages = probe_rewrite_messages(read, trace.output(node_id), feedback)
         request = ctx.client.request(
             "probe", messages, max_tokens=ctx.optimizer_max_tokens,
             meta={"role": "probe_rewrite", "node": node.id, "output": trace.output(node_id),

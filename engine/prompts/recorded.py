@@ -7,12 +7,17 @@ out as a slot: `[{"role": "user", "parts": ["Summary: ", {"slot": "summarize"}, 
 Rendering puts a node's current input values into the slots, so a probe that changes an
 upstream output changes exactly that text in the downstream call, and rendering the logged
 values gives back the recorded messages byte for byte.
+
+What the optimizer is shown of such a call (`marked_read`) is the same messages, each slot
+tagged with its input's name: the text the call really read (a retrieved passage, the
+pipeline's own wording, only the part of the input it was given) with the inputs a
+gradient is asked for marked where they sit.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 # The example field that holds each imported node's template: {node id: template}.
@@ -55,6 +60,31 @@ def slots_used(template: list[dict[str, Any]]) -> list[str]:
 def make_template(messages: list[tuple[str, str]], slots: Mapping[str, str]
                   ) -> list[dict[str, Any]]:
     return [{"role": role, "parts": cut_slots(content, slots)} for role, content in messages]
+
+
+READ_MESSAGE = '<message role="{role}">\n{text}\n</message>'
+READ_INPUT = '<input name="{name}">{value}</input>'
+READ_HIDDEN = '<input name="{name}">(not shown)</input>'
+
+
+def marked_read(template_json: str, node_id: str, values: Mapping[str, str],
+                shown: Collection[str] | None = None) -> str:
+    """A recorded node's non-system messages as the call read them, each slot as
+    `<input name="...">value</input>`; a slot whose input is not in `shown` (a sibling a
+    sibling-blind method must not see) reads "(not shown)". "" when the example holds no
+    template for the node."""
+    templates = json.loads(template_json or "{}")
+    if node_id not in templates:
+        return ""
+    blocks = []
+    for message in templates[node_id]:
+        text = "".join(
+            part if isinstance(part, str) else
+            (READ_INPUT if shown is None or part["slot"] in shown else READ_HIDDEN).format(
+                name=part["slot"], value=values.get(part["slot"], ""))
+            for part in message["parts"])
+        blocks.append(READ_MESSAGE.format(role=message["role"], text=text))
+    return "\n".join(blocks)
 
 
 def recorded_messages(prompt: str, template_json: str, node_id: str,

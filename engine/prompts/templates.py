@@ -153,7 +153,7 @@ BACKWARD_INPUT_TASK = '<task of="{name}">\n{task}\n</task>'
 
 BACKWARD_EXAMPLE = """
 
-For one example it read these inputs:
+For one example {reads}:
 {inputs}
 
 It produced this output:
@@ -165,6 +165,10 @@ Feedback on this output:
 <feedback>
 {feedback}
 </feedback>"""
+
+BACKWARD_READS = "it read these inputs"
+# a call imported from traces: the messages it read, not only its inputs (BackwardView.read)
+BACKWARD_READS_MESSAGES = "it read these messages, each input tagged where it sits"
 
 BACKWARD_QUESTION = {
     "directional": "For each input produced by an earlier step ({names}), explain how that "
@@ -194,14 +198,19 @@ class BackwardView:
     mode: str = "directional"  # or "evaluative"
     # the task (prompt or description) of the step that wrote each asked input, where known
     input_tasks: dict[str, str] = field(default_factory=dict)
+    # a call imported from traces: the messages it read with the shown inputs tagged
+    # (engine/prompts/recorded.py, marked_read), shown instead of the bare inputs
+    read: str = ""
 
 
 def backward_messages(view: BackwardView) -> list[tuple[str, str]]:
     user = (BACKWARD_TASK.format(prompt=view.task) + render_input_tasks(view)
             + BACKWARD_QUESTION[view.mode].format(names=", ".join(view.asked))
             + BACKWARD_ANSWER.format(blocks=gradient_blocks(view.asked))
-            + BACKWARD_EXAMPLE.format(inputs=render_inputs(view.inputs), output=view.output,
-                                      feedback=view.feedback))
+            + BACKWARD_EXAMPLE.format(
+                reads=BACKWARD_READS_MESSAGES if view.read else BACKWARD_READS,
+                inputs=view.read or render_inputs(view.inputs), output=view.output,
+                feedback=view.feedback))
     return [("system", BACKWARD_SYSTEM), ("user", user)]
 
 
