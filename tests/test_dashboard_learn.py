@@ -250,19 +250,25 @@ def _edit_probes(con, run: str, flips: dict[str, int], examples: list[str]) -> N
                          1.0 if i < fixed else 0.0])
 
 
-def test_check_the_blame_pools_every_probed_example_with_intervals_and_names_the_node(
-        log, tmp_path):
-    """After a blame on the validation examples (which the tour's own example is not among),
-    the stage shows every probe of the step per node, with 90% intervals, and the node they
-    name by blame's own rule; with too few examples it says why no node is named."""
-    db = tmp_path / "pooled.duckdb"
+def _probed_copy(log, db: Path, flips) -> tuple[Path, list[str]]:
+    """A copy of the demo run's log whose step-1 probes are only edit probes on every
+    validation example, `flips(n)` of them fixed per node; (the copy, those examples)."""
     shutil.copy(log.db, db)
     with duckdb.connect(str(db)) as con:
         val = [r[0] for r in con.execute(
             "SELECT DISTINCT example_id FROM examples WHERE run_id = ? AND split = 'val' "
             "ORDER BY example_id", [log.demo]).fetchall()]
         con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
-        _edit_probes(con, log.demo, {"mood": len(val), "answer": 0}, val)
+        _edit_probes(con, log.demo, flips(len(val)), val)
+    return db, val
+
+
+def test_check_the_blame_pools_every_probed_example_with_intervals_and_names_the_node(
+        log, tmp_path):
+    """After a blame on the validation examples (which the tour's own example is not among),
+    the stage shows every probe of the step per node, with 90% intervals, and the node they
+    name by blame's own rule; with too few examples it says why no node is named."""
+    db, val = _probed_copy(log, tmp_path / "pooled.duckdb", lambda n: {"mood": n, "answer": 0})
     assert len(val) >= 4  # 4/4 against 0/4: 90% intervals apart
     at = learn(db, "Check the blame", run=log.demo, step=1)
     pooled = at.dataframe[1].value.set_index("node")
@@ -479,14 +485,7 @@ def test_check_the_blame_says_which_nodes_tie(log, tmp_path, monkeypatch):
     says why neither alone is named, not "no node yet"."""
     from engine.probes.blame import Verdict
 
-    db = tmp_path / "tie.duckdb"
-    shutil.copy(log.db, db)
-    with duckdb.connect(str(db)) as con:
-        val = [r[0] for r in con.execute(
-            "SELECT DISTINCT example_id FROM examples WHERE run_id = ? AND split = 'val' "
-            "ORDER BY example_id", [log.demo]).fetchall()]
-        con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
-        _edit_probes(con, log.demo, {"mood": 4, "answer": 4}, val[:4])
+    db, _ = _probed_copy(log, tmp_path / "tie.duckdb", lambda n: {"mood": n, "answer": n})
     tie = Verdict(None, "a tie: the 90% intervals of answer and mood (answer 4/4, mood 4/4) "
                         "each lie above every other node's but overlap one another's", None,
                   ["answer", "mood"])
