@@ -57,7 +57,7 @@ def run_blame(db: str, misleading: bool = False, examples: str = "failing", **kw
 def table(report) -> dict[str, tuple]:
     edits = {e.node_id: e for e in report.edits}
     return {r.node_id: (r.probed, r.flips, r.leaks, edits[r.node_id].flips,
-                        edits[r.node_id].in_sample, edits[r.node_id].probed)
+                        edits[r.node_id].in_sample, edits[r.node_id].counted)
             for r in report.nodes}
 
 
@@ -65,9 +65,10 @@ def test_blame_pools_every_failing_example_and_names_the_fault(tmp_path):
     db = logged_run(tmp_path)
     report = run_blame(db, step=None)
     assert report.steps == [1] and len(report.examples) == 8  # all 8 training examples fail
-    # the 3 back-propagated examples' edit flips are in-sample: shown, not counted
-    assert table(report) == {"who": (8, 0, 0, 0, 0, 8), "numbers": (8, 8, 0, 5, 3, 8),
-                             "total": (8, 0, 8, 0, 0, 8)}  # total's flips copy the target
+    # the 3 back-propagated examples are in-sample for every edit: their flips are shown,
+    # and they are left out of what is counted (5 of the 8)
+    assert table(report) == {"who": (8, 0, 0, 0, 0, 5), "numbers": (8, 8, 0, 5, 3, 5),
+                             "total": (8, 0, 8, 0, 0, 5)}  # total's flips copy the target
     rows = {r.node_id: r for r in report.nodes}
     assert rows["numbers"].interval[0] > max(rows["who"].interval[1], rows["total"].interval[1])
     assert report.verdict.node == "numbers" and report.claimed == "numbers"
@@ -89,7 +90,7 @@ def test_three_sampled_examples_barely_separate_and_the_gradients_claims(tmp_pat
     db = logged_run(tmp_path)
     report = run_blame(db, examples="sampled")
     assert len(report.examples) == 3
-    assert table(report)["numbers"] == (3, 3, 0, 0, 3, 3)  # every edit flip is in-sample
+    assert table(report)["numbers"] == (3, 3, 0, 0, 3, 0)  # every edit probe is in-sample
     low, high = report.nodes[1].interval
     assert round(low, 3) == 0.526 and high == 1.0
     assert report.verdict.node == "numbers"
@@ -289,7 +290,7 @@ def test_a_method_without_gradients_is_judged_by_its_out_of_sample_edits(tmp_pat
     assert main(["blame", "bf", "--db", db]) == 0
     out = capsys.readouterr().out
     grads, edited = [ln for ln in out.splitlines() if ln.startswith("│ numbers")]
-    assert "5/8" in edited and "<- probes" in edited and "<- probes" not in grads
+    assert "5/5" in edited and "<- probes" in edited and "<- probes" not in grads
     assert "probes blame: numbers (edit probes: " in out
     assert "the edit probes decide: the run has no gradients" in out
     # the pages' verdict, from the probes the blame logged, is the command's
@@ -325,12 +326,13 @@ def test_a_node_whose_update_changed_nothing_counts_as_fixing_nothing(tmp_path, 
                            ).fetchall() == [("numbers",)]
     report = run_blame(db)
     edits = {e.node_id: e for e in report.edits}
-    assert (edits["numbers"].flips, edits["numbers"].probed) == (5, 8)
+    assert (edits["numbers"].flips, edits["numbers"].probed, edits["numbers"].counted) == (
+        5, 8, 5)
     assert (edits["who"].probed, edits["who"].unchanged) == (0, 1)
     assert (report.verdict.node, report.evidence) == ("numbers", "edit")
     assert report.verdict.reason.endswith(
-        "(total: its update left the prompt unchanged, so 0 of 8; who: its update left the "
-        "prompt unchanged, so 0 of 8)")
+        "(total: its update left the prompt unchanged, so 0 of 5; who: its update left the "
+        "prompt unchanged, so 0 of 5)")
     pooled = logged_verdict(node_blame(db, "bf", 1).to_dict("records"),
                             step_updates(db, "bf", 1).to_dict("records"), NODES)
     assert (pooled[0].node, pooled[0].reason) == ("numbers", report.verdict.reason)

@@ -75,9 +75,10 @@ def test_edit_alone_counts_only_the_proposed_edit_as_blame_json_does(tmp_path, c
                                                                      scripted):
     db = logged_run(tmp_path)
     report = blame_json(db, capsys, "failing")
-    expected = {n["node"]: (n["edit"]["flips"], n["edit"]["probed"] - n["edit"]["errors"])
-                for n in report["nodes"]}
-    assert expected["numbers"] == (5, 8)  # 3 of its 8 fixes are in-sample: not counted
+    expected = {n["node"]: (n["edit"]["flips"], n["edit"]["probed"] - n["edit"]["errors"]
+                            - n["edit"]["seen"]) for n in report["nodes"]}
+    # 3 of its 8 fixes are on examples the update call saw: left out of flips and count
+    assert expected["numbers"] == (5, 5)
     assert edit_counts(db) == expected
     # the intervals the pages print beside the counts are the command's
     pages = {r["node_id"]: r for r in node_blame(db, "bf", 1).to_dict("records")}
@@ -95,7 +96,8 @@ def test_a_what_if_prompt_is_not_the_optimizers_edit(tmp_path, capsys, scripted)
     report = blame_json(db, capsys, "sampled")  # only the 3 examples the update call saw
     numbers = next(n for n in report["nodes"] if n["node"] == "numbers")
     assert (numbers["edit"]["flips"], numbers["edit"]["probed"]) == (0, 3)
-    assert edit_counts(db)["numbers"] == (0, 3)
+    # ... and those are no evidence about the edit: none is counted, on the pages either
+    assert (numbers["edit"]["seen"], edit_counts(db)["numbers"]) == (3, (0, 0))
     sampled = {c["example"] for c in report["claims"]}
     cells = blame_cells(db)
     unseen = sorted(e for e in cells if e not in sampled)[0]  # fails, never probed so far
@@ -105,7 +107,7 @@ def test_a_what_if_prompt_is_not_the_optimizers_edit(tmp_path, capsys, scripted)
                                 forward_backend=ScriptedBackend(
                                     responder=blame_fault_responder())))
     assert [r.flipped for r in results] == [True]  # the typed prompt fixes it ...
-    assert edit_counts(db)["numbers"] == (0, 3)  # ... but it is not the optimizer's edit
+    assert edit_counts(db)["numbers"] == (0, 0)  # ... but it is not the optimizer's edit
     assert blame_json(db, capsys, "sampled")["nodes"][1]["edit"]["flips"] == 0
     cells = blame_cells(db)
     assert named(cells[unseen]["blame"]) == {"numbers"}  # the probe itself is shown

@@ -49,9 +49,9 @@ from engine.probes.probe import (
 )
 from engine.runlog.probing import (
     aggregate_gradients,
-    backpropagated_rows,
     backward_steps,
     recorded_claims,
+    sampled_examples,
     step_proposal,
 )
 
@@ -143,20 +143,10 @@ def proposed_prompt(run: LoggedRun, node_id: str) -> str:
 
 
 def backpropagated(run: LoggedRun) -> list[str]:
-    """Examples whose loss was back-propagated at the step, in dataset order. A method
-    that writes no gradients (`none`) leaves no trace of them: the optimizer's seeded
-    sample is drawn again from the step's logged training losses."""
-    from engine.core.optimizer import sample_failures
-    from engine.events import LossRecord
-
-    rows, losses = backpropagated_rows(run.db, run.run_id, run.step)
-    if rows or not losses:
-        return rows
-    records = [LossRecord(run.run_id, run.step, "train", e, "", "", s, "", err)
-               for e, s, err in losses]
-    chosen = sample_failures(records, int(run.config.get("failures_per_step", 2)),
-                             int(run.config.get("seed", 0)), run.step)
-    return [losses[i][0] for i in chosen]
+    """Examples whose loss was back-propagated at the step, in dataset order
+    (`sampled_examples`: for a method without gradients, the optimizer's seeded sample
+    drawn again)."""
+    return sampled_examples(run.db, run.run_id, run.step, run.config)
 
 
 def select_examples(run: LoggedRun, which: str) -> list[str]:
@@ -208,6 +198,7 @@ class Evidence:
     errors: int = 0  # ... whose probes all failed: not evidence either way
     leaks: int = 0  # ... fixed, but the intervention carries the answer
     in_sample: int = 0  # ... fixed, but the update call saw the example (edits)
+    seen: int = 0  # ... on examples the update call saw, fixed or not (edits): no evidence
     guarded: int = 0  # groups on passing (validation) examples
     regressions: int = 0  # ... broken by the intervention
     score_change: float = 0.0  # summed over scored failing groups
@@ -222,7 +213,9 @@ class Evidence:
 
     @property
     def counted(self) -> int:
-        return self.probed - self.errors
+        """Probes that are evidence: not errors, and (edits) not on an example the update
+        call saw, whose fix or non-fix says nothing about the edit out of sample."""
+        return self.probed - self.errors - self.seen
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -244,7 +237,8 @@ class Evidence:
                 "mean_score_change": self.mean_score_change,
                 "regressions": self.regressions, "guarded": self.guarded}
         if self.kind == "edit":
-            data.update(in_sample=self.in_sample, copy_rejected=self.copy_rejected)
+            data.update(in_sample=self.in_sample, seen=self.seen,
+                        copy_rejected=self.copy_rejected)
         else:  # what the followed gradients asked
             data.update(claimed=self.claimed, claim_agreement=self.claim_agree)
         if self.repeat_groups:
@@ -299,7 +293,7 @@ def edit_verdict(edits: list[Evidence]) -> Verdict:
     """The edit probes' verdict, nodes with no proposal compared as unchanged (see weigh)."""
     tried = [e for e in edits if e.counted]
     n = max((e.counted for e in tried), default=0)
-    kept = [replace(e, probed=n, errors=0) for e in edits
+    kept = [replace(e, probed=n, errors=0, seen=0) for e in edits
             if not e.counted and e.unchanged and not e.copy_rejected and n]
     compared = tried + kept
     if len(compared) < 2:
@@ -709,6 +703,7 @@ def _tally(row: Evidence, draws: list[ProbeResult], claim: bool | None = None) -
     row.flips += int(fixed and not leaked and not inside)
     row.leaks += int(leaked)
     row.in_sample += int(inside and not leaked)
+    row.seen += int(draws[0].in_sample)
     changes = [r.score_change for r in ok if r.score_change is not None]
     if changes:
         row.score_change += sum(changes) / len(changes)

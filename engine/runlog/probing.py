@@ -130,3 +130,27 @@ def backpropagated_rows(db: str | Path, run_id: str, step: int
             "WHERE l.run_id = ? AND l.step = ? AND l.split = 'train' ORDER BY e.position",
             [run_id, step]).fetchall()
     return [r[0] for r in rows], [tuple(r) for r in losses]
+
+
+def sampled_examples(db: str | Path, run_id: str, step: int,
+                     config: dict[str, Any] | None = None) -> list[str]:
+    """Examples whose loss was back-propagated at the step (the update call saw them), in
+    dataset order. A method that writes no gradients (`none`) leaves no trace of them: the
+    optimizer's seeded sample is drawn again from the step's logged training losses, with
+    the run's `failures_per_step` and `seed` (`config`, read from the log when not given).
+    `blame` marks edit probes on these examples in-sample, and the pages leave them out of
+    the edit counts the same way."""
+    from engine.core.optimizer import sample_failures
+    from engine.events import LossRecord
+
+    rows, losses = backpropagated_rows(db, run_id, step)
+    if rows or not losses:
+        return rows
+    if config is None:
+        with connect(db, read_only=True) as con:
+            found = con.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        config = json.loads(found[0]) if found and found[0] else {}
+    records = [LossRecord(run_id, step, "train", e, "", "", s, "", err) for e, s, err in losses]
+    chosen = sample_failures(records, int(config.get("failures_per_step", 2)),
+                             int(config.get("seed", 0)), step)
+    return [losses[i][0] for i in chosen]

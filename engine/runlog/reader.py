@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from engine.runlog.probing import sampled_examples
 from engine.runlog.schema import connect
 
 
@@ -373,8 +374,9 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
 
     The edit counts are `engine blame`'s: only probes of the optimizer's own proposal at
     the step (not a prompt typed in What-if), one per example (with repeats, the
-    majority's flip), leaving out flips that leak the target and examples the update call
-    saw (in-sample)."""
+    majority's flip), leaving out flips that leak the target, and leaving out examples the
+    update call saw (in-sample) altogether: fixed or not, they are no evidence about the
+    edit out of sample."""
     return query(db, """
         WITH proposal_draws AS (
             SELECT p.node_id, p.example_id,
@@ -382,8 +384,7 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
                    count(*) FILTER (WHERE p.error IS NULL AND p.after_score >= 1) AS fixed,
                    bool_or(p.error IS NULL AND p.after_score >= 1
                            AND coalesce(p.leaks_target, false)) AS leaked,
-                   p.example_id IN (SELECT example_id FROM gradients
-                                    WHERE run_id = $run AND step = $step) AS in_sample
+                   list_contains($sampled, p.example_id) AS in_sample
             FROM probes p
             WHERE p.run_id = $run AND p.step = $step AND p.kind = 'edit'
               AND p.before_score < 1
@@ -392,7 +393,7 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
                           AND u.new_prompt = p.intervention)
             GROUP BY p.node_id, p.example_id),
         edits AS (
-            SELECT node_id, count(*) FILTER (WHERE ok > 0) AS edit_probed,
+            SELECT node_id, count(*) FILTER (WHERE ok > 0 AND NOT in_sample) AS edit_probed,
                    count(*) FILTER (WHERE fixed * 2 > ok AND NOT leaked AND NOT in_sample)
                        AS edit_flips
             FROM proposal_draws GROUP BY node_id),
@@ -409,7 +410,8 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
         SELECT o.node_id, o.probed, o.flips, coalesce(e.edit_probed, 0) AS edit_probed,
                coalesce(e.edit_flips, 0) AS edit_flips, o.leaks
         FROM others o LEFT JOIN edits e USING (node_id) ORDER BY o.node_id""",
-                 {"run": run_id, "step": int(step)})
+                 {"run": run_id, "step": int(step),
+                  "sampled": sampled_examples(db, run_id, int(step))})
 
 
 def step_call_costs(db: str | Path, run_id: str) -> list[dict]:
