@@ -297,6 +297,14 @@ def test_a_method_without_gradients_is_judged_by_its_out_of_sample_edits(tmp_pat
     pooled = logged_verdict(node_blame(db, "bf", 1).to_dict("records"),
                             step_updates(db, "bf", 1).to_dict("records"), NODES)
     assert (pooled[0].node, pooled[1]) == ("numbers", "edit")
+    # the Examples page names the same examples in-sample: the seeded sample drawn again,
+    # with no gradient logged to say which they were
+    from engine.runlog.debug import example_rows
+
+    cells = example_rows(db, "bf", 1, split="train", limit=100)
+    marked = set(cells.loc[cells["in_sample"] == "numbers", "example_id"])
+    sampled = {e for _, e in run_blame(db, examples="sampled").examples}
+    assert len(marked) == 3 and marked == sampled
     report = run_blame(db)
     assert report.evidence == "edit" and {r.kind for r in report.results} == {"edit"}
     edits = {e.node_id: e for e in report.edits}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from engine.runlog.probing import sampled_examples
 from engine.runlog.reader import query
 from engine.runlog.schema import connect
 
@@ -31,7 +32,7 @@ _EXAMPLE_ROWS = f"""
         WHERE run_id = $run AND step = $step AND kind IN ('gradient', 'target')
         GROUP BY example_id),
     sampled AS (  -- back-propagated at the step: the update call saw these examples
-        SELECT DISTINCT example_id FROM gradients WHERE run_id = $run AND step = $step),
+        SELECT unnest($sampled::VARCHAR[]) AS example_id),
     gains AS (  -- per (example, node): the best score change of the probes that count as
                 -- credit, and whether a gain leaked the target or was an in-sample edit
         SELECT p.example_id, p.node_id, count(*) AS probes,
@@ -96,7 +97,7 @@ def example_rows(db: str | Path, run_id: str, step: int, *, split: str | None = 
     and any gradient for it at this step. Column `total` is the number of matching rows."""
     where = ["TRUE"]
     params: dict = {"run": run_id, "step": int(step), "limit": int(limit),
-                    "offset": int(offset)}
+                    "offset": int(offset), "sampled": sampled_examples(db, run_id, int(step))}
     if split:
         where.append("split = $split")
         params["split"] = split

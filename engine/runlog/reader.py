@@ -384,7 +384,7 @@ def node_blame(db: str | Path, run_id: str, step: int) -> pd.DataFrame:
                    count(*) FILTER (WHERE p.error IS NULL AND p.after_score >= 1) AS fixed,
                    bool_or(p.error IS NULL AND p.after_score >= 1
                            AND coalesce(p.leaks_target, false)) AS leaked,
-                   list_contains($sampled, p.example_id) AS in_sample
+                   list_contains($sampled::VARCHAR[], p.example_id) AS in_sample
             FROM probes p
             WHERE p.run_id = $run AND p.step = $step AND p.kind = 'edit'
               AND p.before_score < 1
