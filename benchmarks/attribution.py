@@ -29,7 +29,7 @@ two_faults' two repairs each pass the number on; "no node" and any other tie are
 with the calls and tokens blame spent.
 
     .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--task sum|copy]
-        [--examples failing|val] [--val N] [--json] [GRAPH ...]
+        [--examples failing|val] [--val N] [--keep DIR [--reblame]] [--json] [GRAPH ...]
 
 `--examples val` blames on the failing validation examples instead of the failing training
 ones (`--val N` of them per graph, 6 by default): there every edit flip counts (the update
@@ -37,6 +37,9 @@ call never saw them), where on the 6 training examples the 2 back-propagated are
 and often only 2 fail at all.
 
 (GRAPH names some of the graphs, e.g. `chain2 diamond` on the slower embedded model.)
+
+`--keep DIR --reblame` blames again the runs a `--keep DIR` run left there, without running
+their steps again: after a change to blame's rule, the same runs scored the new way.
 """
 
 from __future__ import annotations
@@ -241,6 +244,16 @@ def dataset(path: Path, task: str = "sum", n: int = 12) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
+def has_run(db: Path, run_id: str) -> bool:
+    if not db.exists():
+        return False
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        return bool(con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]
+                                ).fetchone()[0])
+
+
 def is_right(found: Verdict, culprits: set[str]) -> bool:
     """A verdict is right when it names a culprit, or ties on exactly the planted culprits
     (a tie that leaves one out, or takes in a harmless node, is wrong)."""
@@ -249,13 +262,14 @@ def is_right(found: Verdict, culprits: set[str]) -> bool:
 
 async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
               backend: str, task: str = "sum", examples: str = "failing",
-              val: int = 6) -> dict:
+              val: int = 6, reblame: bool = False) -> dict:
     data = work / f"planted-{task}-{TRAIN + val}.jsonl"
-    if not data.exists():
-        dataset(data, task, TRAIN + val)
     graph = work / f"{name}.yaml"
-    graph.write_text(graph_yaml(name, nodes, data, task, val), encoding="utf-8")
     db = str(work / f"{name}.duckdb")
+    if not reblame:
+        if not data.exists():
+            dataset(data, task, TRAIN + val)
+        graph.write_text(graph_yaml(name, nodes, data, task, val), encoding="utf-8")
 
     def model():
         return ScriptedBackend(responder=planted_fault_responder()) if backend == "scripted" \
@@ -265,8 +279,9 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
                        failures_per_step=2, train=TRAIN, val=val, test=0)
     # the Python tool comes from an importable module, so that blame can import it again
     tools = {"keep_digits": importlib.import_module("attribution").keep_digits}
-    spec = parse_graph(graph.read_text(encoding="utf-8"), str(graph), tools)
-    await execute(config, forward_backend=model(), graph=spec)
+    if not reblame:
+        spec = parse_graph(graph.read_text(encoding="utf-8"), str(graph), tools)
+        await execute(config, forward_backend=model(), graph=spec)
     started = time.perf_counter()
     report = await blame(db, name, None, examples, methods=METHODS,
                          forward_backend=model())
@@ -295,6 +310,10 @@ def main() -> None:
     parser.add_argument("--keep", metavar="DIR",
                         help="write the graphs and run logs to DIR and keep them (default: a "
                              "temporary folder)")
+    parser.add_argument("--reblame", action="store_true",
+                        help="with --keep DIR: blame again the runs an earlier --keep left in "
+                             "DIR, without running their steps again (the probes' calls come "
+                             "from each run log's reply cache where they are the same)")
     parser.add_argument("--examples", choices=("failing", "val"), default="failing",
                         help="what blame probes: the step's failing training examples (the "
                              "default; the update call saw 2 of them, so their edit flips "
@@ -312,6 +331,14 @@ def main() -> None:
         parser.error(f"unknown graph {', '.join(unknown)} (choose from {', '.join(GRAPHS)})")
     if args.val < 1:
         parser.error("--val must be at least 1")
+    if args.reblame:
+        if not args.keep:
+            parser.error("--reblame needs --keep DIR, the folder of the runs to blame again")
+        missing = [name for name in (args.graphs or GRAPHS)
+                   if not has_run(Path(args.keep) / f"{name}.duckdb", name)]
+        if missing:
+            parser.error(f"no run to blame again in {args.keep} for {', '.join(missing)} "
+                         "(run without --reblame first)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -321,7 +348,7 @@ def main() -> None:
                 continue
             started = time.perf_counter()
             rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task,
-                                        args.examples, args.val)))
+                                        args.examples, args.val, args.reblame)))
             print(f"{name}: {rows[-1]['named']['probes'] or 'no node'} "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     if args.json:

@@ -7,6 +7,7 @@ import json
 import sys
 
 import duckdb
+import pytest
 
 from benchmarks import attribution
 
@@ -111,3 +112,24 @@ def test_a_tie_is_right_only_on_exactly_the_planted_culprits():
     assert not attribution.is_right(Verdict(None, "", tied=["fault", "who"]), {"fault"})
     assert attribution.is_right(Verdict("fault_b", ""), both)
     assert not attribution.is_right(Verdict(None, ""), {"fault"})
+
+
+def test_reblame_blames_the_kept_runs_again_without_running_their_steps(
+        monkeypatch, capsys, tmp_path):
+    run(monkeypatch, capsys, "--keep", str(tmp_path), "chain2")
+    db = str(tmp_path / "chain2.duckdb")
+
+    def counts() -> tuple:
+        with duckdb.connect(db, read_only=True) as con:
+            return con.execute("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM "
+                               "steps), (SELECT count(*) FROM updates)").fetchone()
+    before = counts()
+    rows = run(monkeypatch, capsys, "--keep", str(tmp_path), "--reblame", "chain2")
+    assert [(r["graph"], r["named"]["probes"]) for r in rows] == [("chain2", "fault")]
+    assert counts() == before  # no step ran again
+    monkeypatch.setattr(sys, "argv", ["attribution.py", "--keep", str(tmp_path / "none"),
+                                      "--reblame", "chain3"])
+    with pytest.raises(SystemExit) as stop:
+        attribution.main()
+    assert stop.value.code == 2
+    assert "no run to blame again in" in capsys.readouterr().err
