@@ -231,8 +231,9 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     out.print(table)
     lines = ["gradient flips: failing examples made correct by following the node's gradient "
              "(leaks, rewrites that carry the answer, are not counted), with a 90% Wilson "
-             "interval; edit flips: by the node's proposed edit alone, not counting the "
-             "examples its update call saw (in-sample); regressions: passing validation "
+             "interval; edit flips: by the node's proposed edit alone, over the examples its "
+             "update call did not see (those it saw are left out; in-sample counts the ones "
+             "it fixed); regressions: passing validation "
              "examples the edit breaks; claimed: gradients that asked the node to change"]
     if report.methods:
         mt = Table(Column("method", no_wrap=True), Column("node", no_wrap=True), "probed",
