@@ -231,6 +231,7 @@ def _activation(ctx: RunContext, split: str, example: Example, node: Node, promp
                 ) -> Activation:
     return Activation(
         run_id=ctx.run_id, step=ctx.step, split=split, example_id=example.id, node_id=node.id,
-        prompt_version=prompts.version.get(node.id, 0), input_text=input_text(example, node, values),
+        prompt_version=prompts.version.get(node.id, 0),
+        input_text=input_text(example, node, values),
         output_text=output, error=error, raw_text=raw, parse_error=parse_error,
         call_id=call_id)

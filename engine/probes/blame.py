@@ -13,10 +13,13 @@ Definitions (docs/probes.md):
   one that scored 1 before and less after; failed probes are errors, never "no flip";
 - *leaks* (the intervention carries the answer, engine/probes/leaks.py), *in-sample* edit
   flips (the update call saw that example) and copy-rejected proposals are confounds:
-  shown in their own columns, never counted as flips;
+  shown in their own columns, never counted as flips; an edit's probes on examples the
+  update call saw are left out of its share altogether (`Evidence.seen`);
 - each node's flip rate has a 90% Wilson interval; the probes *blame* a node only when its
-  interval lies above every other node's, else the evidence is insufficient and the
-  report says about how many examples per node would separate the two leading nodes;
+  interval lies above every other node's; when two or more leading nodes each lie above
+  every other node but not above one another, the probes *tie* on them (`leading_group`);
+  else the evidence is insufficient and the report says about how many examples per node
+  would separate the two leading nodes;
 - the gradients *claim* a node when the gradient it received asks it to change
   (`gradient_claim`); claims are set beside the probes per node and per example;
 - per edge (a node and one successor, with `methods`): the gradient the node received
