@@ -339,8 +339,8 @@ def pooled_blame(tour: Selection, llm: list[str]) -> None:
                                         if int(r["edit_probed"]) else "no proposal probed"),
             "90% interval ": interval_text(r["edit_flips"], r["edit_probed"])})
     st.markdown(f"**Over every failing example probed at step {tour.step}** (a fix that "
-                "carries the answer, or an edit's fix on an example its update call saw, is "
-                "not counted)")
+                "carries the answer is not counted, and an edit is counted only on examples "
+                "its update call did not see)")
     st.dataframe(pd.DataFrame(table), hide_index=True)
     found, evidence = logged_verdict(
         rows, data.updates(tour.db, tour.run, tour.step).to_dict("records"), llm)
