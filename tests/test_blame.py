@@ -94,6 +94,17 @@ def test_three_sampled_examples_barely_separate_and_the_gradients_claims(tmp_pat
     low, high = report.nodes[1].interval
     assert round(low, 3) == 0.526 and high == 1.0
     assert report.verdict.node == "numbers"
+    # the command says why no edit counts, and what would test them
+    import io
+
+    from rich.console import Console
+
+    from engine.cli.probes import blame_lines
+
+    said = "no edit probe counts: every example probed fed the update call"
+    assert any(said in line for line in blame_lines(report, Console(file=io.StringIO())))
+    assert not any(said in line for line in blame_lines(run_blame(db),
+                                                        Console(file=io.StringIO())))
     # honest gradients: 'who' is told no change is needed, 'numbers' to change
     claims = {(c["example"], c["node"]): c["asks_change"] for c in report.claims}
     assert not any(v for (e, n), v in claims.items() if n == "who")

@@ -263,6 +263,11 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                  f"{report.verdict.reason})")
     if report.evidence_note:
         lines.append(f"  the edit probes decide: {report.evidence_note}")
+    seen = [e for e in report.edits if e.probed and not e.counted and e.seen]
+    if seen and len(seen) == sum(1 for e in report.edits if e.probed):
+        lines.append("  no edit probe counts: every example probed fed the update call (in "
+                     "sample); `--examples val` tests the edits on held-out examples, where "
+                     "the run has any")
     for name, v in report.method_verdicts.items():
         lines.append(f"  {name}: {v.named}" + ("" if v.node else f" ({v.reason})"))
     own, single, total = report.pointed
