@@ -26,25 +26,6 @@ def test_parse_gradients_never_gives_one_input_anothers_block():
     assert P.missing_gradients(grads) == ["hint_b"]
 
 
-def test_a_block_of_punctuation_is_no_gradient():
-    """The embedded 1.5B's JSON backward reply sometimes holds `"numbers": ", "`: that
-    input is missing (and gets the repair request), never given the feedback ","."""
-    grads, problem = P.parse_gradients(
-        '<gradient input="who">Fine as it is.</gradient>\n<gradient input="numbers">, '
-        '</gradient>', ["who", "numbers"])
-    assert grads == {"who": "Fine as it is.", "numbers": ""}
-    assert "no block for numbers: empty gradient" in problem
-    assert P.missing_gradients(grads) == ["numbers"]
-    from engine.prompts.structured import reply_text
-
-    text = reply_text('{"who": "Fine.", "asks_change_who": false, "numbers": ", ", '
-                      '"asks_change_numbers": true}', "backward", ["who", "numbers"])
-    assert P.parse_gradients(text, ["who", "numbers"])[0]["numbers"] == ""
-    assert P.parse_gradients("who: fine\nnumbers: ...", ["who", "numbers"])[0] == {
-        "who": "fine", "numbers": ""}
-    assert P.parse_gradients(" , ", ["numbers"])[0] == {"numbers": ""}
-
-
 def test_parse_gradients_with_one_input_lets_the_whole_reply_stand_in():
     grads, problem = P.parse_gradients("Say the unit.", ["hint_a"])
     assert grads == {"hint_a": "Say the unit."}

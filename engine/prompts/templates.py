@@ -250,14 +250,14 @@ def parse_gradients(reply: str, names: list[str], *, whole_reply_for_one: bool =
     found: dict[str, str] = {}
     for name, body in re.findall(r'<gradient\s+input="([^"]+)"\s*>(.*?)</gradient>', reply,
                                  flags=re.S | re.I):
-        if name in names and _says_something(body):
+        if name in names and body.strip():
             found[name] = (found.get(name, "") + "\n" + body.strip()).strip()
     problem = None
     if not found:
         found = _split_by_labels(reply, names)
         if found:
             problem = "no <gradient> blocks: split the reply by input labels"
-    if not found and whole_reply_for_one and len(names) == 1 and _says_something(reply):
+    if not found and whole_reply_for_one and len(names) == 1 and reply.strip():
         return {names[0]: reply.strip()}, "no <gradient> block: used the whole reply"
     missing = [n for n in names if n not in found]
     if missing:
@@ -275,13 +275,6 @@ BACKWARD_REPAIR = """Your reply has no <gradient> block for {names}. Write the m
 {blocks}"""
 
 
-def _says_something(text: str) -> bool:
-    """A gradient has at least one letter or digit: a block holding only punctuation (the
-    embedded 1.5B's JSON reply sometimes has `"numbers": ", "`) is no gradient, so the
-    input is named as missing and gets the repair request, never the feedback ","."""
-    return any(ch.isalnum() for ch in text)
-
-
 def _split_by_labels(reply: str, names: list[str]) -> dict[str, str]:
     labels = []
     for i, name in enumerate(names, start=1):
@@ -295,7 +288,7 @@ def _split_by_labels(reply: str, names: list[str]) -> dict[str, str]:
             if re.fullmatch(pat, label, flags=re.I):
                 end = nxt.start() if nxt else len(reply)
                 body = reply[m.end():end].strip()
-                if _says_something(body):
+                if body:
                     parts[name] = (parts.get(name, "") + "\n" + body).strip()
     return parts
 
