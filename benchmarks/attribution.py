@@ -63,6 +63,7 @@ from engine.core.graph import parse_graph  # noqa: E402
 from engine.llm.base import LLMRequest  # noqa: E402
 from engine.llm.scripted import ScriptedBackend  # noqa: E402
 from engine.probes.blame import Verdict, blame  # noqa: E402
+from engine.runlog.state import run_exists  # noqa: E402
 from engine.runs.execute import RunConfig, execute  # noqa: E402
 
 METHODS = ["semantic", "textgrad", "semantic-nosibling"]
@@ -244,16 +245,6 @@ def dataset(path: Path, task: str = "sum", n: int = 12) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
-def has_run(db: Path, run_id: str) -> bool:
-    if not db.exists():
-        return False
-    import duckdb
-
-    with duckdb.connect(str(db), read_only=True) as con:
-        return bool(con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]
-                                ).fetchone()[0])
-
-
 def is_right(found: Verdict, culprits: set[str]) -> bool:
     """A verdict is right when it names a culprit, or ties on exactly the planted culprits
     (a tie that leaves one out, or takes in a harmless node, is wrong)."""
@@ -286,7 +277,7 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
     report = await blame(db, name, None, examples, methods=METHODS,
                          forward_backend=model())
     verdicts = {"probes": report.verdict, **report.method_verdicts}
-    named = {k: v.node or " or ".join(v.tied) or None for k, v in verdicts.items()}
+    named = {k: v.named if v.node or v.tied else None for k, v in verdicts.items()}
     named = {"probes": named["probes"], "claims": report.claimed, **named}
     right = {"claims": report.claimed in culprits,
              **{k: is_right(v, culprits) for k, v in verdicts.items()}}
@@ -335,7 +326,8 @@ def main() -> None:
         if not args.keep:
             parser.error("--reblame needs --keep DIR, the folder of the runs to blame again")
         missing = [name for name in (args.graphs or GRAPHS)
-                   if not has_run(Path(args.keep) / f"{name}.duckdb", name)]
+                   if not (Path(args.keep) / f"{name}.duckdb").exists()
+                   or not run_exists(str(Path(args.keep) / f"{name}.duckdb"), name)]
         if missing:
             parser.error(f"no run to blame again in {args.keep} for {', '.join(missing)} "
                          "(run without --reblame first)")
