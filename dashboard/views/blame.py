@@ -34,8 +34,9 @@ EXAMPLES_HELP = (
     "Training: the step's failing training examples. The update call saw the "
     "back-propagated ones, so a proposed edit is counted only on the others (fixed or "
     "not, those it saw are no evidence), and with few examples the intervals stay wide. "
-    "Validation: examples the update call never saw, so each node's proposed edit is tested out of sample; each "
-    "failing one first needs a backward pass of its own, so the check takes longer.")
+    "Validation: examples the update call never saw, so each node's proposed edit is "
+    "tested out of sample; each failing one first needs a backward pass of its own, so "
+    "the check takes longer.")
 
 
 def examples_choice(db: str, run: str, *, key: str) -> str:
