@@ -28,6 +28,30 @@ def _no_openai_env(monkeypatch):
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
 
 
+@pytest.fixture(autouse=True, params=["aiohttp", "httpx"])
+def transport(request, monkeypatch):
+    """Every test runs on both of the SDK's transports: aiohttp (the default, from the
+    `openai[aiohttp]` extra) and httpx (without the extra, or SEMBACK_HTTP_TRANSPORT=httpx)."""
+    if request.param == "httpx":
+        monkeypatch.setenv("SEMBACK_HTTP_TRANSPORT", "httpx")
+    else:
+        monkeypatch.delenv("SEMBACK_HTTP_TRANSPORT", raising=False)
+    return request.param
+
+
+def test_the_backend_uses_the_transport_it_was_given(transport):
+    with FakeOpenAIServer() as server:
+        backend = OpenAIBackend(base_url=server.base_url)
+        assert backend.transport == transport
+        record, _, _ = call_once(server.base_url)
+    assert record.error is None and len(server.requests) == 1
+
+
+def test_a_base_url_with_credentials_goes_through_httpx():
+    # aiohttp refuses a URL's user:password beside the key's Authorization header
+    assert OpenAIBackend(base_url="http://user:pw@127.0.0.1:9/v1").transport == "httpx"
+
+
 def call_once(base_url: str, *, key: str | None = KEY, max_retries: int = 4,
               timeout: float = 5.0, messages=(("user", "hi"),)):
     """One client call; returns (record, backend repr, seconds taken)."""

@@ -15,6 +15,7 @@ import itertools
 import os
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from engine.llm.base import (
     LLMError,
@@ -61,13 +62,22 @@ class OpenAIBackend:
         self._completion_type = ChatCompletion
         self.base_url = base_url
         self._secret = api_key or ""
-        # Several SDK clients, each with its own connection pool, used in turn: the HTTP
-        # pool scans every open connection whenever a request starts or ends, so one pool
-        # of many connections costs CPU that grows with the square of the concurrency.
-        self._clients = [openai.AsyncOpenAI(
-            api_key=api_key or PLACEHOLDER_KEY, base_url=base_url, timeout=timeout,
-            max_retries=0, default_headers=extra_headers,
-        ) for _ in range(POOLS)]
+        settings = {"api_key": api_key or PLACEHOLDER_KEY, "base_url": base_url,
+                    "timeout": timeout, "max_retries": 0, "default_headers": extra_headers}
+        aiohttp_client = _aiohttp_client(openai, base_url)
+        if aiohttp_client is not None:
+            # The SDK's aiohttp transport (its `aiohttp` extra, which requirements.txt
+            # installs): about half the CPU per request of the default one, which is what
+            # a round of 32 concurrent requests waits for (benchmarks/step_cost.py).
+            self.transport = "aiohttp"
+            self._clients = [openai.AsyncOpenAI(**settings, http_client=aiohttp_client)]
+        else:
+            # Several SDK clients, each with its own connection pool, used in turn: the
+            # HTTP pool scans every open connection whenever a request starts or ends, so
+            # one pool of many connections costs CPU that grows with the square of the
+            # concurrency.
+            self.transport = "httpx"
+            self._clients = [openai.AsyncOpenAI(**settings) for _ in range(POOLS)]
         self._turn = itertools.count()
 
     def __repr__(self) -> str:
@@ -140,7 +150,7 @@ class OpenAIBackend:
     def _map_error(self, exc: Exception) -> LLMError:
         openai = self._sdk
         message = self._one_line(exc)
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError) and not _refused_connection(exc):
             return TransientLLMError(f"openai: request timed out ({message})", congestion=True)
         if isinstance(exc, openai.APIConnectionError):
             return TransientLLMError(f"openai: cannot connect to {self._where()} ({message})",
@@ -182,6 +192,36 @@ class OpenAIBackend:
     async def aclose(self) -> None:
         for client in self._clients:
             await client.close()
+
+
+def _refused_connection(exc: BaseException) -> bool:
+    """Whether an SDK timeout is really a connection that could not be made: the aiohttp
+    transport reports a refused connection (a server that is not there) as a connect
+    timeout, which would send the user looking for a slow server."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ConnectionRefusedError) or any(
+                kind.__name__ == "ClientConnectorError" for kind in type(cause).__mro__):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _aiohttp_client(openai: Any, base_url: str | None) -> Any | None:
+    """The SDK's aiohttp-based HTTP client, or None where the `openai[aiohttp]` extra (or an
+    SDK that has it) is missing, or the base URL carries credentials (`user:pw@host`, which
+    aiohttp will not send beside the API key's header): the default transport then serves,
+    a little slower."""
+    make = getattr(openai, "DefaultAioHttpClient", None)
+    if make is None or os.environ.get("SEMBACK_HTTP_TRANSPORT") == "httpx" \
+            or "@" in urlsplit(base_url or "").netloc:
+        return None
+    try:
+        return make()
+    except (ImportError, RuntimeError):  # the SDK's message when the extra is missing
+        return None
 
 
 def response_format(request: LLMRequest) -> dict[str, Any]:
