@@ -60,9 +60,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from engine.core.graph import parse_graph  # noqa: E402
-from engine.llm.base import LLMRequest  # noqa: E402
+from engine.llm.base import LLMError, LLMRequest  # noqa: E402
 from engine.llm.scripted import ScriptedBackend  # noqa: E402
 from engine.probes.blame import Verdict, blame  # noqa: E402
+from engine.runlog.schema import RunLogError  # noqa: E402
 from engine.runlog.state import run_exists  # noqa: E402
 from engine.runs.execute import RunConfig, execute  # noqa: E402
 
@@ -290,7 +291,7 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
             "reason": report.verdict.reason, "evidence_note": report.evidence_note}
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="scripted", choices=("scripted", "local"))
     parser.add_argument("--json", action="store_true")
@@ -334,18 +335,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        rows = []
+        rows, failed = [], None
         for name, (nodes, culprits) in GRAPHS.items():
             if name not in (args.graphs or GRAPHS):
                 continue
             started = time.perf_counter()
-            rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task,
-                                        args.examples, args.val, args.reblame)))
+            try:
+                rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task,
+                                            args.examples, args.val, args.reblame)))
+            except (LLMError, RunLogError) as exc:  # the model server died, no model file
+                failed = f"error: {name}: {exc}"
+                break
             print(f"{name}: {rows[-1]['named']['probes'] or 'no node'} "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+    if failed:
+        kept = f"; the run logs are kept in {args.keep}" if args.keep else ""
+        print(f"{failed} (stopped there: the graphs before it are scored below{kept})",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=1))
-        return
+        return 2 if failed else 0
+    if rows:
+        report(rows, args, task)
+    return 2 if failed else 0
+
+
+def report(rows: list[dict], args: argparse.Namespace, task: str) -> None:
+    """The table: each graph's named node per scorer, top-1 accuracy, and why a miss."""
     scorers = ["probes", "claims", *METHODS]
     print(f"attribution benchmark, backend {args.backend}, task {task} ({TASKS[task][0]!r}; "
           f"planted fault {FAULTS[task]!r}), "
@@ -373,4 +389,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -133,3 +133,29 @@ def test_reblame_blames_the_kept_runs_again_without_running_their_steps(
         attribution.main()
     assert stop.value.code == 2
     assert "no run to blame again in" in capsys.readouterr().err
+
+
+def test_a_model_that_dies_mid_run_ends_in_one_line_and_keeps_what_was_scored(
+        monkeypatch, capsys, tmp_path):
+    from engine.llm.base import LLMError
+
+    real_one = attribution.one
+
+    async def dies_on_chain3(name, *args):
+        if name == "chain3":
+            raise LLMError("local: llama-server exited (status -9)")
+        return await real_one(name, *args)
+
+    monkeypatch.setattr(attribution, "one", dies_on_chain3)
+    monkeypatch.setattr(sys, "argv", ["attribution.py", "--keep", str(tmp_path), "chain2",
+                                      "chain3", "chain4"])
+    assert attribution.main() == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: chain3: local: llama-server exited (status -9) (stopped there: "
+                      f"the graphs before it are scored below; the run logs are kept in "
+                      f"{tmp_path})"]
+    assert "Traceback" not in captured.err
+    table = [line.split()[0] for line in captured.out.splitlines()]
+    assert "chain2" in table and "chain3" not in table and "chain4" not in table
+    assert (tmp_path / "chain2.duckdb").exists() and not (tmp_path / "chain4.duckdb").exists()
