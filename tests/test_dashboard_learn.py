@@ -291,6 +291,40 @@ def test_check_the_blame_pools_every_probed_example_with_intervals_and_names_the
     assert "The probes blame" not in shown
 
 
+def graph_page(db: Path, **query) -> AppTest:
+    import os
+
+    os.environ["SEMBACK_DB"] = str(db)
+    with like_a_live_server():
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update({k: str(v) for k, v in query.items()})
+        at.run()
+        at.switch_page("screens/graph.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_the_graph_page_says_what_the_probes_name_as_the_learn_tour_does(log, tmp_path):
+    """The Graph page's counts come with the verdict they add up to: the same sentence as
+    the Learn tour's blame stage, for a named node and for no node."""
+    db, val = _probed_copy(log, tmp_path / "graph.duckdb", lambda n: {"mood": n, "answer": 0})
+    named = ("The probes blame `mood`: following its proposed prompt fixes failing examples, "
+             "and its 90% interval lies above every other node's.")
+    at = graph_page(db, run=log.demo, step=1)
+    assert [s.value for s in at.success] == [named]
+    assert named in text(learn(db, "Check the blame", run=log.demo, step=1))
+    with duckdb.connect(str(db)) as con:  # two examples: the intervals overlap
+        con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
+        _edit_probes(con, log.demo, {"mood": 2, "answer": 0}, val[:2])
+    shown = text(graph_page(db, run=log.demo, step=1))
+    assert "The probes name no node yet: insufficient evidence: mood (2/2) and answer (0/2) " \
+           "have overlapping 90% intervals" in shown and "The probes blame" not in shown
+    with duckdb.connect(str(db)) as con:  # no probes at the step: no verdict at all
+        con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
+    shown = text(graph_page(db, run=log.demo, step=1))
+    assert "The probes" not in shown and "No probes at step 1 yet" in shown
+
+
 def test_gate_falls_back_to_another_run_of_the_graph_and_names_it(log, tmp_path):
     db = tmp_path / "gate2.duckdb"
     shutil.copy(log.db, db)
@@ -489,7 +523,7 @@ def test_check_the_blame_says_which_nodes_tie(log, tmp_path, monkeypatch):
     tie = Verdict(None, "a tie: the 90% intervals of answer and mood (answer 4/4, mood 4/4) "
                         "each lie above every other node's but overlap one another's", None,
                   ["answer", "mood"])
-    monkeypatch.setattr("dashboard.views.learn_stages.logged_verdict",
+    monkeypatch.setattr("dashboard.views.blame.logged_verdict",
                         lambda *a, **k: (tie, "edit"))
     shown = text(learn(db, "Check the blame", run=log.demo, step=1))
     assert "The probes tie on `answer` and `mood`: a tie: the 90% intervals of answer and " \

@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboard import data, links, probe_data
 from dashboard.state import need_run, need_step, selection
-from dashboard.views.blame import blame_button, interval_text, just_finished
+from dashboard.views.blame import blame_button, interval_text, just_finished, show_verdict
 from dashboard.views.colors import QUANTITIES, color_nodes
 from dashboard.views.graph_view import draw_graph, node_rows
 from dashboard.views.method_compare import compare_section, latest_report
@@ -91,7 +91,8 @@ st.caption(f"Run **{md(sel.run)}** · step {step}"
 if graph.description:
     with st.expander("About this graph"):
         st.text(graph.description)
-has_probes = not probe_data.node_blame(sel.db, sel.run, step).empty
+probes = probe_data.node_blame(sel.db, sel.run, step)
+has_probes = not probes.empty
 if just_finished(sel.run, step):  # the blame just checked here: show it
     st.session_state["color"] = "blame"
 links.page_option("color", "blame" if has_probes else "grad_chars", list(QUANTITIES))
@@ -101,6 +102,9 @@ if not has_probes:
     st.caption(f"No probes at step {step} yet: checking the blame follows each node's "
                "gradient on every failing example and records which one fixes the answer.")
 blame_button(sel.db, sel.run, step, key="graph_blame", primary=not has_probes)
+if has_probes:  # what the counts below add up to, as `engine blame` and the Learn tour say
+    show_verdict(sel.db, sel.run, step, probes.to_dict("records"),
+                 [n for n in graph.model.order if n not in graph.model.functions])
 graph_panel(sel, graph, quantity)
 with st.expander("Compare methods: each method's gradient efficacy per node",
                  expanded=bool(latest_report(sel.db, sel.run, step)[1])):

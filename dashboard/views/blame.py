@@ -11,7 +11,9 @@ import streamlit as st
 
 from dashboard import data, jobs
 from dashboard.views import job_watch
+from dashboard.views.text import code
 from engine.data.stats import bracketed, wilson
+from engine.probes.blame import logged_verdict
 
 LABEL = "Check the blame"
 
@@ -107,6 +109,23 @@ def blame_cell(blame: object, probes: object, leaked: object = None,
     if isinstance(in_sample, str) and in_sample:
         parts.append(f"in-sample edit: {in_sample}")
     return " · ".join(parts)
+
+
+def show_verdict(db: str, run: str, step: int, counts: list[dict], llm: list[str]) -> None:
+    """What `engine blame`'s rule names from every probe logged at the step (`counts`: the
+    rows of probe_data.node_blame; `llm`: the graph's LLM nodes): one node, a tie, or no
+    node and why. The Learn tour's blame stage and the Graph page show this same sentence."""
+    found, evidence = logged_verdict(counts, data.updates(db, run, step).to_dict("records"),
+                                     llm)
+    if found.node:
+        by = "its gradient" if evidence == "gradient" else "its proposed prompt"
+        st.success(f"The probes blame {code(found.node)}: following {by} fixes failing "
+                   f"examples, and its 90% interval lies above every other node's.")
+    elif found.tied:
+        st.warning(f"The probes tie on {' and '.join(code(n) for n in found.tied)}: "
+                   f"{found.reason}.")
+    else:
+        st.info(f"The probes name no node yet: {found.reason}.")
 
 
 APPLIED_KEY = "_blame_seen"  # blame jobs whose end a page has already acted on

@@ -10,14 +10,13 @@ import streamlit as st
 from dashboard import data, jobs, probe_data
 from dashboard.state import Selection
 from dashboard.views import job_watch
-from dashboard.views.blame import blame_button, interval_text
+from dashboard.views.blame import blame_button, interval_text, show_verdict
 from dashboard.views.panes import update_pane
 from dashboard.views.quality import mark
-from dashboard.views.text import fmt, md, plural, show_messages, show_text
+from dashboard.views.text import code, fmt, md, plural, show_messages, show_text
 from dashboard.views.validation import fork_validation
 from dashboard.views.whatif import flip_label, prompt_after
 from engine.methods import METHODS
-from engine.probes.blame import logged_verdict
 
 STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Without siblings",
           "Update", "The gate", "Check the blame", "Fix it yourself", "Explore"]
@@ -26,11 +25,6 @@ SIBLING_BLIND = tuple(sorted(name for name, m in METHODS.items()
                              if m.uses_gradients and not m.sibling_aware))
 PAIR_SLOT = "learn_pair"
 FIX_SLOT = "learn_fix"
-
-
-def code(text: object) -> str:
-    """Inline code in Markdown (no escaping inside a code span; no backtick can end it)."""
-    return "`" + str(text).replace("`", "'") + "`"
 
 
 def _names(items: list[str]) -> str:
@@ -342,17 +336,7 @@ def pooled_blame(tour: Selection, llm: list[str]) -> None:
                 "carries the answer is not counted, and an edit is counted only on examples "
                 "its update call did not see)")
     st.dataframe(pd.DataFrame(table), hide_index=True)
-    found, evidence = logged_verdict(
-        rows, data.updates(tour.db, tour.run, tour.step).to_dict("records"), llm)
-    if found.node:
-        by = "its gradient" if evidence == "gradient" else "its proposed prompt"
-        st.success(f"The probes blame {code(found.node)}: following {by} fixes failing "
-                   f"examples, and its 90% interval lies above every other node's.")
-    elif found.tied:
-        st.warning(f"The probes tie on {' and '.join(code(n) for n in found.tied)}: "
-                   f"{found.reason}.")
-    else:
-        st.info(f"The probes name no node yet: {found.reason}.")
+    show_verdict(tour.db, tour.run, tour.step, rows, llm)
 
 
 FIX_TEXT = """

@@ -24,6 +24,11 @@ def md(text: object) -> str:
     return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~])", r"\\\1", str(text))
 
 
+def code(text: object) -> str:
+    """Inline code in Markdown (no escaping inside a code span; no backtick can end it)."""
+    return "`" + str(text).replace("`", "'") + "`"
+
+
 def show_text(label: str, text: object, *, collapse_at: int = COLLAPSE_AT,
               expanded: bool = False) -> None:
     """Show a text as plain text; long ones collapsed behind an expander."""
