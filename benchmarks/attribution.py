@@ -2,9 +2,11 @@
 
 Seven graphs, each with a planted fault whose culprit is known: chains of depth 2, 3 and 4
 (the fault first, in the middle), a diamond, a fault with two successors, a fault fed
-through a Python function, and two faults at once. A faulty node is told to copy the first
-word of its input (a name; on `copy`: to say how the person feels), so the numbers never
-reach the last node. Two tasks for that
+through a Python function, and two faults at once. The two-successor and function graphs
+also have a harmless sibling of the fault, which reads only the person's name (the
+example's `name` field), so it cannot carry the number on. A faulty node is told to copy
+the first word of its input (a name; on `copy`: to say how the person feels), so the
+numbers never reach the last node. Two tasks for that
 last node (`--task`): `sum` ("Ann has 3 apples and gets 4 more." -> 7: add the numbers),
 the default on the scripted model; `copy` ("Ann has 7 apples in the basket." -> 7: repeat
 the number), the default on `--backend local`, whose 0.5B forward model cannot add. On
@@ -105,6 +107,11 @@ TASKS: dict[str, tuple[str, Callable[[int], tuple[str, int]]]] = {
 }
 TOTAL = "<the task's last step>"  # in GRAPHS: the chosen task's prompt
 HARMLESS = {"who", "text_note"}  # say who the sentence is about: never asked for numbers
+# The harmless siblings read the example's `name` field, never the sentence: a sibling that
+# reads the number is a second place to repair the graph, not a harmless one. Reading the
+# sentence, through_function's `text_note` was rewritten by the 1.5B to reply with the
+# number (2026-12-04), which fixed every failing example alone: a true tie with `fault`,
+# and no right answer for blame to find.
 NAMES = ["Ann", "Bob", "Cleo", "Dev", "Eve", "Finn", "Gus", "Hana", "Ivo", "Jo", "Kai", "Lu"]
 
 # name -> (nodes as (id, prompt, inputs[, kind/function]), culprits)
@@ -116,14 +123,14 @@ GRAPHS: dict[str, tuple[list[tuple], set[str]]] = {
                 ("relay", RELAY, ["fault"]), ("total", TOTAL, ["relay"])], {"fault"}),
     "diamond": ([("fault", FAULT, ["text"]), ("left", RELAY, ["fault"]),
                  ("right", RELAY, ["fault"]), ("total", TOTAL, ["left", "right"])], {"fault"}),
-    "two_successors": ([("who", WHO, ["text"]),
+    "two_successors": ([("who", WHO, ["name"]),
                         ("fault", FAULT, ["text"]), ("add", RELAY, ["fault"]),
                         ("check", RELAY, ["fault"]), ("total", TOTAL, ["who", "add", "check"])],
                        {"fault"}),
     "through_function": ([("fault", FAULT, ["text"]),
                           ("digits", None, ["fault"], "function", "keep_digits"),
                           ("total", TOTAL, ["text_note", "digits"]),
-                          ("text_note", WHO, ["text"])],
+                          ("text_note", WHO, ["name"])],
                          {"fault"}),
     "two_faults": ([("fault_a", FAULT, ["text"]), ("fault_b", FAULT, ["text"]),
                     ("total", TOTAL, ["fault_a", "fault_b"])], {"fault_a", "fault_b"}),
@@ -211,7 +218,8 @@ TRAIN = 6  # training examples per graph (2 of the failing ones are back-propaga
 
 def graph_yaml(name: str, nodes: list[tuple], data: Path, task: str = "sum",
                val: int = 6) -> str:
-    lines = [f"name: {name}", f"dataset: {data}", "input_fields: [text]",
+    fields = ["text"] + (["name"] if any("name" in n[2] for n in nodes) else [])
+    lines = [f"name: {name}", f"dataset: {data}", f"input_fields: [{', '.join(fields)}]",
              "target_field: answer", "metric: numeric",
              f"splits: {{train: {TRAIN}, val: {val}, test: 0}}", "nodes:"]
     order = {n[0]: i for i, n in enumerate(nodes)}
@@ -240,8 +248,10 @@ def _depth(node: tuple, nodes: list[tuple], order: dict[str, int]) -> tuple[int,
 
 
 def dataset(path: Path, task: str = "sum", n: int = 12) -> None:
-    """`n` sentences, names cycling, every answer distinct."""
-    rows = [{"id": f"p{i:02d}", "text": text, "answer": str(answer)}
+    """`n` sentences, names cycling, every answer distinct; each with its person's name
+    apart (`name`), which the harmless siblings read."""
+    rows = [{"id": f"p{i:02d}", "text": text, "name": NAMES[i % len(NAMES)],
+             "answer": str(answer)}
             for i, (text, answer) in ((i, TASKS[task][1](i)) for i in range(n))]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
@@ -255,7 +265,7 @@ def is_right(found: Verdict, culprits: set[str]) -> bool:
 async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
               backend: str, task: str = "sum", examples: str = "failing",
               val: int = 6, reblame: bool = False) -> dict:
-    data = work / f"planted-{task}-{TRAIN + val}.jsonl"
+    data = work / f"planted-{task}-{TRAIN + val}-named.jsonl"
     graph = work / f"{name}.yaml"
     db = str(work / f"{name}.duckdb")
     if not reblame:

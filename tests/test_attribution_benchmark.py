@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import duckdb
@@ -64,6 +65,11 @@ def test_the_copy_task_plants_a_fault_that_drops_the_number(monkeypatch, capsys,
             "'text_note' AND purpose = 'forward' AND step = 0").fetchall()
     assert harmless and all("What is the person's name? Reply with the name only." in text
                             for (text,) in harmless)
+    # it reads the name alone, never the sentence: it cannot carry the number on
+    assert all(not any(ch.isdigit() for ch in text) for (text,) in harmless)
+    names = "|".join(attribution.NAMES)
+    assert all(re.search(rf'<input name="name">\s*({names})\s*</input>', text)
+               for (text,) in harmless)
     with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
         sent = con.execute("SELECT DISTINCT json_extract_string(messages, '$[0].content') || "
                            "json_extract_string(messages, '$[1].content') FROM llm_calls "
