@@ -278,7 +278,8 @@ def test_check_the_blame_pools_every_probed_example_with_intervals_and_names_the
     low, high = wilson(n, n)
     assert pooled.loc["mood", "90% interval "] == f"[{low:.2f}, {high:.2f}]"
     assert ("The probes blame `mood`: following its proposed prompt fixes failing examples, "
-            "and its 90% interval lies above every other node's.") in text(at)
+            f"and its 90% interval lies above every other node's (edit alone: {n}/{n}, 90% "
+            f"[{low:.2f}, {high:.2f}]).") in text(at)
     with duckdb.connect(str(db)) as con:  # two examples: the intervals overlap
         con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
         _edit_probes(con, log.demo, {"mood": 2, "answer": 0}, val[:2])
@@ -308,8 +309,11 @@ def test_the_graph_page_says_what_the_probes_name_as_the_learn_tour_does(log, tm
     """The Graph page's counts come with the verdict they add up to: the same sentence as
     the Learn tour's blame stage, for a named node and for no node."""
     db, val = _probed_copy(log, tmp_path / "graph.duckdb", lambda n: {"mood": n, "answer": 0})
+    n = len(val)
+    low, high = wilson(n, n)
     named = ("The probes blame `mood`: following its proposed prompt fixes failing examples, "
-             "and its 90% interval lies above every other node's.")
+             f"and its 90% interval lies above every other node's (edit alone: {n}/{n}, 90% "
+             f"[{low:.2f}, {high:.2f}]).")
     at = graph_page(db, run=log.demo, step=1)
     assert [s.value for s in at.success] == [named]
     assert named in text(learn(db, "Check the blame", run=log.demo, step=1))

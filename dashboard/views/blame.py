@@ -119,8 +119,14 @@ def show_verdict(db: str, run: str, step: int, counts: list[dict], llm: list[str
                                      llm)
     if found.node:
         by = "its gradient" if evidence == "gradient" else "its proposed prompt"
+        row = next((r for r in counts if r["node_id"] == found.node), {})
+        flips, probed = (row.get("flips"), row.get("probed")) if evidence == "gradient" \
+            else (row.get("edit_flips"), row.get("edit_probed"))
+        # the counts the verdict rests on: a node's label counts gradient fixes only
+        rests = (f" ({'gradient' if evidence == 'gradient' else 'edit alone'}: "
+                 f"{int(flips or 0)}/{int(probed or 0)}, 90% {interval_text(flips, probed)})")
         st.success(f"The probes blame {code(found.node)}: following {by} fixes failing "
-                   f"examples, and its 90% interval lies above every other node's.")
+                   f"examples, and its 90% interval lies above every other node's{rests}.")
     elif found.tied:
         st.warning(f"The probes tie on {' and '.join(code(n) for n in found.tied)}: "
                    f"{found.reason}.")
