@@ -16,7 +16,13 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import jobs
 from engine.data.stats import wilson
-from tests.support.dashboard_log import REVIEWS, build_run_log, like_a_live_server, responder
+from tests.support.dashboard_log import (
+    REVIEWS,
+    build_run_log,
+    like_a_live_server,
+    open_page,
+    responder,
+)
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 
@@ -43,16 +49,7 @@ def _env(monkeypatch, tmp_path):
 
 
 def learn(db: Path, stage: str, **query) -> AppTest:
-    import os
-
-    os.environ["SEMBACK_DB"] = str(db)
-    with like_a_live_server():
-        at = AppTest.from_file(str(APP), default_timeout=60)
-        at.query_params.update({"tour": stage, **{k: str(v) for k, v in query.items()}})
-        at.run()
-        at.switch_page("screens/learn.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(db, "screens/learn.py", tour=stage, **query)
 
 
 def text(at: AppTest) -> str:
@@ -293,16 +290,7 @@ def test_check_the_blame_pools_every_probed_example_with_intervals_and_names_the
 
 
 def graph_page(db: Path, **query) -> AppTest:
-    import os
-
-    os.environ["SEMBACK_DB"] = str(db)
-    with like_a_live_server():
-        at = AppTest.from_file(str(APP), default_timeout=60)
-        at.query_params.update({k: str(v) for k, v in query.items()})
-        at.run()
-        at.switch_page("screens/graph.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(db, "screens/graph.py", **query)
 
 
 def test_the_graph_page_says_what_the_probes_name_as_the_learn_tour_does(log, tmp_path):

@@ -14,9 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import jobs
-from tests.support.dashboard_log import build_run_log, like_a_live_server
-
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+from tests.support.dashboard_log import build_run_log, open_page
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +45,7 @@ def _restore_db(monkeypatch):
 
 
 def inspector(db: Path, **query) -> AppTest:
-    import os
-
-    os.environ["SEMBACK_DB"] = str(db)  # the autouse fixture restores it
-    with like_a_live_server():
-        at = AppTest.from_file(str(APP), default_timeout=60)
-        at.query_params.update({k: str(v) for k, v in query.items()})
-        at.run()
-        at.switch_page("screens/inspect.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(db, "screens/inspect.py", **query)  # the autouse fixture restores the db
 
 
 def all_text(at: AppTest) -> str:

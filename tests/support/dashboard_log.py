@@ -164,3 +164,24 @@ def like_a_live_server():
         yield
     finally:
         PagesManager.__init__ = original
+
+
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+def open_page(db: str | Path, page: str, **query: object):
+    """An AppTest of `page` (e.g. "screens/graph.py") on the run log `db`, with the address
+    `query`, run once as a live server would, and no exception shown. Sets SEMBACK_DB (a
+    test's fixture restores it)."""
+    import os
+
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["SEMBACK_DB"] = str(db)
+    with like_a_live_server():
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update({k: str(v) for k, v in query.items()})
+        at.run()
+        at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
