@@ -17,9 +17,8 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import jobs
 from engine.cli import main
-from tests.support.dashboard_log import build_run_log, like_a_live_server
+from tests.support.dashboard_log import build_run_log, open_page
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 STEP = 1
 
 
@@ -50,16 +49,7 @@ def finished_compare(run_id: str, db: Path, printed: str) -> jobs.Job:
 
 
 def page(db: Path, screen: str, **query) -> AppTest:
-    import os
-
-    os.environ["SEMBACK_DB"] = str(db)
-    with like_a_live_server():
-        at = AppTest.from_file(str(APP), default_timeout=60)
-        at.query_params.update({k: str(v) for k, v in query.items()})
-        at.run()
-        at.switch_page(screen).run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(db, screen, **query)
 
 
 def comparison(at: AppTest):
