@@ -28,7 +28,7 @@ NAMES = ["hint_a", "hint_b"]
 
 def with_claims(names):
     """Each input's gradient, then its boolean `asks_change` field."""
-    return [f for n in names for f in (f"feedback_on_{n}", f"asks_change_{n}")]
+    return [f for n in names for f in (n, f"asks_change_{n}")]
 
 
 @pytest.mark.parametrize("role, names, answer", [
@@ -65,14 +65,12 @@ def test_roles_that_stay_text_have_no_schema():
 
 def test_an_input_called_reasoning_keeps_its_own_field():
     schema = S.schema_for("backward_joint", ["reasoning", "hint"])
-    assert list(schema["properties"]) == ["reasoning_", "feedback_on_reasoning",
-                                          "asks_change_reasoning", "feedback_on_hint",
-                                          "asks_change_hint"]
-    for reply in ({"reasoning_": "why", "feedback_on_reasoning": "R", "feedback_on_hint": "H"},
-                  {"reasoning_": "why", "reasoning": "R", "hint": "H"}):  # the bare names too
-        text = S.reply_text(json.dumps(reply), "backward_joint", ["reasoning", "hint"])
-        assert P.parse_gradients(text, ["reasoning", "hint"]) == (
-            {"reasoning": "R", "hint": "H"}, None)
+    assert list(schema["properties"]) == ["reasoning_", "reasoning", "asks_change_reasoning",
+                                          "hint", "asks_change_hint"]
+    text = S.reply_text(json.dumps({"reasoning_": "why", "reasoning": "R", "hint": "H"}),
+                        "backward_joint", ["reasoning", "hint"])
+    assert P.parse_gradients(text, ["reasoning", "hint"]) == (
+        {"reasoning": "R", "hint": "H"}, None)
 
 
 def _view(asked):
@@ -112,8 +110,7 @@ def test_the_text_format_instruction_is_restated_as_json(role):
 
 
 def test_json_replies_read_without_a_fallback_and_never_swap_inputs():
-    grads = S.reply_text('{"reasoning": "r", "feedback_on_hint_b": "about B", '
-                         '"feedback_on_hint_a": "about A"}',
+    grads = S.reply_text('{"reasoning": "r", "hint_b": "about B", "hint_a": "about A"}',
                          "backward_joint", NAMES)
     assert P.parse_gradients(grads, NAMES) == ({"hint_a": "about A", "hint_b": "about B"}, None)
     prompt = S.reply_text('{"reasoning": "short", "prompt": "Solve carefully."}', "update")
@@ -128,23 +125,8 @@ def test_json_replies_read_without_a_fallback_and_never_swap_inputs():
     assert parse_claims_reply(claims) == (["One.", "Two."], "r", None)
 
 
-def test_a_backward_field_is_named_for_the_feedback_and_a_bare_input_name_still_reads():
-    """The field holding input x's gradient is `feedback_on_x` in the schema and in the
-    instruction (with the bare name, the embedded 1.5B wrote the input's own value there);
-    an unconstrained reply that uses the bare name is still read."""
-    messages = [("user", "Say how each input should change.\n\n"
-                 + P.gradient_blocks(NAMES) if P.gradient_blocks(NAMES) else "x")]
-    restated = S.restate(messages, "backward_joint", NAMES)[-1][1]
-    assert '- "feedback_on_hint_a": your feedback on hint_a' in restated
-    assert '- "hint_a":' not in restated
-    bare = S.reply_text('{"reasoning": "r", "hint_a": "about A", "feedback_on_hint_b": "B"}',
-                        "backward_joint", NAMES)
-    assert P.parse_gradients(bare, NAMES) == ({"hint_a": "about A", "hint_b": "B"}, None)
-
-
 def test_a_json_reply_missing_an_input_leaves_it_to_the_text_rules():
-    text = S.reply_text('{"reasoning": "r", "feedback_on_hint_a": "about A", '
-                        '"feedback_on_hint_b": ""}',
+    text = S.reply_text('{"reasoning": "r", "hint_a": "about A", "hint_b": ""}',
                         "backward_joint", NAMES)
     grads, problem = P.parse_gradients(text, NAMES)
     assert grads == {"hint_a": "about A", "hint_b": ""} and "hint_b" in problem
@@ -250,9 +232,8 @@ def test_every_method_declares_reply_roles_that_have_a_json_shape():
 
 
 def test_a_backward_reply_states_per_input_whether_it_should_change():
-    reply = json.dumps({"reasoning": "why", "feedback_on_hint_a": "Fine.",
-                        "asks_change_hint_a": False, "feedback_on_hint_b": "Add units.",
-                        "asks_change_hint_b": True})
+    reply = json.dumps({"reasoning": "why", "hint_a": "Fine.", "asks_change_hint_a": False,
+                        "hint_b": "Add units.", "asks_change_hint_b": True})
     assert S.reply_claims(reply, NAMES) == {"hint_a": False, "hint_b": True}
     assert S.reply_claims('<gradient input="hint_a">x</gradient>', NAMES) == {}
     assert "asks_change_hint_a" in S.example_reply("backward_joint", NAMES)

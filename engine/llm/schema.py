@@ -17,15 +17,6 @@ def reasoning_key(names: list[str]) -> str:
     return key
 
 
-def feedback_key(name: str) -> str:
-    """A backward reply's field for input `name`'s gradient. Named for what it holds: with
-    the bare input name as the key, the embedded 1.5B filled the field with the input's own
-    value (diamond's `total`, 2026-12-04: 4 of 4 fields were the mood sentence itself), and
-    named `feedback_on_<name>` it wrote feedback (0 of 25 fields echoed, over five graphs'
-    backward calls replayed)."""
-    return f"feedback_on_{name}"
-
-
 def token_budget(schema: dict[str, Any]) -> int:
     """Generated tokens that always fit a reply to `schema`: its longest strings at about
     three characters a token (grammar-constrained text is ordinary words), plus the JSON

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.llm.base import LLMReply, LLMRequest, TransientLLMError, estimate_tokens
-from engine.llm.schema import feedback_key, reasoning_key
+from engine.llm.schema import reasoning_key
 
 REFINEMENTS = (
     "Check each intermediate result before using it.",
@@ -200,9 +200,9 @@ def structured_reply(request: LLMRequest, text: str) -> str:
             values[key] = found[-1].strip()
     if "prompt" in values:  # the update's own field (engine/prompts/structured.py)
         values["output_wanted"] = "what the task asks, stated plainly"
-    for tag, name, body in re.findall(r'<(gradient input|input name)="([^"]+)">(.*?)</',
-                                      text, flags=re.S):
-        values[feedback_key(name) if tag == "gradient input" else name] = body.strip()
+    for name, body in re.findall(r'<(?:gradient input|input name)="([^"]+)">(.*?)</', text,
+                                 flags=re.S):
+        values[name] = body.strip()
     claims = re.findall(r"^- (.+)$", text, flags=re.M)
     if claims:
         values["claims"] = claims

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.llm.schema import feedback_key, reasoning_key
+from engine.llm.schema import reasoning_key
 from engine.prompts import templates as P
 
 REASONING_CHARS = 240   # the reasoning field of every role
@@ -200,20 +200,13 @@ def reply_claims(reply: str, names: list[str]) -> dict[str, bool]:
     return {n: data[claim_key(n)] for n in names if isinstance(data.get(claim_key(n)), bool)}
 
 
-def _gradient(field: Callable[[str], str], name: str) -> str:
-    """Input `name`'s gradient in a JSON backward reply: its `feedback_on_` field, else a
-    field named by the input itself (how a model writes it unconstrained, now and then)."""
-    return field(feedback_key(name)) or field(name)
-
-
 register_shape("backward", ReplyShape(
     fields=lambda names: [f for n in names for f in (
-        (feedback_key(n), text_field(GRADIENT_CHARS, 1), f"your feedback on {n}"),
+        (n, text_field(GRADIENT_CHARS, 1), f"your feedback on {n}"),
         (claim_key(n), {"type": "boolean"},
          f"true if {n} should change, false if it is fine as it is"))],
     to_text=lambda field, data, names, why: "\n".join(
-        f'<gradient input="{n}">{_gradient(field, n)}</gradient>' for n in names
-        if _gradient(field, n)),
+        f'<gradient input="{n}">{field(n)}</gradient>' for n in names if field(n)),
     text_form=P.gradient_blocks,
     asks=("Answer with one block per input, in this form:", "Answer in this form:",
           "Write the missing block(s) now, one per input, about that input only, in this "
