@@ -53,6 +53,7 @@ def fake_binary(tmp_path, monkeypatch) -> Path:
     binary.chmod(0o755)
     monkeypatch.setenv("FAKE_LLAMA_LOG", str(tmp_path / "fake.jsonl"))
     monkeypatch.delenv("FAKE_LLAMA_MODE", raising=False)
+    monkeypatch.delenv("FAKE_LLAMA_LATENCY", raising=False)
     return binary
 
 
@@ -320,6 +321,45 @@ def test_a_failed_start_is_reported_once_and_not_retried(tmp_path, fake_binary, 
     for record in records:
         assert "error loading model" in record.error and record.retries == 0
     assert len([e for e in fake_log(tmp_path) if "argv" in e]) == 1  # started once
+
+
+def served_calls(tmp_path, fake_binary, *, slots: int, timeout: float, calls: int):
+    """`calls` concurrent forward calls through a LocalServerBackend of `slots` slots whose
+    own timeout is `timeout`, by a client whose timeout is as short."""
+    backend = LocalServerBackend(stand_in(model_file(tmp_path)), binary=fake_binary,
+                                 slots=slots, timeout=timeout)
+    client = LLMClient(forward_backend=backend, forward_model="model.gguf",
+                       retry=RetryPolicy(max_retries=1, base_delay=0.001, timeout=timeout))
+
+    async def go():
+        try:
+            await backend._ready()  # the server's start is not a call's work
+            return await asyncio.gather(*(
+                client.call(client.request("forward", [("user", f"q{i}")]), step=0)
+                for i in range(calls)))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_a_call_queued_behind_busy_slots_is_timed_from_its_own_start(
+        tmp_path, fake_binary, monkeypatch):
+    # each call takes 0.4 s of the model's time; one slot, so the third waits 0.8 s first.
+    # Timed from the queue (a 1 s timeout), it would time out and be sent again.
+    monkeypatch.setenv("FAKE_LLAMA_LATENCY", "0.4")
+    records = served_calls(tmp_path, fake_binary, slots=1, timeout=1.0, calls=3)
+    assert [r.error for r in records] == [None, None, None]
+    assert [r.retries for r in records] == [0, 0, 0]
+    assert len([e for e in fake_log(tmp_path) if "request" in e]) == 3
+
+
+def test_a_call_the_model_takes_too_long_on_times_out_and_is_retried(
+        tmp_path, fake_binary, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_LATENCY", "1.0")
+    [record] = served_calls(tmp_path, fake_binary, slots=1, timeout=0.3, calls=1)
+    assert record.retries == 1
+    assert record.error.startswith("gave up after 1 retries") and "timed out" in record.error
 
 
 def test_cached_prompt_tokens_reach_llm_calls(tmp_path, fake_binary):

@@ -145,7 +145,7 @@ def _row(row: Any, split: str, index: int) -> tuple[str, dict[str, str]]:
 def make_backends(backend: str | Backend | None, optimizer_backend: str | Backend | None, *,
                   model: str | None = None, optimizer_model: str | None = None,
                   base_url: str | None = None, api_key: str | None = None,
-                  timeout: float = DEFAULTS.timeout, chat_format: str | None = None,
+                  timeout: float | None = DEFAULTS.timeout, chat_format: str | None = None,
                   local_serving: str = DEFAULTS.local_serving
                   ) -> tuple[Backend, Backend | None, dict[str, Any]]:
     """(forward backend, optimizer backend or None for the same, names for RunConfig).
@@ -199,7 +199,7 @@ async def run_optimization(spec: GraphSpec, train: Data | None, val: Data | None
 
     forward, optimizer, names = make_backends(
         backend, optimizer_backend, model=model, optimizer_model=optimizer_model,
-        base_url=base_url, api_key=api_key, timeout=float(config.get("timeout", DEFAULTS.timeout)),
+        base_url=base_url, api_key=api_key, timeout=config.get("timeout", DEFAULTS.timeout),
         chat_format=config.get("chat_format"),
         local_serving=config.get("local_serving", DEFAULTS.local_serving))
     config["db"] = str(config.get("db", DEFAULTS.db))

@@ -26,7 +26,7 @@ def add_call_settings(p: argparse.ArgumentParser) -> None:
                    help="the most calls in flight at once (default: adaptive from 64; a "
                         "local server with N slots wants N)")
     p.add_argument("--timeout", type=float, metavar="S",
-                   help="seconds per call (default: 120; a slow local model wants more)")
+                   help="seconds per call (default: 120)")
     p.add_argument("--optimizer-max-tokens", type=positive_int, metavar="N",
                    help="generation limit of backward, rewrite and update calls (default: "
                         "1024)")

@@ -105,7 +105,19 @@ class TransientLLMError(LLMError):
         self.congestion = congestion
 
 
+# Seconds a call may take: a provider's from when it is sent; the embedded model's from
+# when the model starts on it. On two cores a 1.5B model writes an update of ~100 tokens
+# after ~400 prompt tokens in ~30 s alone, several times that beside other work.
+DEFAULT_TIMEOUT = 120.0
+LOCAL_TIMEOUT = 600.0
+
+
 class Backend(Protocol):
+    """A model behind one interface. A backend whose calls run on this machine's cores
+    (the embedded model) may set `times_own_calls = True`: `LLMClient` then does not time
+    a call from when it was queued, since on a busy machine the queue is most of the wait,
+    and the backend times (or bounds) the work itself."""
+
     name: str
 
     async def complete(self, request: LLMRequest) -> LLMReply:

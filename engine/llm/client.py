@@ -260,9 +260,11 @@ class LLMClient:
         self.stats.network_calls += 1
         if request.schema is not None and backend.name in self.structured_refused:
             request = dataclasses.replace(request, schema=None)  # built before the refusal
+        # a backend that times its own calls (the embedded model) is not timed from its queue
+        timeout = None if getattr(backend, "times_own_calls", False) else self.retry.timeout
         try:
             try:
-                return await asyncio.wait_for(backend.complete(request), self.retry.timeout)
+                return await asyncio.wait_for(backend.complete(request), timeout)
             except SchemaRefused as exc:
                 if self.structured == "on":
                     raise LLMError(f"{exc} (--structured on; use --structured auto to fall "
@@ -271,8 +273,7 @@ class LLMClient:
                 # the same request as text: this reply, and every later request, unconstrained
                 self.stats.network_calls += 1
                 return await asyncio.wait_for(
-                    backend.complete(dataclasses.replace(request, schema=None)),
-                    self.retry.timeout)
+                    backend.complete(dataclasses.replace(request, schema=None)), timeout)
         except TimeoutError:
             raise TransientLLMError(f"timed out after {self.retry.timeout:g} s",
                                     congestion=True) from None

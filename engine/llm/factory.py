@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from engine.llm.base import Backend
+from engine.llm.base import DEFAULT_TIMEOUT, LOCAL_TIMEOUT, Backend
 from engine.llm.models import DEFAULT_MODEL
 
 BACKENDS: tuple[str, ...] = ("scripted", "local", "openai")
@@ -20,14 +20,22 @@ _DEFAULT_MODELS = {
 }
 
 
+def call_timeout(kind: str, timeout: float | None) -> float:
+    """Seconds a call of a `kind` backend may take: `timeout` when given, else 120 s for a
+    provider and 600 s for the embedded model (counted from when the model starts on it)."""
+    if timeout is not None:
+        return timeout
+    return LOCAL_TIMEOUT if kind == "local" else DEFAULT_TIMEOUT
+
+
 def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None = None,
-                 timeout: float = 120.0,
+                 timeout: float | None = None,
                  scripted_options: dict[str, Any] | None = None, model: str | None = None,
                  chat_format: str | None = None, contexts: int | None = None,
                  serving: str = "auto", for_optimizer: bool = False) -> Backend:
     """A new backend of `kind`; raises LLMError when it cannot be set up (no key, a
     missing package, a local model file that is not a GGUF model) and ValueError for an
-    unknown kind. For "local", `model` is a named model (engine/llm/models.py) or a GGUF
+    unknown kind. `timeout`: seconds per call (`call_timeout`). For "local", `model` is a named model (engine/llm/models.py) or a GGUF
     file's path (default: the default named model),
     `chat_format` overrides the file's chat template and `contexts` caps the llama contexts
     serving calls at once (llama contexts in-process, llama-server's slots when served);
@@ -38,13 +46,14 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
     if kind == "openai":
         from engine.llm.openai_backend import OpenAIBackend
 
-        return OpenAIBackend(base_url=base_url, api_key=api_key, timeout=timeout)
+        return OpenAIBackend(base_url=base_url, api_key=api_key,
+                             timeout=call_timeout(kind, timeout))
     if kind == "local":
         from engine.llm.local import LocalBackend
         from engine.llm.server import CACHE_RAM_MIB, OPTIMIZER_CACHE_RAM_MIB, served
 
         local = LocalBackend(model=model or None, chat_format=chat_format, contexts=contexts)
-        return served(local, serving, slots=contexts, timeout=timeout,
+        return served(local, serving, slots=contexts, timeout=call_timeout(kind, timeout),
                       cache_ram_mib=OPTIMIZER_CACHE_RAM_MIB if for_optimizer else CACHE_RAM_MIB)
     if kind == "scripted":
         from engine.llm.scripted import ScriptedBackend

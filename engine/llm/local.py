@@ -134,6 +134,9 @@ class LocalBackend:
     Each context loads on its first call."""
 
     name = "local"
+    # a call is not timed: its generation ends at its token limit, and a thread that a
+    # timeout gave up on would run on and hold its context anyway (engine/llm/client.py)
+    times_own_calls = True
 
     def __init__(self, model_path: str | Path | None = None, n_ctx: int = 2048,
                  n_threads: int | None = None, *, chat_format: str | None = None,

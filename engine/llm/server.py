@@ -49,7 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.llm.base import LLMError, LLMReply, LLMRequest
+from engine.llm.base import LOCAL_TIMEOUT, LLMError, LLMReply, LLMRequest
 from engine.llm.local import (
     fit_messages,
     prompt_budget,
@@ -320,8 +320,11 @@ class LocalServerBackend:
 
     name = "local"
     supports_schema = True
+    # `timeout` counts from when a call gets one of the server's slots (the HTTP request's
+    # own timeout), not from when it was queued behind the others (engine/llm/client.py)
+    times_own_calls = True
 
-    def __init__(self, local: Any, *, slots: int | None = None, timeout: float = 120.0,
+    def __init__(self, local: Any, *, slots: int | None = None, timeout: float = LOCAL_TIMEOUT,
                  binary: str | Path | None = None, cache_ram_mib: int = CACHE_RAM_MIB):
         self.model_path = Path(local.model_path)
         self.model_name = local.model_name
@@ -415,7 +418,7 @@ class LocalServerBackend:
 
 
 def served(local: Any, serving: str = "auto", *, slots: int | None = None,
-           timeout: float = 120.0, cache_ram_mib: int = CACHE_RAM_MIB) -> Any:
+           timeout: float = LOCAL_TIMEOUT, cache_ram_mib: int = CACHE_RAM_MIB) -> Any:
     """The backend that serves the in-process backend `local`'s model: `local` itself for
     `in-process` (and under `auto` when llama-server is not installed, or a llama-cpp-python
     chat format is named, which llama-server does not know), else a LocalServerBackend

@@ -28,6 +28,7 @@ from engine.events import CallRecord, Collector, EventBus, StepFinished
 from engine.llm.base import Backend
 from engine.llm.budget import Budget, BudgetExhausted
 from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
+from engine.llm.factory import call_timeout
 from engine.llm.limits import AdaptiveLimit
 from engine.methods import METHODS, Method, make_method
 from engine.prompts import structured as S
@@ -166,7 +167,9 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
         forward_backend=forward, forward_model=model, optimizer_backend=optimizer,
         optimizer_model=optimizer_model, cache=cache, concurrency=config.concurrency,
         backend_limits=dict(config.backend_limits), shared_limit=SHARED_LIMIT.get(),
-        retry=RetryPolicy(max_retries=config.max_retries, timeout=config.timeout),
+        # the embedded model's backends time their own calls (engine/llm/base.py)
+        retry=RetryPolicy(max_retries=config.max_retries,
+                          timeout=call_timeout("openai", config.timeout)),
         temperature=config.temperature, seed=config.seed, structured=config.structured,
         structure=S.prepare,
         budget=SHARED_BUDGET.get() or Budget(config.max_calls, config.max_cost))
@@ -341,7 +344,7 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
         status = "stopped"
     except BudgetExhausted as exc:
         # the calls already on their way are paid for: let their replies reach the cache
-        await client.settle(config.timeout)
+        await client.settle(call_timeout(config.backend, config.timeout))
         writer.save_cache()
         status, reason = "budget", str(exc)
         writer.finish(status, reason)

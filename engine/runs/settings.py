@@ -188,7 +188,9 @@ class RunConfig:
                                                     "update calls")
     base_url: str | None = setting(None, help="OpenAI-compatible server URL "
                                               "(default: OPENAI_BASE_URL)")
-    timeout: float = setting(120.0, type=float, help="seconds per call")
+    timeout: float | None = setting(None, type=float,
+                                    help="seconds per call (default: 120; on the embedded "
+                                         "model 600, counted from when the model starts on it)")
     max_retries: int = setting(4, type=non_negative_int,
                                help="retries of a call that fails or times out")
     run_id: str | None = setting(None, help="name the run (default: generated)")

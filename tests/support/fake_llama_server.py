@@ -6,7 +6,8 @@ counted in tokens of four characters), and appends its command line and each req
 as JSON lines, to $FAKE_LLAMA_LOG.
 
 $FAKE_LLAMA_MODE plays a failing server: `fail` prints llama-server's load error and exits
-1; `never-ready` answers /health with 503 for ever.
+1; `never-ready` answers /health with 503 for ever. $FAKE_LLAMA_LATENCY (seconds) delays each
+completion, as a busy model's work does.
 
     tests/support/fake_llama_server.py --model M.gguf --host 127.0.0.1 --port 8080 ...
 """
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from tests.support.fake_openai import default_responder  # noqa: E402
 
 LOG = os.environ.get("FAKE_LLAMA_LOG")
 MODE = os.environ.get("FAKE_LLAMA_MODE", "")
+LATENCY = float(os.environ.get("FAKE_LLAMA_LATENCY", "0"))
 _lock = threading.Lock()
 _prompts: list[str] = []
 
@@ -66,6 +69,7 @@ class Handler(BaseHTTPRequestHandler):
         log({"request": body})
         prompt = "".join(m["content"] for m in body["messages"])
         text = default_responder(body)
+        time.sleep(LATENCY)
         self.reply(200, {
             "id": "chatcmpl-1", "object": "chat.completion", "created": 0,
             "model": body.get("model", ""),
