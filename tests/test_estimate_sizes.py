@@ -194,6 +194,37 @@ def test_a_local_models_time_is_estimated_at_its_measured_speed(tmp_path):
     assert estimate_for(config, graph, load_splits(config, graph)).seconds() is None
 
 
+def test_the_embedded_pairs_optimizer_calls_are_sized_and_timed_from_the_optimizer_model(
+        tmp_path, monkeypatch):
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    config = RunConfig(graph=str(graph_path), backend="scripted", steps=1, train=6, val=6,
+                       test=0, db=str(tmp_path / "runs.duckdb"))
+    asyncio.run(execute(config))
+    forward, optimizer = default_model("local"), "qwen2.5-coder-1.5b"
+    with duckdb.connect(config.db) as con:  # as if the embedded pair had run it
+        con.execute("UPDATE llm_calls SET backend = 'local', model = CASE WHEN purpose = "
+                    "'forward' THEN ? ELSE ? END", [forward, optimizer])
+        con.execute("UPDATE llm_calls SET completion_tokens = 100 WHERE purpose <> 'forward'")
+        con.execute("UPDATE steps SET ended_at = started_at + 10 * (step + 1)")  # 10 s, 20 s
+        completion, optimizer_calls = con.execute(
+            "SELECT sum(completion_tokens), count(*) FILTER (WHERE purpose <> 'forward') "
+            "FROM llm_calls WHERE NOT cache_hit").fetchone()
+    assert optimizer_calls > 0
+    # the run pairs the 0.5B with the 1.5B (when installed): so does its estimate
+    monkeypatch.setattr("engine.llm.models.paired_optimizer", lambda model: (optimizer, None))
+    local = RunConfig(**{**config.__dict__, "backend": "local", "run_id": None})
+    graph = load_graph(local.graph)
+    estimate = estimate_for(local, graph, load_splits(local, graph))
+    assert estimate.models == (forward, optimizer)
+    # backward and update replies: what the 1.5B wrote, not a first run's prior
+    assert estimate.sizes.backward.completion == estimate.sizes.update.completion == 100
+    assert "assumed: replies" not in estimate.line()
+    # the steps' time was spent on both models' tokens
+    rate = 30 / completion
+    expected = sum(p.expected * p.size(estimate.sizes).completion for p in estimate.phases)
+    assert estimate.seconds() == pytest.approx(expected * rate)
+
+
 ONE_NODE_UNCAPPED = ONE_NODE.replace("name: one-node", "name: another-graph").replace(
     ", max_tokens: 40", "")
 

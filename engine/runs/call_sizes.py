@@ -17,9 +17,13 @@ graph recorded in the run log (else from the node's `max_tokens`).
 - Characters become tokens at the rate the same model's earlier calls of that kind showed
   (prompt tokens / prompt characters; this graph's, else any graph's), else
   CHARS_PER_TOKEN.
+- The optimizer's calls (backward, update) are sized from the model that writes them: the
+  embedded pair's 1.5B for a run on the 0.5B, whose replies run about a third of the
+  prior's.
 - On a local model, seconds per generated token from earlier runs' steps on the same
-  local model, of any graph (their wall time over their completion tokens): the model's
-  measured speed on this machine, as a run sees it (calls waiting for a context included).
+  local models, of any graph (their wall time over their completion tokens, the optimizer
+  model's included): the models' measured speed on this machine, as a run sees it (calls
+  waiting for a context included).
 """
 
 from __future__ import annotations
@@ -101,9 +105,12 @@ class History:
     distinct: tuple[int, int] = (0, 0)  # distinct forward requests, of forward calls
 
 
-def read_history(db: str | None, graph_name: str, model: str, backend: str) -> History:
+def read_history(db: str | None, graph_name: str, model: str, backend: str,
+                 run_models: list[str] | None = None) -> History:
     """The history of `graph_name`, and of `model` on any graph, in the run log at `db` (an
-    empty History when there is no run log or no earlier run)."""
+    empty History when there is no run log or no earlier run). On a local model, its speed
+    is measured over the steps whose calls ran on any of `run_models` (default: `model`):
+    a run whose optimizer is another embedded model spends its steps' time on both."""
     from pathlib import Path
 
     if not db or not Path(db).is_file():
@@ -146,18 +153,31 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str) -> H
                 history.chars_per_token[kind] = chars / max(1.0, float(
                     group["prompt_tokens"].sum()))
     if backend == "local":
-        seconds, _, completion = local_step_throughput(db, models)
+        timed = list(dict.fromkeys(
+            [*models, *(n for m in run_models or [] for n in (m, Path(m).name))]))
+        seconds, _, completion = local_step_throughput(db, timed)
         if seconds > 0 and completion > 0:
             history.speed = (0.0, seconds / completion)
     return history
 
 
-def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str) -> CallSizes:
+def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
+                  optimizer: str | None = None) -> CallSizes:
     """Call sizes for a run with `config` (a RunConfig) over `splits` (see the module
-    docstring)."""
+    docstring): forward calls sized from `model`'s history, backward and update calls from
+    `optimizer`'s (default: the same model; the embedded pair's 1.5B writes the
+    optimizer's calls of a 0.5B run)."""
     from engine.prompts.sets import prompt_set
 
-    history = read_history(config.db, graph.name, model, config.backend)
+    optimizer = optimizer or model
+    opt_backend = config.optimizer_backend or config.backend
+    history = read_history(config.db, graph.name, model, config.backend,
+                           run_models=[model, optimizer] if opt_backend == config.backend
+                           else None)
+    # the optimizer's calls, sized from the model that writes them
+    opt_history = history if optimizer == model else read_history(
+        config.db, graph.name, optimizer, opt_backend)
+    histories = {"forward": history, "backward": opt_history, "update": opt_history}
     prompts = prompt_set(config.prompts)
     limits = {"forward": config.max_tokens or 512, "backward": config.optimizer_max_tokens
               or 768, "update": config.optimizer_max_tokens or 768}
@@ -170,18 +190,19 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str) -> Cal
 
     def reply(kind: str, node: Any) -> float:
         cap = (node.max_tokens if node is not None and node.max_tokens else limits[kind])
-        recorded = history.completion.get((kind, node.id if node is not None else ""))
+        seen = histories[kind]
+        recorded = seen.completion.get((kind, node.id if node is not None else ""))
         if recorded is None and kind != "forward":  # the kind's mean over its nodes
-            same = [v for (k, _), v in history.completion.items() if k == kind]
+            same = [v for (k, _), v in seen.completion.items() if k == kind]
             recorded = sum(same) / len(same) if same else None
         if recorded is None:  # the model's replies of this kind on other graphs
-            recorded = history.model_completion.get(kind)
+            recorded = seen.model_completion.get(kind)
         if recorded is None:
             guessed.setdefault(kind, []).append(min(cap, first_reply(backends[kind])[kind]))
             return guessed[kind][-1]
         return min(cap, recorded)
 
-    rate = {kind: history.chars_per_token.get(kind, CHARS_PER_TOKEN)
+    rate = {kind: histories[kind].chars_per_token.get(kind, CHARS_PER_TOKEN)
             for kind in ("forward", "backward", "update")}
     outputs = {n.id: history.output_chars.get(n.id, reply("forward", n) * rate["forward"]
                                               * OUTPUT_SHARE) for n in llm}

@@ -343,9 +343,14 @@ def estimate_for(config: Any, graph: GraphSpec, splits: Any, start: int = 0,
     opt_kind = config.optimizer_backend or config.backend
     optimizer = config.optimizer_model or (
         model if opt_kind == config.backend else default_model(opt_kind))
+    if config.optimizer_model is None and opt_kind == config.backend == "local":
+        from engine.llm.models import paired_optimizer
+
+        optimizer = paired_optimizer(model)[0] or optimizer  # as the run will pair them
     return estimate_calls(graph, config, len(splits.train), len(splits.val), len(splits.test),
                           (model, optimizer), load_prices(), start=start, baseline=baseline,
-                          edited=edited, sizes=measure_sizes(graph, config, splits, model),
+                          edited=edited,
+                          sizes=measure_sizes(graph, config, splits, model, optimizer),
                           test_differs=test_differs)
 
 
