@@ -35,8 +35,9 @@ def make_backend(kind: str, *, base_url: str | None = None, api_key: str | None 
                  serving: str = "auto", for_optimizer: bool = False) -> Backend:
     """A new backend of `kind`; raises LLMError when it cannot be set up (no key, a
     missing package, a local model file that is not a GGUF model) and ValueError for an
-    unknown kind. `timeout`: seconds per call (`call_timeout`). For "local", `model` is a named model (engine/llm/models.py) or a GGUF
-    file's path (default: the default named model),
+    unknown kind. `timeout`: seconds per call (`call_timeout`). For "local", `model` is a
+    named model (engine/llm/models.py) or a GGUF file's path (default: the default named
+    model),
     `chat_format` overrides the file's chat template and `contexts` caps the llama contexts
     serving calls at once (llama contexts in-process, llama-server's slots when served);
     `serving` is "server" (llama-server, engine/llm/server.py), "in-process"
