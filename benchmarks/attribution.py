@@ -31,12 +31,13 @@ two_faults' two repairs each pass the number on; "no node" and any other tie are
 with the calls and tokens blame spent.
 
     .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--task sum|copy]
-        [--examples failing|val] [--val N] [--keep DIR [--reblame]] [--json] [GRAPH ...]
+        [--examples failing|val] [--val N] [--train N] [--keep DIR [--reblame]] [--json] [GRAPH ...]
 
 `--examples val` blames on the failing validation examples instead of the failing training
 ones (`--val N` of them per graph, 6 by default): there every edit flip counts (the update
 call never saw them), where on the 6 training examples the 2 back-propagated are in-sample
-and often only 2 fail at all.
+and often only 2 fail at all. `--train N` gives each graph N training examples instead of
+6, so that the edit probes on the failing training examples have N - 2 out of sample.
 
 (GRAPH names some of the graphs, e.g. `chain2 diamond` on the slower embedded model.)
 
@@ -213,15 +214,15 @@ def planted_fault_responder() -> Callable[[LLMRequest], str | None]:
     return respond
 
 
-TRAIN = 6  # training examples per graph (2 of the failing ones are back-propagated)
+TRAIN = 6  # training examples per graph by default (2 of the failing ones are back-propagated)
 
 
 def graph_yaml(name: str, nodes: list[tuple], data: Path, task: str = "sum",
-               val: int = 6) -> str:
+               val: int = 6, train: int = TRAIN) -> str:
     fields = ["text"] + (["name"] if any("name" in n[2] for n in nodes) else [])
     lines = [f"name: {name}", f"dataset: {data}", f"input_fields: [{', '.join(fields)}]",
              "target_field: answer", "metric: numeric",
-             f"splits: {{train: {TRAIN}, val: {val}, test: 0}}", "nodes:"]
+             f"splits: {{train: {train}, val: {val}, test: 0}}", "nodes:"]
     order = {n[0]: i for i, n in enumerate(nodes)}
     for node in sorted(nodes, key=lambda n: _depth(n, nodes, order)):
         node_id, prompt, inputs = node[0], node[1], node[2]
@@ -264,21 +265,21 @@ def is_right(found: Verdict, culprits: set[str]) -> bool:
 
 async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
               backend: str, task: str = "sum", examples: str = "failing",
-              val: int = 6, reblame: bool = False) -> dict:
-    data = work / f"planted-{task}-{TRAIN + val}-named.jsonl"
+              val: int = 6, reblame: bool = False, train: int = TRAIN) -> dict:
+    data = work / f"planted-{task}-{train + val}-named.jsonl"
     graph = work / f"{name}.yaml"
     db = str(work / f"{name}.duckdb")
     if not reblame:
         if not data.exists():
-            dataset(data, task, TRAIN + val)
-        graph.write_text(graph_yaml(name, nodes, data, task, val), encoding="utf-8")
+            dataset(data, task, train + val)
+        graph.write_text(graph_yaml(name, nodes, data, task, val, train), encoding="utf-8")
 
     def model():
         return ScriptedBackend(responder=planted_fault_responder()) if backend == "scripted" \
             else None
 
     config = RunConfig(graph=str(graph), db=db, steps=1, run_id=name, backend=backend,
-                       failures_per_step=2, train=TRAIN, val=val, test=0)
+                       failures_per_step=2, train=train, val=val, test=0)
     # the Python tool comes from an importable module, so that blame can import it again
     tools = {"keep_digits": importlib.import_module("attribution").keep_digits}
     if not reblame:
@@ -322,8 +323,11 @@ def main() -> int:
                              "are in-sample) or the failing validation examples (out of "
                              "sample, one backward pass each: slower)")
     parser.add_argument("--val", type=int, default=6,
-                        help=f"validation examples per graph (default 6; {TRAIN} training "
-                             "examples always)")
+                        help="validation examples per graph (default 6)")
+    parser.add_argument("--train", type=int, default=TRAIN,
+                        help=f"training examples per graph (default {TRAIN}); with more, "
+                             "blame's edit probes have more failing examples the update "
+                             "call never saw (it sees 2)")
     parser.add_argument("graphs", nargs="*", metavar="GRAPH",
                         help=f"graphs to run (default: all of {', '.join(GRAPHS)})")
     args = parser.parse_args()
@@ -333,6 +337,8 @@ def main() -> int:
         parser.error(f"unknown graph {', '.join(unknown)} (choose from {', '.join(GRAPHS)})")
     if args.val < 1:
         parser.error("--val must be at least 1")
+    if args.train < 2:
+        parser.error("--train must be at least 2")
     if args.reblame:
         if not args.keep:
             parser.error("--reblame needs --keep DIR, the folder of the runs to blame again")
@@ -352,7 +358,8 @@ def main() -> int:
             started = time.perf_counter()
             try:
                 rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task,
-                                            args.examples, args.val, args.reblame)))
+                                            args.examples, args.val, args.reblame,
+                                            args.train)))
             except (LLMError, RunLogError) as exc:  # the model server died, no model file
                 failed = f"error: {name}: {exc}"
                 break
@@ -376,7 +383,8 @@ def report(rows: list[dict], args: argparse.Namespace, task: str) -> None:
     print(f"attribution benchmark, backend {args.backend}, task {task} ({TASKS[task][0]!r}; "
           f"planted fault {FAULTS[task]!r}), "
           f"blame on the {'failing training' if args.examples == 'failing' else 'failing validation'}"
-          f" examples ({TRAIN} training, {args.val} validation): top-1 (named node / right?)")
+          f" examples ({args.train} training, {args.val} validation): top-1 (named node / "
+          "right?)")
     header = f"{'graph':<17}{'n':>3}  " + "".join(f"{s:<22}" for s in scorers) + \
         f"{'calls':>7}{'model':>7}{'tokens':>8}"
     print(header)

@@ -1,5 +1,6 @@
 """benchmarks/attribution.py on the scripted model: which examples blame probes
-(`--examples failing|val`) and how many validation examples each graph gets (`--val N`)."""
+(`--examples failing|val`) and how many validation and training examples each graph gets
+(`--val N`, `--train N`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def test_by_default_it_blames_the_failing_training_examples(monkeypatch, capsys,
         train = {e for (e,) in con.execute("SELECT example_id FROM examples WHERE run_id = "
                                            "'chain2' AND split = 'train'").fetchall()}
     assert probed == train
+
+
+def test_train_n_gives_each_graph_n_training_examples_and_blame_probes_them(
+        monkeypatch, capsys, tmp_path):
+    rows = run(monkeypatch, capsys, "--train", "9", "--keep", str(tmp_path), "chain2")
+    assert [(r["probed"], r["examples"], r["named"]["probes"]) for r in rows] == [
+        ("failing", 9, "fault")]
+    with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
+        splits = dict(con.execute("SELECT split, count(*) FROM examples WHERE run_id = "
+                                  "'chain2' GROUP BY split").fetchall())
+    assert splits == {"train": 9, "val": 6}
+    assert (tmp_path / "planted-sum-15-named.jsonl").exists()
 
 
 def test_the_copy_task_plants_a_fault_that_drops_the_number(monkeypatch, capsys, tmp_path):
