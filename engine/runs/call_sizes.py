@@ -29,6 +29,7 @@ graph recorded in the run log (else from the node's `max_tokens`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.core.graph import GraphSpec
@@ -105,14 +106,18 @@ class History:
     distinct: tuple[int, int] = (0, 0)  # distinct forward requests, of forward calls
 
 
+def _names(models: list[str]) -> list[str]:
+    """The names a run log may record each of `models` under: as given and, for a GGUF
+    file, its file name."""
+    return list(dict.fromkeys(n for m in models for n in (m, Path(m).name)))
+
+
 def read_history(db: str | None, graph_name: str, model: str, backend: str,
                  run_models: list[str] | None = None) -> History:
     """The history of `graph_name`, and of `model` on any graph, in the run log at `db` (an
     empty History when there is no run log or no earlier run). On a local model, its speed
     is measured over the steps whose calls ran on any of `run_models` (default: `model`):
     a run whose optimizer is another embedded model spends its steps' time on both."""
-    from pathlib import Path
-
     if not db or not Path(db).is_file():
         return History()
     from engine.runlog.history import (
@@ -125,7 +130,7 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str,
     )
     from engine.runlog.schema import RunLogError
 
-    models = list(dict.fromkeys([model, Path(model).name]))  # a GGUF file: by file name
+    models = _names([model])
     try:
         calls = call_size_history(db, graph_name)
         own = model_call_history(db, models)
@@ -153,9 +158,7 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str,
                 history.chars_per_token[kind] = chars / max(1.0, float(
                     group["prompt_tokens"].sum()))
     if backend == "local":
-        timed = list(dict.fromkeys(
-            [*models, *(n for m in run_models or [] for n in (m, Path(m).name))]))
-        seconds, _, completion = local_step_throughput(db, timed)
+        seconds, _, completion = local_step_throughput(db, _names([model, *(run_models or [])]))
         if seconds > 0 and completion > 0:
             history.speed = (0.0, seconds / completion)
     return history
