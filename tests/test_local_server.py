@@ -267,6 +267,22 @@ def test_a_run_on_the_embedded_pair_serves_its_optimizer_without_a_ram_cache(mon
         (None, False), ("qwen2.5-coder-1.5b", True)]
 
 
+def test_a_runs_client_times_a_providers_calls_at_120_s_unless_told_otherwise():
+    """The client's own timeout is for backends that do not time their calls (a provider's):
+    120 s by default, `--timeout` when given; the embedded model's calls are timed by its
+    backends instead (LOCAL_TIMEOUT, from when the model starts on them)."""
+    from engine.llm.base import DEFAULT_TIMEOUT
+    from engine.runs import execute as ex
+
+    def client(**kw):
+        return ex.make_client(ex.RunConfig(graph="g.yaml", backend="scripted", **kw), None,
+                              None, None)
+
+    assert DEFAULT_TIMEOUT == 120.0
+    assert client().retry.timeout == DEFAULT_TIMEOUT
+    assert client(timeout=7.5).retry.timeout == 7.5
+
+
 # --- the calls ---------------------------------------------------------------------------
 
 

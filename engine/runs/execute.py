@@ -25,7 +25,7 @@ from engine.core.optimizer import OptimizerConfig, OptimizerState, evaluate, run
 from engine.data.datasets import check_input_fields, load_examples, with_target
 from engine.data.examples import Example, Splits, split_examples
 from engine.events import CallRecord, Collector, EventBus, StepFinished
-from engine.llm.base import Backend
+from engine.llm.base import DEFAULT_TIMEOUT, Backend
 from engine.llm.budget import Budget, BudgetExhausted
 from engine.llm.client import CallStats, LLMClient, ModelUnavailable, RetryPolicy
 from engine.llm.factory import call_timeout
@@ -167,9 +167,10 @@ def make_client(config: RunConfig, cache, forward_backend: Backend | None,
         forward_backend=forward, forward_model=model, optimizer_backend=optimizer,
         optimizer_model=optimizer_model, cache=cache, concurrency=config.concurrency,
         backend_limits=dict(config.backend_limits), shared_limit=SHARED_LIMIT.get(),
-        # the embedded model's backends time their own calls (engine/llm/base.py)
-        retry=RetryPolicy(max_retries=config.max_retries,
-                          timeout=call_timeout("openai", config.timeout)),
+        # a provider's calls, timed here; the embedded model's backends time their own
+        # (engine/llm/base.py)
+        retry=RetryPolicy(max_retries=config.max_retries, timeout=DEFAULT_TIMEOUT
+                          if config.timeout is None else config.timeout),
         temperature=config.temperature, seed=config.seed, structured=config.structured,
         structure=S.prepare,
         budget=SHARED_BUDGET.get() or Budget(config.max_calls, config.max_cost))
