@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views import graph_model as gh
-from engine.data.stats import Z95, wilson
+from engine.data.stats import Z95, score_interval
 from engine.runlog import debug, reader
 
 Stamp = tuple[int, ...]
@@ -406,9 +406,7 @@ class Score:
 
     def interval(self) -> tuple[float, float] | None:
         """Wilson's 95% interval for a pass rate measured on `n` examples."""
-        if self.value is None or self.n <= 0:
-            return None
-        return wilson(min(max(self.value, 0.0), 1.0) * self.n, self.n, Z95)
+        return score_interval(self.value, self.n, Z95)
 
     def text(self) -> str:
         """'0.250 on 8 examples (95% interval 0.07–0.59)', or '–' when not measured."""

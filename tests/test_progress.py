@@ -10,7 +10,8 @@ import sys
 from itertools import groupby
 from pathlib import Path
 
-from engine.events import CallRecord, Progress
+from engine.cli.commands import validation_change
+from engine.events import CallRecord, Progress, StepFinished
 from engine.runs.progress import progress_line
 from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
 from tests.support.runlog import rows
@@ -106,14 +107,39 @@ def _checked_counts(log: str) -> dict[int, int]:
     return said
 
 
-def _summary_accepted(stdout: str) -> dict[int, int]:
-    """The summary table's 'accepted edits' column, by step."""
+def _summary_cells(stdout: str, column: int) -> dict[int, str]:
+    """One column of the summary table, by step."""
     found = {}
     for line in stdout.splitlines():
         cells = [c.strip() for c in line.strip().strip("│").split("│")]
-        if len(cells) == 8 and cells[0].isdigit():
-            found[int(cells[0])] = int(cells[3])
+        if len(cells) == 9 and cells[0].isdigit():
+            found[int(cells[0])] = cells[column]
     return found
+
+
+def _summary_accepted(stdout: str) -> dict[int, int]:
+    """The summary table's 'accepted edits' column, by step."""
+    return {step: int(cell) for step, cell in _summary_cells(stdout, 4).items()}
+
+
+def _finished(step: int, val: float) -> StepFinished:
+    return StepFinished("r", step, 0.0, val, False, 0.0, 1.0)
+
+
+def test_the_summary_says_whether_validation_rose_beyond_its_95_percent_intervals():
+    """1 of 24 -> 3 of 24 is a rise the gate keeps, but the intervals overlap (Wilson, 95%:
+    [0.0074, 0.2024] and [0.0434, 0.3100]); 1 -> 24 of 24 ([0.862, 1]) clears it."""
+    small = validation_change([_finished(0, 1 / 24), _finished(1, 3 / 24)], 24)
+    assert small == ("validation 0.042 at step 0 -> 0.125 at step 1, on 24 examples; 95% "
+                     "intervals [0.01, 0.20] and [0.04, 0.31]: they overlap, so the rise "
+                     "may be chance")
+    clear = validation_change([_finished(0, 1 / 24), _finished(1, 1.0)], 24)
+    assert clear.endswith("[0.01, 0.20] and [0.86, 1.00]: they do not overlap")
+    # from the first to the last step scored, whatever lies between
+    steps = [_finished(0, 0.5), _finished(1, 0.25), _finished(2, 0.5)]
+    assert validation_change(steps, 8).endswith(": no rise")
+    assert validation_change(steps[:1], 8) is None  # one step: nothing to compare
+    assert validation_change(steps, 0) is None  # no validation examples
 
 
 def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_path):
@@ -125,6 +151,11 @@ def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_p
                           "--run-id", "parent")
     said = _checked_counts(log)
     assert said == {0: 0, 1: 0} and _summary_accepted(stdout) == {0: 0, 1: 0}
+    # each step's validation with its 95% interval on the 24 examples (0 of 24: Wilson's
+    # upper bound z^2 / (n + z^2) = 0.138), and the comparison the gate does not make
+    assert _summary_cells(stdout, 3) == {0: "[0.00, 0.14]", 1: "[0.00, 0.14]"}
+    assert ("validation 0.000 at step 0 -> 0.000 at step 1, on 24 examples; 95% intervals "
+            "[0.00, 0.14] and [0.00, 0.14]: no rise") in stdout
     # the candidate, then each edit alone as its own phase (not a gate growing 48 -> 144)
     # (24 val x 3 nodes; per-node gates: 3 edits x 72 calls, most answered by the cache)
     assert "step 1 gate: 72/72 calls" in log and "step 1 node_gates: 72/216 calls" in log

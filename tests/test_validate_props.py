@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.cli import main
@@ -53,10 +53,19 @@ def assert_clean(code: int, err: str) -> None:
 
 @SETTINGS
 @given(values)
+@example({"\n": None})  # an unknown key holding a line break, quoted: still one line
 def test_random_yaml_structures(data):
     code, err = validate(yaml.safe_dump(data))
     assert_clean(code, err)
     assert code == 2  # nothing random is a graph with nodes, fields and a target
+
+
+def test_an_unknown_node_key_with_a_line_break_is_named_on_one_line():
+    graph = {"name": "g", "dataset": "data.jsonl", "input_fields": ["question"],
+             "target_field": "answer", "nodes": [{"id": "a", "prompt": "p",
+                                                  "inputs": ["question"], "a\nb": 1}]}
+    code, err = validate(yaml.safe_dump(graph))
+    assert code == 2 and err.count("\n") == 1 and "unknown key 'a\\nb'" in err, err
 
 
 @SETTINGS

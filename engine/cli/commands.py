@@ -22,6 +22,7 @@ from rich.table import Column, Table
 from engine.console import console, out
 from engine.core.graph import GraphError, load_graph
 from engine.data.examples import SplitError
+from engine.data.stats import bracketed, score_interval
 from engine.events import CallRecord, Proposal, StepFinished
 from engine.events import Progress as PhaseProgress
 from engine.runs.progress import progress_line
@@ -298,14 +299,20 @@ def print_summary(result: Any, db: str = "runs.duckdb",
     edits: dict[int, int] = defaultdict(int)
     for p in result.events.of(Proposal):
         edits[p.step] += int(p.accepted)
-    table = Table("step", "train", "val", "accepted edits", "model calls", "tokens",
+    n_val = _split_sizes(db, result.run_id).get("val", 0)
+    table = Table("step", "train", "val", "val 95%", "accepted edits", "model calls", "tokens",
                   "cost $", "cache hits", title=f"run {result.run_id}: {result.status}")
     for s in result.events.of(StepFinished):
         calls, tokens, hits, cost, unknown = per_step[s.step]
-        table.add_row(str(s.step), _fmt(s.train_score), _fmt(s.val_score), str(edits[s.step]),
+        bounds = score_interval(s.val_score, n_val)
+        table.add_row(str(s.step), _fmt(s.train_score), _fmt(s.val_score),
+                      bracketed(bounds) if bounds else "", str(edits[s.step]),
                       str(calls), str(tokens), _money(cost, unknown), str(hits))
     if table.row_count:
         out.print(table)
+        said = validation_change(list(result.events.of(StepFinished)), n_val)
+        if said:
+            out.print(said, markup=False, highlight=False)
     else:  # stopped during its first step: nothing of it was written
         out.print(f"run {result.run_id}: {result.status}; no step finished in this session",
                   markup=False, highlight=False)
@@ -341,6 +348,35 @@ def print_summary(result: Any, db: str = "runs.duckdb",
 
 def _money(cost: float, unknown: bool) -> str:
     return "unknown" if unknown else f"${cost:.4f}"
+
+
+def _split_sizes(db: str, run_id: str) -> dict[str, int]:
+    from engine.runlog.reader import split_sizes
+    from engine.runlog.schema import RunLogError
+
+    try:
+        return split_sizes(db, run_id)
+    except RunLogError:  # no run log to read (a run that wrote nothing): no interval
+        return {}
+
+
+def validation_change(steps: list[StepFinished], n: int) -> str | None:
+    """Validation at the first and the last step this session finished, on `n` examples,
+    each with its 95% interval, and whether the two overlap: the gate keeps any rise, and
+    on a few examples a small one can be chance. None for fewer than two steps."""
+    scored = [s for s in steps if s.val_score is not None]
+    if len(scored) < 2 or n <= 0:
+        return None
+    first, last = scored[0], scored[-1]
+    a, b = score_interval(first.val_score, n), score_interval(last.val_score, n)
+    head = (f"validation {first.val_score:.3f} at step {first.step} -> {last.val_score:.3f} at "
+            f"step {last.step}, on {n} examples; 95% intervals {bracketed(a)} and "
+            f"{bracketed(b)}")
+    if last.val_score <= first.val_score:
+        return f"{head}: no rise"
+    if b[0] > a[1]:
+        return f"{head}: they do not overlap"
+    return f"{head}: they overlap, so the rise may be chance"
 
 
 def _fmt(value: float | None) -> str:
@@ -494,13 +530,18 @@ def _register_export(subparsers: Any) -> None:
     p.set_defaults(func=cmd_import)
 
 
+def _one_line(exc: BaseException) -> str:
+    """An error's message on one line (a library's message may span several)."""
+    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
     except _bad_input_errors() as exc:
-        console.print(f"error: {exc}", markup=False, highlight=False)
+        console.print(f"error: {_one_line(exc)}", markup=False, highlight=False)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         console.print("interrupted", markup=False)
@@ -508,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
         if os.environ.get("SEMBACK_DEBUG"):
             traceback.print_exc()
-        console.print(f"error: unexpected {exc.__class__.__name__}: {exc} "
+        console.print(f"error: unexpected {exc.__class__.__name__}: {_one_line(exc)} "
                       "(set SEMBACK_DEBUG=1 for the traceback)", markup=False, highlight=False)
         return 1
 

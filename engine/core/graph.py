@@ -213,7 +213,7 @@ def parse_graph(text: str, path: str | Path = "<graph>",
     top = _mapping(root, path, None)
     for key, (_, line) in top.items():
         if key not in GRAPH_KEYS:
-            raise GraphError(path, f"unknown key '{key}' (allowed: {', '.join(GRAPH_KEYS)})",
+            raise GraphError(path, f"unknown key {str(key)!r} (allowed: {', '.join(GRAPH_KEYS)})",
                              line=line)
 
     def scalar(key: str, default: Any = None, required: bool = False) -> Any:
@@ -371,7 +371,7 @@ def _parse_node(item: yaml.Node, path, bound: Mapping[str, Callable[..., Any]]) 
     node_id = str(node_id)
     for key, (_, kline) in fields.items():
         if key not in NODE_KEYS:
-            raise GraphError(path, f"unknown key '{key}' (allowed: {', '.join(NODE_KEYS)})",
+            raise GraphError(path, f"unknown key {str(key)!r} (allowed: {', '.join(NODE_KEYS)})",
                              node=node_id, line=kline)
 
     def value(key: str, default: Any = None) -> Any:

@@ -21,6 +21,15 @@ def wilson(successes: float, n: int, z: float = Z90) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def score_interval(score: float | None, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """The interval of a pass rate `score` measured on `n` examples (a mean of per-example
+    scores in [0, 1]: partial credit counts as its share of a success); None when there is
+    no score or no example."""
+    if score is None or score != score or n <= 0:
+        return None
+    return wilson(min(max(score, 0.0), 1.0) * n, n, z)
+
+
 def bracketed(bounds: tuple[float, float]) -> str:
     """An interval as `engine blame` and the pages print it: "[0.60, 1.00]"."""
     low, high = bounds

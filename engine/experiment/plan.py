@@ -109,7 +109,7 @@ def load_plan(path: str | Path) -> Plan:
 def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
     for key in data:
         if key not in allowed:
-            raise PlanError(f"{where}: unknown key '{key}' (allowed: {', '.join(allowed)})")
+            raise PlanError(f"{where}: unknown key {str(key)!r} (allowed: {', '.join(allowed)})")
 
 
 def _parse_entry(item: Any, index: int, path: Path) -> Entry:
