@@ -140,6 +140,9 @@ def test_the_summary_says_whether_validation_rose_beyond_its_95_percent_interval
     assert validation_change(steps, 8).endswith(": no rise")
     assert validation_change(steps[:1], 8) is None  # one step: nothing to compare
     assert validation_change(steps, 0) is None  # no validation examples
+    # a step with no score (an empty pass) is left out, not printed as nan
+    assert validation_change([*steps[:2], _finished(3, float("nan"))], 8).startswith(
+        "validation 0.500 at step 0 -> 0.250 at step 1")
 
 
 def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_path):

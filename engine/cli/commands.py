@@ -364,11 +364,10 @@ def validation_change(steps: list[StepFinished], n: int) -> str | None:
     """Validation at the first and the last step this session finished, on `n` examples,
     each with its 95% interval, and whether the two overlap: the gate keeps any rise, and
     on a few examples a small one can be chance. None for fewer than two steps."""
-    scored = [s for s in steps if s.val_score is not None]
-    if len(scored) < 2 or n <= 0:
+    scored = [(s, bounds) for s in steps if (bounds := score_interval(s.val_score, n))]
+    if len(scored) < 2:
         return None
-    first, last = scored[0], scored[-1]
-    a, b = score_interval(first.val_score, n), score_interval(last.val_score, n)
+    (first, a), (last, b) = scored[0], scored[-1]
     head = (f"validation {first.val_score:.3f} at step {first.step} -> {last.val_score:.3f} at "
             f"step {last.step}, on {n} examples; 95% intervals {bracketed(a)} and "
             f"{bracketed(b)}")
