@@ -13,7 +13,7 @@ from engine.core.graph import load_graph
 from engine.llm.factory import default_model
 from engine.prompts.templates import forward_messages
 from engine.runs.call_sizes import CHARS_PER_TOKEN, FIRST_REPLY, SCRIPTED_REPLY, measure_sizes
-from engine.runs.estimate import estimate_for, estimate_fork
+from engine.runs.estimate import duration, estimate_for, estimate_fork
 from engine.runs.execute import RunConfig, execute, load_splits
 from engine.runs.fork import plan_fork, run_fork
 from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph
@@ -223,6 +223,30 @@ def test_the_embedded_pairs_optimizer_calls_are_sized_and_timed_from_the_optimiz
     rate = 30 / completion
     expected = sum(p.expected * p.size(estimate.sizes).completion for p in estimate.phases)
     assert estimate.seconds() == pytest.approx(expected * rate)
+
+
+def test_a_first_run_on_the_embedded_pair_is_timed_at_its_reference_speed(
+        tmp_path, monkeypatch):
+    from engine.runs.call_sizes import REFERENCE_SPEED
+
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    forward, optimizer = default_model("local"), "qwen2.5-coder-1.5b"
+    monkeypatch.setattr("engine.llm.models.paired_optimizer", lambda model: (optimizer, None))
+    config = RunConfig(graph=str(graph_path), backend="local", steps=1, train=6, val=6,
+                       test=0, db=str(tmp_path / "empty.duckdb"))
+    graph = load_graph(config.graph)
+    estimate = estimate_for(config, graph, load_splits(config, graph))
+    per_prompt, per_completion = REFERENCE_SPEED[(forward, optimizer)]
+    expected = sum(p.expected * (per_prompt * p.size(estimate.sizes).prompt
+                                 + per_completion * p.size(estimate.sizes).completion)
+                   for p in estimate.phases)
+    assert estimate.seconds() == pytest.approx(expected)
+    assert (f"~{duration(estimate.seconds())} at the speed of a two-core machine (no run of "
+            "these models here yet)") in estimate.line()
+    # a model outside the measured pair has no reference: no time before its first run
+    monkeypatch.setattr("engine.llm.models.paired_optimizer", lambda model: (None, None))
+    alone = estimate_for(config, graph, load_splits(config, graph))
+    assert alone.seconds() is None and "speed" not in alone.line()
 
 
 ONE_NODE_UNCAPPED = ONE_NODE.replace("name: one-node", "name: another-graph").replace(

@@ -23,7 +23,9 @@ graph recorded in the run log (else from the node's `max_tokens`).
 - On a local model, seconds per generated token from earlier runs' steps on the same
   local models, of any graph (their wall time over their completion tokens, the optimizer
   model's included): the models' measured speed on this machine, as a run sees it (calls
-  waiting for a context included).
+  waiting for a context included). Before any run of the embedded pair on this machine, the
+  pair's speed on the two-core machine it was measured on (REFERENCE_SPEED), which the
+  line names as such.
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ OUTPUT_SHARE = 0.5  # of a reply's characters, the output passed on, without his
 # The share of steps whose candidate passes the gate, before any run of the graph: on real
 # models most joint candidates are rejected
 ACCEPTED_PRIOR = 0.25
+# Seconds per prompt token and per completion token of a run on the default embedded pair
+# (Qwen2.5-Coder-0.5B forward, 1.5B optimizer, each in its llama-server), a run's calls
+# together, on a two-core machine: the least-squares fit of the wall time of 27 runs of 8
+# graphs (the demo, the seven attribution graphs, the traced example; 2026-12-03..05) on
+# their prompt and completion tokens. It times a first run on the pair, before the run log
+# has measured this machine. On those runs its figure was 0.45x to 1.7x of the wall (the
+# demo: 0.75x to 0.95x): how long a graph's calls take depends on how many wait for one
+# another, which tokens alone do not say.
+REFERENCE_SPEED = {("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"): (0.0039, 0.0100)}
 
 
 @dataclass
@@ -70,6 +81,7 @@ class CallSizes:
     update: CallSize = field(default_factory=lambda: CallSize(1500, 400))
     # (seconds per prompt token, per completion token, calls at once) of a local model
     speed: tuple[float, float, int] | None = None
+    speed_measured: bool = True  # False: REFERENCE_SPEED, not this machine's
     # the share of steps whose candidate passes the gate: earlier runs' (with a prior of
     # two steps at ACCEPTED_PRIOR, so one lucky run does not decide it), else the prior
     accepted_share: float = ACCEPTED_PRIOR
@@ -231,12 +243,23 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
             graph, prompts, train, values, outputs, history, config, rate, reply)
     if history.speed is not None:  # a throughput: the calls at once are in it already
         sizes.speed = (*history.speed, 1)
+    elif backends["forward"] == backends["backward"] == "local":
+        reference = reference_speed(model, optimizer)
+        if reference is not None:
+            sizes.speed, sizes.speed_measured = (*reference, 1), False
     accepted, steps = history.steps
     sizes.accepted_share = (accepted + 2 * ACCEPTED_PRIOR) / (steps + 2)
     if history.distinct[1]:
         sizes.distinct_share = history.distinct[0] / history.distinct[1]
     sizes.assumptions = assumptions(guessed, steps)
     return sizes
+
+
+def reference_speed(model: str, optimizer: str) -> tuple[float, float] | None:
+    """REFERENCE_SPEED of the pair of named models `model` and `optimizer`, if measured."""
+    from engine.llm.models import canonical_name
+
+    return REFERENCE_SPEED.get((canonical_name(model), canonical_name(optimizer)))
 
 
 def first_reply(backend: str | None) -> dict[str, int]:

@@ -22,7 +22,7 @@ will send (engine/runs/call_sizes.py: templates rendered on the run's own exampl
 sized from earlier runs of the graph in the run log, else from the model's runs of other
 graphs, else from a prior by backend capped by max_tokens; the line names each prior it
 used). On a local model with earlier calls in the run log, a time estimate from its
-measured speed.
+measured speed; before any, on the embedded pair, from its speed on a two-core machine.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ class RunEstimate:
                          for purpose in ("forward", "optimizer")))
 
     def seconds(self) -> float | None:
-        """Expected wall seconds on a local model whose speed the run log measured, with
-        its calls at once (two llama contexts, or one); None when not measured."""
+        """Expected wall seconds on a local model whose speed the run log measured (else
+        the embedded pair's reference speed), with its calls at once; None when neither."""
         if self.sizes.speed is None:
             return None
         total = sum(p.expected * (self.sizes.seconds(p.size(self.sizes)) or 0.0)
@@ -105,7 +105,9 @@ class RunEstimate:
         money = (f"${cost:.2f} (at most ${most:.2f})" if cost is not None
                  else f"cost unknown (no price for {self._unpriced()})")
         seconds = self.seconds()
-        time = "" if seconds is None else f", ~{duration(seconds)} at this model's measured speed"
+        time = "" if seconds is None else f", ~{duration(seconds)} " + (
+            "at this model's measured speed" if self.sizes.speed_measured else
+            "at the speed of a two-core machine (no run of these models here yet)")
         assumed = "; assumed: " + ", ".join(self.sizes.assumptions) \
             if self.sizes.assumptions else ""
         if self.by_outcome and self.by_outcome[0][0] != self.by_outcome[0][1]:
