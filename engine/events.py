@@ -110,6 +110,7 @@ class Proposal:
     reasoning: str = ""
     val_alone: float | None = None  # validation score of this edit alone (per-node gate)
     reject_reason: str | None = None  # this node's own outcome when the step was rejected
+    candidate: int = 0  # which of the step's candidate prompt sets (--proposals) it belongs to
 
 
 @dataclass
@@ -162,6 +163,16 @@ class Progress:
 
 
 @dataclass
+class CandidatesScored:
+    """A step is about to score `count` distinct candidate prompt sets on validation
+    (--proposals; identical candidates are scored once): progress counts the gate by it."""
+
+    run_id: str
+    step: int
+    count: int
+
+
+@dataclass
 class RunFinished:
     run_id: str
     status: str  # finished | failed | stopped
@@ -169,7 +180,7 @@ class RunFinished:
 
 
 Event = (CallRecord | Activation | LossRecord | Gradient | Proposal | PromptVersion
-         | StepFinished | RunFinished | StructuredFallback | Progress)
+         | StepFinished | RunFinished | StructuredFallback | Progress | CandidatesScored)
 Listener = Callable[[Any], None]
 
 

@@ -159,9 +159,9 @@ def test_a_forks_progress_counts_and_accepted_edits_agree_with_what_it_did(tmp_p
     assert _summary_cells(stdout, 3) == {0: "[0.00, 0.14]", 1: "[0.00, 0.14]"}
     assert ("validation 0.000 at step 0 -> 0.000 at step 1, on 24 examples; 95% intervals "
             "[0.00, 0.14] and [0.00, 0.14]: no rise") in stdout
-    # the candidate, then each edit alone as its own phase (not a gate growing 48 -> 144)
-    # (24 val x 3 nodes; per-node gates: 3 edits x 72 calls, most answered by the cache)
-    assert "step 1 gate: 72/72 calls" in log and "step 1 node_gates: 72/216 calls" in log
+    # the demo's two candidates (24 val x 3 nodes each), then each edit of the better one
+    # alone as its own phase (3 edits x 72 calls, most answered by the cache)
+    assert "step 1 gate: 144/144 calls" in log and "step 1 node_gates: 72/216 calls" in log
     prompt = tmp_path / "answer.txt"
     prompt.write_text("Write the number you are given.", encoding="utf-8")
     # the fork re-measures its hand-set prompt on train and validation at step 1, then runs

@@ -162,7 +162,10 @@ def update_pane(update: dict, *, node: str | None = None, show_call: bool = True
     verdict = ("accepted" if update.get("accepted") else
                "rejected by the validation gate" if changed else "no change proposed")
     color = "green" if update.get("accepted") else ("red" if changed else "gray")
-    st.markdown(f":{color}-badge[{verdict}]" + (f" · node **{md(node)}**" if node else ""))
+    candidate = update.get("candidate")
+    candidate = 0 if candidate is None or pd.isna(candidate) else int(candidate)
+    st.markdown(f":{color}-badge[{verdict}]" + (f" · node **{md(node)}**" if node else "")
+                + (f" · candidate {candidate + 1} of the step" if candidate else ""))
     if copies:
         st.warning("Caveat: this proposal copies training examples into the prompt, so "
                    "its validation gain may come from memorised cases rather than a better "
@@ -185,7 +188,7 @@ def update_pane(update: dict, *, node: str | None = None, show_call: bool = True
     # one pane per proposal: the run and the verdict too (the Learn tour's gate stage can
     # show an accepted and a rejected proposal of the same node and step, from two runs)
     only = st.toggle("show only what changed", key=f"only_{update.get('run_id')}_{node}_"
-                     f"{update.get('step')}_{verdict.split()[0]}")
+                     f"{update.get('step')}_{verdict.split()[0]}_{candidate}")
     show_diff(update.get("old_prompt") or "", update.get("new_prompt") or "", only_changes=only)
     if update.get("parse_error") and not pd.isna(update["parse_error"]):
         st.caption(f"note: {update['parse_error']}")

@@ -90,9 +90,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = given_settings(args)
     settings.setdefault("backend", default_backend_kind())
     graph = _graph_with_functions(args)
-    declared = (graph or load_graph(args.graph)).steps
-    if declared is not None:  # the graph's own default (the demo's is 1), under --steps
-        settings.setdefault("steps", declared)
+    declared = graph or load_graph(args.graph)
+    # the graph's own defaults (the demo's: 1 step, 2 candidates), under --steps, --proposals
+    for name in ("steps", "proposals"):
+        if getattr(declared, name) is not None:
+            settings.setdefault(name, getattr(declared, name))
     config = RunConfig(graph=args.graph, **settings)
     if not args.dry_run:  # a run log it cannot write: its refusal is the only line printed
         from engine.runlog.schema import check_writable

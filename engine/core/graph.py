@@ -30,6 +30,7 @@ GRAPH_KEYS = {
     "answer_format": "instruction appended to the output node's forward prompt",
     "splits": "default split sizes: {train, val, test}",
     "steps": "default number of optimization steps for `run` (its --steps; default 4)",
+    "proposals": "default candidate prompt sets per step for `run` (its --proposals; default 1)",
     "nodes": "the list of nodes",
 }
 NODE_KEYS = {
@@ -128,6 +129,7 @@ class GraphSpec:
     answer_format: str = ""
     splits: dict[str, int] = field(default_factory=dict)
     steps: int | None = None  # `run`'s default --steps for this graph (None: run's own)
+    proposals: int | None = None  # `run`'s default --proposals for this graph
     path: str = ""
     yaml_text: str = ""
     # a Python metric (engine.api.builder): (example, prediction) -> float | (float, feedback)
@@ -236,7 +238,8 @@ def parse_graph(text: str, path: str | Path = "<graph>",
                          line=top["metric"][1])
     input_fields = _string_list(top, "input_fields", path, required=True)
     splits = _splits(top, path)
-    steps = _steps(top, path)
+    steps = _whole(top, "steps", path, 0)
+    proposals = _whole(top, "proposals", path, 1)
 
     if "nodes" not in top:
         raise GraphError(path, "missing required key 'nodes'", line=1)
@@ -256,6 +259,7 @@ def parse_graph(text: str, path: str | Path = "<graph>",
         answer_format=str(scalar("answer_format", "") or ""),
         splits=splits,
         steps=steps,
+        proposals=proposals,
         path=str(path),
         yaml_text=text,
     )
@@ -344,17 +348,19 @@ def _splits(top: dict, path) -> dict[str, int]:
     return out
 
 
-def _steps(top: dict, path) -> int | None:
-    if "steps" not in top:
+def _whole(top: dict, key: str, path, least: int) -> int | None:
+    """A top-level whole number of at least `least` (`steps`, `proposals`), or None."""
+    if key not in top:
         return None
-    value_node, line = top["steps"]
+    value_node, line = top[key]
     try:
-        steps = int(value_node.value) if isinstance(value_node, yaml.ScalarNode) else -1
+        value = int(value_node.value) if isinstance(value_node, yaml.ScalarNode) else -1
     except (TypeError, ValueError):
-        steps = -1
-    if steps < 0:
-        raise GraphError(path, "'steps' must be a whole number, 0 or more", line=line)
-    return steps
+        value = -1
+    if value < least:
+        kind = "0 or more" if least == 0 else f"{least} or more"
+        raise GraphError(path, f"'{key}' must be a whole number, {kind}", line=line)
+    return value
 
 
 def _parse_node(item: yaml.Node, path, bound: Mapping[str, Callable[..., Any]]) -> Node:

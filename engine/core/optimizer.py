@@ -7,6 +7,14 @@ trainable node under --update-when always) -> apply the updates together (or one
 per step) -> evaluate the candidate on validation -> keep it only if validation strictly
 improves (unless the gate is off). Rejected proposals are shown to the next update call,
 so a rejected step does not repeat itself.
+
+With `proposals` N > 1 (not the paper's: it makes one), the update calls are made N times
+from the same gradients, the first as the run asks (greedy by default) and the others
+sampled (CANDIDATE_TEMPERATURE, a sample index each), giving N candidate prompt sets; each
+is scored on validation and the best (the first among equals) is kept if it strictly
+improves. A small model's edit from the same gradients is right some times and not others
+(docs/probes.md), so the better of two is right more often; each extra candidate costs
+its update calls and one validation pass of the nodes its edits reach.
 """
 
 from __future__ import annotations
@@ -23,9 +31,18 @@ from engine.core.copies import COPY_REASON, find_copies
 from engine.core.forward import ExampleTrace, Prompts, RunContext, SharedCalls, forward_pass
 from engine.core.loss import compute_losses, mean_score
 from engine.data.examples import Example, Splits
-from engine.events import Gradient, LossRecord, PromptVersion, Proposal, StepFinished
+from engine.events import (
+    CandidatesScored,
+    Gradient,
+    LossRecord,
+    PromptVersion,
+    Proposal,
+    StepFinished,
+)
 
 REJECTED_SHOWN = 3
+# the sampling temperature of candidates after the first (--proposals)
+CANDIDATE_TEMPERATURE = 0.8
 # --node-gates auto scores edits alone after a rejected step that made at most this many
 NODE_GATES_AUTO_MAX = 4
 
@@ -44,6 +61,7 @@ class OptimizerConfig:
     # asked: no update call for a node whose every gradient this step claimed "no change"
     # (the claim the run log records with the gradient); always: one per trainable node
     update_when: str = "asked"
+    proposals: int = 1  # candidate prompt sets per step, each scored on validation
 
 
 @dataclass
@@ -142,19 +160,34 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
                              traces[i].output(node_id), fb.get(node_id, ""))
                 for i, fb in zip(chosen, feedback)]
 
-    proposals = await asyncio.gather(*(
-        method.propose_update(ctx, prompts, n, samples(n), state.rejected[n][-REJECTED_SHOWN:])
-        for n in nodes))
-    # a proposal that pastes the sampled examples in is recorded as rejected, never tried
-    copies = {} if config.allow_copies else find_copies(
-        {n: (p.new_prompt, prompts.text[n]) for n, p in zip(nodes, proposals)},
-        [(traces[i].example.fields, traces[i].example.target) for i in chosen])
-    changes = {n: (state.next_version[n], p.new_prompt) for n, p in zip(nodes, proposals)
-               if n not in copies and p.new_prompt.strip()
-               and p.new_prompt.strip() != prompts.text[n].strip()}
-    val_before, val_after, accepted = state.val_score, None, False
+    candidates = [Candidate(j, list(c)) for j, c in enumerate(await asyncio.gather(*(
+        asyncio.gather(*(method.propose_update(candidate_context(ctx, j), prompts, n, samples(n),
+                                               state.rejected[n][-REJECTED_SHOWN:])
+                         for n in nodes))
+        for j in range(max(1, config.proposals)))))]
+    versions = dict(state.next_version)
+    examples = [(traces[i].example.fields, traces[i].example.target) for i in chosen]
+    for c in candidates:
+        # a proposal that pastes the sampled examples in is recorded as rejected, never tried
+        c.copies = {} if config.allow_copies else find_copies(
+            {n: (p.new_prompt, prompts.text[n]) for n, p in zip(nodes, c.proposals)}, examples)
+        edits = {n: p.new_prompt for n, p in zip(nodes, c.proposals)
+                 if n not in c.copies and p.new_prompt.strip()
+                 and p.new_prompt.strip() != prompts.text[n].strip()}
+        # a candidate that repeats an earlier one's edits is that candidate: not scored again
+        c.same_as = next((e for e in candidates[:c.index] if e.same_as is None and edits
+                          and {n: v[1] for n, v in e.changes.items()} == edits), None)
+        if c.same_as is None:
+            for n, prompt in edits.items():
+                c.changes[n] = (versions[n], prompt)
+                versions[n] += 1
+    scored = [c for c in candidates if c.changes]
+    if config.proposals > 1:
+        ctx.emit(CandidatesScored(ctx.run_id, step, len(scored)))
+    best = scored[0] if scored else candidates[0]
+    val_before, accepted = state.val_score, False
     val_alone, gate_calls, gate_timing = {}, {}, {}
-    if changes:
+    if scored:
         started_gate = time.perf_counter()
         # The joint candidate is scored first; identical node calls of the passes below are
         # made once. The alone scores are informative only: the joint decision stays the
@@ -162,53 +195,151 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
         # pass; `auto` only once the joint candidate is rejected, where "which edit helped?"
         # tells the next step something, at the price of the passes' rounds after it.
         gate_ctx = replace(ctx, shared=SharedCalls())
-        joint = evaluate(replace(gate_ctx, pass_label="joint"), prompts.updated(changes),
-                         splits.val, "val")
-        if config.node_gates == "on":
-            (val_after, _, _), val_alone = await asyncio.gather(
-                joint, score_edits_alone(gate_ctx, prompts, changes, splits, "on"))
+        if len(scored) == 1:
+            joint = evaluate(replace(gate_ctx, pass_label="joint"),
+                             prompts.updated(best.changes), splits.val, "val")
+            if config.node_gates == "on":
+                (best.score, _, _), val_alone = await asyncio.gather(
+                    joint, score_edits_alone(gate_ctx, prompts, best.changes, splits, "on"))
+            else:
+                best.score, _, _ = await joint
         else:
-            val_after, _, _ = await joint
+            best = await score_candidates(gate_ctx, prompts, scored, splits)
+            if config.node_gates == "on":
+                val_alone = await score_edits_alone(gate_ctx, prompts, best.changes, splits,
+                                                    "on")
         accepted = (not config.gate) or (
-            val_after is not None and (val_before is None or val_after > val_before))
+            best.score is not None and (val_before is None or best.score > val_before))
         if config.node_gates == "auto" and not accepted:
-            val_alone = await score_edits_alone(gate_ctx, prompts, changes, splits, "auto")
+            val_alone = await score_edits_alone(gate_ctx, prompts, best.changes, splits, "auto")
         gate_calls, gate_timing = node_gate_cost(gate_ctx.shared, val_alone, started_gate)
-        if len(changes) == 1:  # the joint candidate is that edit alone
-            val_alone = {n: val_after for n in changes}
-    for n, p in zip(nodes, proposals):
-        changed = n in changes
-        problem = p.error or p.parse_error or (
-            None if changed or n in copies else "proposal left the prompt unchanged")
-        ctx.emit(Proposal(ctx.run_id, step, n, prompts.text[n], p.new_prompt,
-                          accepted and changed, val_before, val_after, p.call_id, problem,
-                          p.reasoning, val_alone.get(n),
-                          COPY_REASON if n in copies else
-                          reject_reason(changed and not accepted, val_before, val_after,
-                                        val_alone.get(n))))
-        if changed:
-            ctx.emit(PromptVersion(ctx.run_id, n, changes[n][0], changes[n][1], step, accepted))
-    next_version = {n: v + (1 if n in changes else 0) for n, v in state.next_version.items()}
+        if len(best.changes) == 1:  # the joint candidate is that edit alone
+            val_alone = {n: best.score for n in best.changes}
+    for c in candidates:
+        won = accepted and c is best
+        same = c.same_as
+        for n, p in zip(nodes, c.proposals):
+            changed = n in c.changes
+            repeated = same is not None and n in same.changes
+            problem = p.error or p.parse_error or (
+                None if changed or repeated or n in c.copies
+                else "proposal left the prompt unchanged")
+            ctx.emit(Proposal(ctx.run_id, step, n, prompts.text[n], p.new_prompt,
+                              won and changed, val_before, (same or c).score, p.call_id,
+                              problem, p.reasoning, val_alone.get(n) if c is best else None,
+                              COPY_REASON if n in c.copies else
+                              f"the same edits as candidate {same.index + 1}" if repeated else
+                              candidate_reason(c, best, accepted, val_before,
+                                               val_alone.get(n)) if changed else None,
+                              candidate=c.index))
+            if changed:
+                ctx.emit(PromptVersion(ctx.run_id, n, *c.changes[n], step, won))
     rejected = {n: list(r) for n, r in state.rejected.items()}
     if accepted:
-        prompts, val_score = prompts.updated(changes), val_after
-        for n in changes:  # a new prompt: proposals rejected for the old one no longer apply
+        prompts, val_score = prompts.updated(best.changes), best.score
+        for n in best.changes:  # a new prompt: proposals rejected for the old one no longer apply
             rejected[n] = []
     else:
         val_score = state.val_score
-        for n in changes:
-            rejected[n].append(changes[n][1])
+    for c in candidates:  # in candidate order, as the run log's versions are
+        for n in c.changes:
+            if not (accepted and n in best.changes):
+                rejected[n].append(c.changes[n][1])
     ctx.emit(StepFinished(ctx.run_id, step, train_score, val_score, accepted, started,
                           time.time(), timings=gate_timing, metrics={
                               "failing_train": float(sum(1 for x in losses if x.score < 1)),
                               "sampled": float(len(chosen)),
-                              "proposals_changed": float(len(changes)),
+                              "proposals_changed": float(len(best.changes)),
                               # trainable nodes left without an update call: no gradient asked
                               "updates_skipped": float(len(every) - len(nodes)),
-                              **({"val_candidate": val_after} if val_after is not None else {}),
+                              **({"val_candidate": best.score}
+                                 if best.score is not None else {}),
+                              **({"candidates_scored": float(len(scored))}
+                                 if config.proposals > 1 else {}),
                               **gate_calls,
                           }))
-    return OptimizerState(step, prompts, val_score, train_score, next_version, rejected)
+    return OptimizerState(step, prompts, val_score, train_score, versions, rejected)
+
+
+@dataclass
+class Candidate:
+    """One candidate prompt set of a step: its update proposals (one per node updated),
+    the edits among them that change a prompt (node -> (version, prompt); none when it
+    repeats an earlier candidate's edits, `same_as`), those refused as copies of the
+    sampled examples, and its validation score once scored."""
+
+    index: int
+    proposals: list
+    changes: dict[str, tuple[int, str]] = field(default_factory=dict)
+    copies: dict = field(default_factory=dict)
+    score: float | None = None
+    same_as: Candidate | None = None  # an earlier candidate with the same edits
+
+
+class CandidateClient:
+    """The model client as candidate `index` > 0 of a step sees it: its requests sampled at
+    CANDIDATE_TEMPERATURE (or the run's, if higher) with a sample index and seed of their
+    own, so each candidate is a draw of its own and the cache keeps the draws apart."""
+
+    def __init__(self, client: Any, index: int) -> None:
+        self._client, self.index = client, index
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("temperature", max(self._client.temperature, CANDIDATE_TEMPERATURE))
+        kwargs["sample_index"] = self.index
+        request = self._client.request(*args, **kwargs)
+        return replace(request, seed=None if request.seed is None else request.seed + self.index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def candidate_context(ctx: RunContext, index: int) -> RunContext:
+    """The context candidate `index`'s update calls run in (the first: the run's own)."""
+    return ctx if index == 0 else replace(ctx, client=CandidateClient(ctx.client, index))
+
+
+async def score_candidates(ctx: RunContext, prompts: Prompts, scored: list[Candidate],
+                           splits: Splits) -> Candidate:
+    """Score every candidate on validation at once (identical node calls made once through
+    `ctx.shared`) and return the best, the first among equals. Only the best's pass is
+    recorded as the step's validation pass; in `ctx.shared` it is the joint pass, so the
+    per-node gates that may follow count only their own calls."""
+    buffers: list[list] = [[] for _ in scored]
+    results = await asyncio.gather(*(
+        evaluate(replace(ctx, emit=buffer.append, pass_label=f"candidate {c.index}"),
+                 prompts.updated(c.changes), splits.val, "val")
+        for c, buffer in zip(scored, buffers)))
+    for c, (score, _, _) in zip(scored, results):
+        c.score = score
+    order = max(range(len(scored)), key=lambda i: (
+        scored[i].score if scored[i].score is not None else float("-inf"), -i))
+    best = scored[order]
+    for event in buffers[order]:
+        ctx.emit(event)
+    used = ctx.shared.used
+    joint = used.pop(f"candidate {best.index}", set())
+    for c in scored:
+        used.pop(f"candidate {c.index}", None)
+    used["joint"] = joint
+    return best
+
+
+def candidate_reason(candidate: Candidate, best: Candidate, accepted: bool,
+                     val_before: float | None, val_alone: float | None) -> str | None:
+    """Why a changed prompt of `candidate` was not kept (None: it was)."""
+    if candidate is best:
+        return reject_reason(not accepted, val_before, candidate.score, val_alone)
+    mine, theirs = f"candidate {candidate.index + 1}", f"candidate {best.index + 1}"
+    if candidate.score is None:
+        return (f"{mine} could not be scored on validation; {theirs} was "
+                f"{'kept' if accepted else 'the best'}")
+    return (f"{mine} scored {candidate.score:.4g} on validation, {theirs} {_score(best.score)}"
+            + (" and was kept" if accepted else f"; neither above {_score(val_before)}"))
+
+
+def _score(value: float | None) -> str:
+    return "nothing" if value is None else f"{value:.4g}"
 
 
 def reject_reason(rejected: bool, val_before: float | None, val_after: float | None,

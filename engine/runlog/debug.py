@@ -163,8 +163,9 @@ def node_history(db: str | Path, run_id: str, node_id: str) -> dict[str, pd.Data
                    p.version
             FROM updates u
             LEFT JOIN prompt_versions p ON p.run_id = u.run_id AND p.node_id = u.node_id
-                 AND p.step = u.step
-            WHERE u.run_id = $run AND u.node_id = $node ORDER BY u.step""", params).df()
+                 AND p.step = u.step AND p.prompt = u.new_prompt
+            WHERE u.run_id = $run AND u.node_id = $node
+            ORDER BY u.step, coalesce(u.candidate, 0)""", params).df()
         flips = con.execute(f"""
             WITH states AS (
                 SELECT step, split, example_id, score, {_FAILING} AS failing

@@ -41,7 +41,7 @@ RUN_TABLES: dict[str, str] = {
     "node_outputs": "step, split, example_id, node_id",
     "losses": "step, split, example_id",
     "gradients": "step, example_id, node_id, kind, from_node_id",
-    "updates": "step, node_id",
+    "updates": "step, node_id, candidate NULLS FIRST",
     "llm_calls": "started_at, call_id",
     "metrics": "step NULLS LAST, key",
     "probes": "step, node_id, example_id, kind, created_at, probe_id",

@@ -22,10 +22,13 @@ def backward_steps(db: str | Path, run_id: str) -> list[int]:
 
 def step_proposal(db: str | Path, run_id: str, step: int, node_id: str
                   ) -> tuple[str, str, str] | None:
-    """(old prompt, new prompt, reject reason) of the node's update at the step."""
+    """(old prompt, new prompt, reject reason) of the node's update at the step: of several
+    candidates' (--proposals), the kept one, else the best-scored one that changed it."""
     with connect(db, read_only=True) as con:
         row = con.execute("SELECT old_prompt, new_prompt, reject_reason FROM updates WHERE "
-                          "run_id = ? AND step = ? AND node_id = ?",
+                          "run_id = ? AND step = ? AND node_id = ? ORDER BY accepted DESC, "
+                          "new_prompt IS DISTINCT FROM old_prompt DESC, val_after DESC NULLS "
+                          "LAST, coalesce(candidate, 0) LIMIT 1",
                           [run_id, step, node_id]).fetchone()
     return None if row is None else (row[0] or "", row[1] or "", row[2] or "")
 

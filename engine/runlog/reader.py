@@ -256,7 +256,8 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
                 SELECT u.*, c.messages, c.response AS call_response, c.prompt_tokens,
                        c.completion_tokens, c.latency_ms, c.cost_usd, c.cache_hit
                 FROM updates u LEFT JOIN llm_calls c ON c.call_id = u.call_id
-                WHERE u.run_id = ? AND u.step = ? AND u.node_id = ?""",
+                WHERE u.run_id = ? AND u.step = ? AND u.node_id = ?
+                ORDER BY coalesce(u.candidate, 0)""",
                 [run_id, step, node_id]).df(),
             "loss": con.execute("""
                 SELECT * FROM losses WHERE run_id = ? AND step = ? AND example_id = ?
@@ -265,15 +266,17 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
 
 
 def step_updates(db: str | Path, run_id: str, step: int | None = None) -> pd.DataFrame:
-    """Proposed updates (one row per node and step), oldest first."""
+    """Proposed updates (one row per node and step, and per candidate under --proposals),
+    oldest first."""
     where, params = "run_id = ?", [run_id]
     if step is not None:
         where += " AND step = ?"
         params.append(step)
     return query(db, f"""
         SELECT step, node_id, old_prompt, new_prompt, accepted, val_before, val_after,
-               val_alone, reject_reason, parse_error, reasoning, call_id
-        FROM updates WHERE {where} ORDER BY step, node_id""", params)
+               val_alone, reject_reason, parse_error, reasoning, call_id,
+               coalesce(candidate, 0) AS candidate
+        FROM updates WHERE {where} ORDER BY step, node_id, candidate""", params)
 
 
 def prompt_history(db: str | Path, run_id: str) -> pd.DataFrame:
@@ -458,7 +461,8 @@ def split_sizes(db: str | Path, run_id: str) -> dict[str, int]:
 
 def all_updates(db: str | Path, run_id: str) -> pd.DataFrame:
     """Every update row of a run, by step and node."""
-    return query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id", [run_id])
+    return query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id, "
+                     "coalesce(candidate, 0)", [run_id])
 
 
 def step_request_times(db: str | Path, run_id: str, step: int) -> list[tuple[float, float]]:

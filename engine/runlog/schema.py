@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 TABLES: dict[str, str] = {
     "schema_version": "version INTEGER, applied_at DOUBLE",
@@ -44,7 +44,7 @@ TABLES: dict[str, str] = {
     "updates": """run_id VARCHAR, step INTEGER, node_id VARCHAR, old_prompt VARCHAR,
         new_prompt VARCHAR, accepted BOOLEAN, val_before DOUBLE, val_after DOUBLE,
         call_id VARCHAR, parse_error VARCHAR, reasoning VARCHAR, val_alone DOUBLE,
-        reject_reason VARCHAR""",
+        reject_reason VARCHAR, candidate INTEGER""",
     "llm_calls": """call_id VARCHAR, run_id VARCHAR, step INTEGER, example_id VARCHAR,
         node_id VARCHAR, purpose VARCHAR, backend VARCHAR, model VARCHAR, messages JSON,
         response VARCHAR, prompt_tokens INTEGER, completion_tokens INTEGER,
@@ -103,6 +103,11 @@ MIGRATIONS: dict[int, list[str]] = {
     7: [
         "ALTER TABLE runs ADD COLUMN IF NOT EXISTS model_sha256 VARCHAR",
         "ALTER TABLE runs ADD COLUMN IF NOT EXISTS optimizer_model_sha256 VARCHAR",
+    ],
+    # 8: which of a step's candidate prompt sets (--proposals) each proposal belongs to;
+    # older rows (one candidate a step) stay NULL, read as 0.
+    8: [
+        "ALTER TABLE updates ADD COLUMN IF NOT EXISTS candidate INTEGER",
     ],
 }
 

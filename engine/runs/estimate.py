@@ -262,6 +262,7 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
     sampled = min(config.failures_per_step, n_train)
     backward = sampled * backward_calls_per_example(graph, config.method)
     mode, k = config.node_gates, len(changed)
+    candidates = getattr(config, "proposals", 1)  # each: its update calls, a validation pass
     gates_expected = node_gates_apply(mode, k)
     gate_nodes = node_gate_calls(graph, changed, cached), node_gate_calls(graph, changed, False)
 
@@ -295,10 +296,11 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
                          round(proposing * backward * (1 - repeated)), steps * backward,
                          "backward"),
                    Phase(f"{span}: repairs", "optimizer", 0, steps * backward, "backward"),
-                   Phase(f"{span}: update", "optimizer", proposing * k, steps * k, "update"),
-                   Phase(f"{span}: validation candidate", "forward",
-                         proposing * n_val * (reached if cached else nodes),
-                         steps * n_val * nodes, "forward", "val")]
+                   Phase(f"{span}: update", "optimizer", proposing * k * candidates,
+                         steps * k * candidates, "update"),
+                   Phase(f"{span}: validation candidate" + ("s" if candidates > 1 else ""),
+                         "forward", proposing * n_val * (reached if cached else nodes)
+                         * candidates, steps * n_val * nodes * candidates, "forward", "val")]
         if judge:
             phases.append(Phase(f"{span}: judge on validation", "optimizer",
                                 proposing * n_val, steps * n_val))

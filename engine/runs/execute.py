@@ -300,7 +300,8 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
         failures=config.failures_per_step, method=type(method), run_id=config.run_id,
         trainable=graph.trainable_nodes, update_mode=config.update_mode,
         update_when=config.update_when,
-        node_gates=config.node_gates, emit=bus.emit, baseline_step=baseline_step))
+        node_gates=config.node_gates, emit=bus.emit, baseline_step=baseline_step,
+        proposals=config.proposals))
     if new:
         writer.start_run({**run_row(config.run_id, graph, config.to_json(),
                                     client.forward_backend.name, client.forward_model,
@@ -317,7 +318,8 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
                      prompt_set(config.prompts))
     opt = OptimizerConfig(config.steps, config.failures_per_step, config.gate,
                           config.update_mode, config.seed, config.node_gates,
-                          allow_copies=config.allow_copies, update_when=config.update_when)
+                          allow_copies=config.allow_copies, update_when=config.update_when,
+                          proposals=config.proposals)
     loop = asyncio.get_running_loop()
     current = asyncio.current_task()
     try:

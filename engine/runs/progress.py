@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.core.backward import Method
 from engine.core.optimizer import ChangeClaims, node_gates_apply, nodes_to_update
-from engine.events import CallRecord, Gradient, Progress, StepFinished
+from engine.events import CallRecord, CandidatesScored, Gradient, Progress, StepFinished
 
 PHASES = ("forward", "loss", "backward", "update", "gate", "node_gates", "test")
 
@@ -40,7 +40,7 @@ class ProgressTracker:
                  trainable: list[str], method: type[Method], run_id: str,
                  emit: Callable[[Any], None], update_mode: str = "all",
                  update_when: str = "asked", node_gates: str = "off",
-                 baseline_step: int | None = 0):
+                 baseline_step: int | None = 0, proposals: int = 1):
         llm = [n.id for n in graph.nodes if n.kind != "function"]
         self.per_example = len(llm)
         self.sizes, self.run_id, self.emit = sizes, run_id, emit
@@ -49,6 +49,8 @@ class ProgressTracker:
         # the step's change claims, as the optimizer reads them, to know its update calls
         self.claims = ChangeClaims() if update_when == "asked" else None
         self.node_gates = node_gates
+        self.proposals = max(1, proposals)  # candidates: their update calls and gate passes
+        self.scored: dict[int, int] = {}  # step -> distinct candidates its gate scores
         self.backward = failures * method.backward_calls(graph)
         self.step, self.phase, self.done, self.total = -1, "", 0, 0
         self.finished: set[int] = set()
@@ -57,6 +59,8 @@ class ProgressTracker:
     def __call__(self, event: Any) -> None:
         if isinstance(event, StepFinished):
             self.finished.add(event.step)
+        elif isinstance(event, CandidatesScored):
+            self.scored[event.step] = event.count
         elif isinstance(event, Gradient) and self.claims is not None:
             self.claims(event)
         elif isinstance(event, CallRecord):
@@ -84,7 +88,8 @@ class ProgressTracker:
         if self.seen_update:
             # under auto, the per-node gates run once the candidate is rejected: their
             # own phase, so the gate's count does not grow from 48 to 144 mid-phase
-            candidate = self.sizes["val"] * self.per_example
+            candidate = self.sizes["val"] * self.per_example * self.scored.get(
+                call.step, self.proposals)
             if self.phase == "node_gates" or (self.phase == "gate" and self.node_gates == "auto"
                                               and self.done >= candidate):
                 return "node_gates"
@@ -98,9 +103,11 @@ class ProgressTracker:
             baseline = step == self.baseline_step
             return (self.sizes["train"] + (self.sizes["val"] if baseline else 0)) * n
         candidate = self.sizes["val"] * n
-        alone = self.seen_update if node_gates_apply("on", self.seen_update) else 0
-        if phase == "gate":  # the candidate; with --node-gates on, each edit alone beside it
-            return candidate * (1 + (alone if self.node_gates == "on" else 0))
+        edits = self.seen_update // self.proposals  # the update calls of one candidate
+        alone = edits if node_gates_apply("on", edits) else 0
+        if phase == "gate":  # the candidates; with --node-gates on, each edit alone too
+            passes = self.scored.get(step, self.proposals)
+            return candidate * (passes + (alone if self.node_gates == "on" else 0))
         if phase == "node_gates":  # under auto: each edit alone, after a rejected candidate
             return candidate * alone
         return {"test": self.sizes["test"] * n,
@@ -108,7 +115,8 @@ class ProgressTracker:
 
     def updates(self, step: int) -> int:
         claims = self.claims if self.claims is not None and self.claims.step == step else None
-        return len(nodes_to_update(self.trainable, self.update_mode, step, claims))
+        return self.proposals * len(nodes_to_update(self.trainable, self.update_mode, step,
+                                                    claims))
 
 
 class ProgressFile:

@@ -180,6 +180,11 @@ class RunConfig:
                               help="also score each changed prompt alone on validation (off: "
                                    "never, the probes answer it on demand; auto: after a "
                                    "rejected step that changed 2 to 4 prompts; on: every step)")
+    proposals: int = setting(1, type=positive_int, metavar="N",
+                             help="candidate prompt sets a step writes from the same "
+                                  "gradients (the first greedy, the others sampled), each "
+                                  "scored on validation: the best is kept if it improves "
+                                  "(1: the paper's single proposal; a graph may set its own)")
     temperature: float = setting(0.0, type=float,
                                  help="sampling temperature of every call (0: greedy)")
     max_tokens: int | None = setting(None, type=positive_int, help="forward generation limit")
