@@ -521,3 +521,31 @@ def test_check_the_blame_says_which_nodes_tie(log, tmp_path, monkeypatch):
     assert "The probes tie on `answer` and `mood`: a tie: the 90% intervals of answer and " \
            "mood (answer 4/4, mood 4/4)" in shown
     assert "The probes name no node yet" not in shown and "The probes blame" not in shown
+
+
+def test_a_step_with_two_candidates_shows_each_as_its_own_pane(log, tmp_path):
+    """--proposals 2: every node's proposal of each candidate, labelled, each with its own
+    widgets (two panes of one node and verdict must not share a key)."""
+    db = tmp_path / "candidates.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE updates SET candidate = 0 WHERE run_id = ?", [log.demo])
+        con.execute("""INSERT INTO updates SELECT * REPLACE (1 AS candidate, false AS accepted,
+                           new_prompt || ' (second draw)' AS new_prompt,
+                           'candidate 2 scored 0 on validation, candidate 1 1 and was kept'
+                               AS reject_reason)
+                       FROM updates WHERE run_id = ? AND step = 1""", [log.demo])
+        nodes = con.execute("SELECT count(DISTINCT node_id) FROM updates WHERE run_id = ? AND "
+                            "step = 1", [log.demo]).fetchone()[0]
+    at = learn(db, "Update", run=log.demo, step=1)
+    assert not at.exception
+    body = text(at)
+    assert "This step wrote **2 candidate prompt sets**" in body
+    labels = [m.value for m in at.markdown if "· candidate" in m.value]
+    assert sum("candidate 1 of 2" in m for m in labels) == nodes
+    assert sum("candidate 2 of 2" in m for m in labels) == nodes
+    assert "candidate 2 scored 0 on validation, candidate 1 1 and was kept" in body
+    # a step with one candidate names none
+    one = learn(log.db, "Update", run=log.demo, step=1)
+    assert "candidate prompt sets" not in text(one)
+    assert not [m.value for m in one.markdown if "· candidate" in m.value]

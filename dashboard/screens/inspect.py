@@ -10,6 +10,7 @@ from dashboard.views.blame import blame_button
 from dashboard.views.panes import (
     aggregate_pane,
     call_metrics,
+    candidate_count,
     forward_pane,
     gradients_received,
     gtbp_pane,
@@ -61,7 +62,8 @@ if updates.empty:
     st.caption("No update was proposed for this node at this step.")
 for update in updates.to_dict("records"):
     update_pane(update, node=sel.node,
-                copies=probe_data.copies_training(sel.db, sel.run, update))
+                copies=probe_data.copies_training(sel.db, sel.run, update),
+                candidates=candidate_count(updates))
 st.subheader("Gradients this node sent to its predecessors", divider="gray")
 sent_pane(view)
 st.subheader("What if", divider="gray")

@@ -24,7 +24,13 @@ from dashboard.views.learn_stages import (
     without_siblings,
 )
 from dashboard.views.method_compare import compare_section
-from dashboard.views.panes import forward_pane, gradients_received, loss_pane, update_pane
+from dashboard.views.panes import (
+    candidate_count,
+    forward_pane,
+    gradients_received,
+    loss_pane,
+    update_pane,
+)
 from dashboard.views.quality import NOISE_NOTE
 from dashboard.views.text import md
 
@@ -164,10 +170,18 @@ def live(stage: str, tour: Selection, graph) -> None:
                     "pass on this step's failing examples and follow its gradients.")
         compare_section(tour.db, tour.run, tour.step, key="learn_compare")
     elif stage == "Update":
-        for update in data.updates(tour.db, tour.run, tour.step).to_dict("records"):
+        updates = data.updates(tour.db, tour.run, tour.step)
+        count = candidate_count(updates)
+        if count > 1:
+            st.markdown(f"This step wrote **{count} candidate prompt sets** from the same "
+                        "gradients (`--proposals`; the first greedy, the others sampled). "
+                        "Each was scored on validation; the best is kept only if it "
+                        "improves.")
+        for update in updates.to_dict("records"):
             with st.container(border=True):
                 update_pane(update, node=update["node_id"], show_call=False,
-                            copies=probe_data.copies_training(tour.db, tour.run, update))
+                            copies=probe_data.copies_training(tour.db, tour.run, update),
+                            candidates=count)
     elif stage == "The gate":
         gate_stage(tour)
     elif stage == "Check the blame":

@@ -9,6 +9,7 @@ from dashboard.state import need_run, need_step, selection, set_node
 from dashboard.views.graph_view import draw_graph
 from dashboard.views.panes import (
     aggregate_pane,
+    candidate_count,
     forward_pane,
     gradients_received,
     loss_pane,
@@ -69,7 +70,8 @@ def show_stop(sel, graph, stop) -> None:
         for update in updates.to_dict("records"):
             with st.container(border=True):
                 update_pane(update, node=update["node_id"], show_call=False,
-                            copies=probe_data.copies_training(sel.db, sel.run, update))
+                            copies=probe_data.copies_training(sel.db, sel.run, update),
+                            candidates=candidate_count(updates))
 
 
 sel = selection()

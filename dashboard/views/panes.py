@@ -154,10 +154,18 @@ def _number(value: object) -> float | None:
     return None if pd.isna(number) else number
 
 
+def candidate_count(updates: pd.DataFrame) -> int:
+    """How many candidate prompt sets (--proposals) the update rows come from."""
+    if updates.empty or "candidate" not in updates:
+        return 1
+    return int(updates["candidate"].fillna(0).nunique())
+
+
 def update_pane(update: dict, *, node: str | None = None, show_call: bool = True,
-                copies: list[str] | None = None) -> None:
+                copies: list[str] | None = None, candidates: int = 1) -> None:
     """The proposed edit as a word-level diff, its fate and the validation scores;
-    `copies`: the training examples it pastes into the prompt (a caveat is shown)."""
+    `copies`: the training examples it pastes into the prompt (a caveat is shown);
+    `candidates`: how many candidate sets the step wrote (each pane then names its own)."""
     changed = (update.get("new_prompt") or "") != (update.get("old_prompt") or "")
     verdict = ("accepted" if update.get("accepted") else
                "rejected by the validation gate" if changed else "no change proposed")
@@ -165,7 +173,7 @@ def update_pane(update: dict, *, node: str | None = None, show_call: bool = True
     candidate = update.get("candidate")
     candidate = 0 if candidate is None or pd.isna(candidate) else int(candidate)
     st.markdown(f":{color}-badge[{verdict}]" + (f" · node **{md(node)}**" if node else "")
-                + (f" · candidate {candidate + 1} of the step" if candidate else ""))
+                + (f" · candidate {candidate + 1} of {candidates}" if candidates > 1 else ""))
     if copies:
         st.warning("Caveat: this proposal copies training examples into the prompt, so "
                    "its validation gain may come from memorised cases rather than a better "
