@@ -31,7 +31,8 @@ two_faults' two repairs each pass the number on; "no node" and any other tie are
 with the calls and tokens blame spent.
 
     .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--task sum|copy]
-        [--examples failing|val] [--val N] [--train N] [--keep DIR [--reblame]] [--json] [GRAPH ...]
+        [--examples failing|val] [--val N] [--train N] [--proposals N] [--keep DIR [--reblame]]
+        [--json] [GRAPH ...]
 
 `--examples val` blames on the failing validation examples instead of the failing training
 ones (`--val N` of them per graph, 6 by default): there every edit flip counts (the update
@@ -265,7 +266,8 @@ def is_right(found: Verdict, culprits: set[str]) -> bool:
 
 async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
               backend: str, task: str = "sum", examples: str = "failing",
-              val: int = 6, reblame: bool = False, train: int = TRAIN) -> dict:
+              val: int = 6, reblame: bool = False, train: int = TRAIN,
+              proposals: int = 1) -> dict:
     data = work / f"planted-{task}-{train + val}-named.jsonl"
     graph = work / f"{name}.yaml"
     db = str(work / f"{name}.duckdb")
@@ -279,7 +281,8 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
             else None
 
     config = RunConfig(graph=str(graph), db=db, steps=1, run_id=name, backend=backend,
-                       failures_per_step=2, train=train, val=val, test=0)
+                       failures_per_step=2, train=train, val=val, test=0,
+                       proposals=proposals)
     # the Python tool comes from an importable module, so that blame can import it again
     tools = {"keep_digits": importlib.import_module("attribution").keep_digits}
     if not reblame:
@@ -328,6 +331,9 @@ def main() -> int:
                         help=f"training examples per graph (default {TRAIN}); with more, "
                              "blame's edit probes have more failing examples the update "
                              "call never saw (it sees 2)")
+    parser.add_argument("--proposals", type=int, default=1,
+                        help="candidate prompt sets of each graph's step (run's --proposals; "
+                             "default 1): blame probes the kept edit, else the best-scored")
     parser.add_argument("graphs", nargs="*", metavar="GRAPH",
                         help=f"graphs to run (default: all of {', '.join(GRAPHS)})")
     args = parser.parse_args()
@@ -337,6 +343,8 @@ def main() -> int:
         parser.error(f"unknown graph {', '.join(unknown)} (choose from {', '.join(GRAPHS)})")
     if args.val < 1:
         parser.error("--val must be at least 1")
+    if args.proposals < 1:
+        parser.error("--proposals must be at least 1")
     if args.train < 2:
         parser.error("--train must be at least 2")
     if args.reblame:
@@ -359,7 +367,7 @@ def main() -> int:
             try:
                 rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task,
                                             args.examples, args.val, args.reblame,
-                                            args.train)))
+                                            args.train, args.proposals)))
             except (LLMError, RunLogError) as exc:  # the model server died, no model file
                 failed = f"error: {name}: {exc}"
                 break
@@ -383,7 +391,9 @@ def report(rows: list[dict], args: argparse.Namespace, task: str) -> None:
     print(f"attribution benchmark, backend {args.backend}, task {task} ({TASKS[task][0]!r}; "
           f"planted fault {FAULTS[task]!r}), "
           f"blame on the {'failing training' if args.examples == 'failing' else 'failing validation'}"
-          f" examples ({args.train} training, {args.val} validation): top-1 (named node / "
+          f" examples ({args.train} training, {args.val} validation"
+          + (f", {args.proposals} candidates a step" if args.proposals > 1 else "")
+          + "): top-1 (named node / "
           "right?)")
     header = f"{'graph':<17}{'n':>3}  " + "".join(f"{s:<22}" for s in scorers) + \
         f"{'calls':>7}{'model':>7}{'tokens':>8}"

@@ -178,3 +178,13 @@ def test_a_model_that_dies_mid_run_ends_in_one_line_and_keeps_what_was_scored(
     table = [line.split()[0] for line in captured.out.splitlines()]
     assert "chain2" in table and "chain3" not in table and "chain4" not in table
     assert (tmp_path / "chain2.duckdb").exists() and not (tmp_path / "chain4.duckdb").exists()
+
+
+def test_proposals_n_gives_each_graphs_step_n_candidates(monkeypatch, capsys, tmp_path):
+    rows = run(monkeypatch, capsys, "--proposals", "2", "--keep", str(tmp_path), "chain2")
+    assert rows[0]["named"]["probes"] == "fault"
+    with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT DISTINCT config->>'proposals' FROM runs").fetchall() \
+            == [("2",)]
+        candidates = con.execute("SELECT DISTINCT candidate FROM updates ORDER BY 1").fetchall()
+    assert candidates == [(0,), (1,)]
