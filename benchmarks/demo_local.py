@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.peak_rss import PeakRSS  # noqa: E402
 from engine.core.copies import COPY_REASON  # noqa: E402
+from engine.core.graph import load_graph  # noqa: E402
 from engine.events import CallRecord, Gradient, Proposal, StepFinished  # noqa: E402
 from engine.prompts import structured as S  # noqa: E402
 from engine.prompts import templates as P  # noqa: E402
@@ -68,9 +69,11 @@ def run_demo(name: str, steps: int, seed: int, model: str | None,
     if not settings["kv_cache"] and hasattr(backend, "kv_cache_bytes"):
         backend.kv_cache_bytes = 0  # the in-process backend's saved prompt states
     with tempfile.TemporaryDirectory() as tmp, PeakRSS() as rss:
-        config = RunConfig(graph=str(ROOT / "sample_graphs" / "demo.yaml"), backend="local",
-                           model=model, local_serving=serving,
-                           steps=steps, seed=seed, db=str(Path(tmp) / "runs.duckdb"),
+        graph = ROOT / "sample_graphs" / "demo.yaml"
+        config = RunConfig(graph=str(graph), backend="local", model=model,
+                           local_serving=serving,
+                           **{**load_graph(str(graph)).run_defaults(), "steps": steps},
+                           seed=seed, db=str(Path(tmp) / "runs.duckdb"),
                            structured=settings["structured"],
                            allow_copies=settings["allow_copies"], concurrency=concurrency)
         started, cpu = time.perf_counter(), time.process_time()
@@ -139,7 +142,6 @@ def _would_flag(p, result) -> bool:
     """Whether copy detection would have flagged proposal `p`: the engine's rule, on the
     examples back-propagated in p's step (those the update call saw)."""
     from engine.core.copies import find_copies
-    from engine.core.graph import load_graph
     from engine.data.datasets import load_examples, with_target
 
     graph = load_graph(str(ROOT / "sample_graphs" / "demo.yaml"))

@@ -5,8 +5,8 @@ dashboard's Estimate) beside what the run then did, and the relative errors.
 Goals: calls within 15%, tokens within 25%.
 
 Plans: `sample_graphs/demo.yaml` on the default embedded pair (`--backend local`:
-Qwen2.5-Coder-0.5B forward, 1.5B optimizer; the scripted demo model with `--no-local`), one
-step, as the dashboard's demo button runs it;
+Qwen2.5-Coder-0.5B forward, 1.5B optimizer; the scripted demo model with `--no-local`), at
+the graph's own settings (one step, two candidate prompt sets), as the demo button runs it;
 `gsm8k.yaml` and `bbh.yaml` at their own splits and `run`'s default 4 steps against a local
 OpenAI-compatible server whose replies depend on the whole prompt
 (tests/support/fake_openai.py `prompt_responder`); the fork continues the GSM8K run from
@@ -152,7 +152,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, \
             server_process(0.0, {"responder": prompt_responder}) as base_url:
         for name in args.graphs:
-            settings = ({**demo, "steps": 1} if name == "demo" else
+            # the demo as its button runs it: the graph's own steps and candidates
+            settings = ({**demo, **load_graph(str(GRAPHS / "demo.yaml")).run_defaults()}
+                        if name == "demo" else
                         {"backend": "openai", "base_url": base_url})
             for line in run_graph(name, settings, args.data_dir, Path(tmp)):
                 print(line, flush=True)

@@ -138,7 +138,7 @@ def test_the_estimate_and_a_graphs_own_default(tmp_path, capsys):
     config = RunConfig(graph=str(graph), backend="scripted", steps=1, train=4, val=4, test=0,
                        db=str(tmp_path / "none.duckdb"))
     spec = load_graph(config.graph)
-    assert spec.proposals == 2
+    assert spec.proposals == 2 and spec.run_defaults() == {"proposals": 2}
     one = estimate_for(config, spec, load_splits(config, spec))
     two = estimate_for(RunConfig(**{**config.__dict__, "proposals": 2}), spec,
                        load_splits(config, spec))

@@ -90,11 +90,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = given_settings(args)
     settings.setdefault("backend", default_backend_kind())
     graph = _graph_with_functions(args)
-    declared = graph or load_graph(args.graph)
     # the graph's own defaults (the demo's: 1 step, 2 candidates), under --steps, --proposals
-    for name in ("steps", "proposals"):
-        if getattr(declared, name) is not None:
-            settings.setdefault(name, getattr(declared, name))
+    for name, value in (graph or load_graph(args.graph)).run_defaults().items():
+        settings.setdefault(name, value)
     config = RunConfig(graph=args.graph, **settings)
     if not args.dry_run:  # a run log it cannot write: its refusal is the only line printed
         from engine.runlog.schema import check_writable

@@ -172,6 +172,13 @@ class GraphSpec:
         Nodes on a cycle are left out (validate_structure reports them)."""
         return list(self._topology.order)
 
+    def run_defaults(self) -> dict[str, int]:
+        """The run settings this graph file sets for itself (`steps`, `proposals`), which
+        `run` takes under its own flags."""
+        return {name: value for name, value in (("steps", self.steps),
+                                                ("proposals", self.proposals))
+                if value is not None}
+
     @property
     def trainable_nodes(self) -> list[str]:
         return [n for n in self.topological_order() if self.node(n).trainable]
