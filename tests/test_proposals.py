@@ -5,8 +5,6 @@ validation record, and resume, progress and the estimate count the candidates.""
 
 from __future__ import annotations
 
-import re
-
 import duckdb
 import pytest
 
@@ -20,28 +18,21 @@ from engine.runlog.state import load_resume_state
 from engine.runs.estimate import estimate_for
 from engine.runs.execute import RunConfig, load_splits
 from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
+from tests.test_node_gates import good_and_bad_edits
 
 
 def second_draw_is_right(request) -> str | None:
     """The first candidate (greedy, sample 0) edits hint_a to no use and hint_b to a bad
     hint; the second (sampled, sample 1) edits hint_a to the good hint and leaves hint_b.
-    `final` is right only when it sees a good hint and no bad one."""
-    node, text = request.meta.get("node"), request.user_text
+    Forward calls as in tests/test_node_gates.py: `final` is right only when it sees a
+    good hint and no bad one."""
     if request.purpose == "update":
         first = request.sample_index == 0
         new = {"hint_a": "A-PLAIN" if first else "A-GOOD",
                "hint_b": "B-BAD" if first else request.meta["prompt"]}.get(
-                   node, request.meta["prompt"])
+                   request.meta.get("node"), request.meta["prompt"])
         return f"<prompt>{new}</prompt>"
-    if request.purpose == "forward" and node == "hint_a":
-        return "<output>good</output>" if "A-GOOD" in text else "<output>plain</output>"
-    if request.purpose == "forward" and node == "hint_b":
-        return "<output>bad</output>" if "B-BAD" in text else "<output>plain</output>"
-    if request.purpose == "forward" and node == "final":
-        a, b = map(int, re.findall(r"(\d+) apples and buys (\d+)", text)[0])
-        right = "\ngood\n" in text and "\nbad\n" not in text  # inputs as rendered
-        return f"<output>{a + b if right else 0}</output>"
-    return None
+    return good_and_bad_edits(request)
 
 
 def rows(db, sql: str, *params) -> list[tuple]:
