@@ -350,7 +350,7 @@ def reject_reason(rejected: bool, val_before: float | None, val_after: float | N
         return None
     if val_after is None:
         return "rejected: the candidate could not be scored on validation"
-    before = "nothing" if val_before is None else f"{val_before:.4g}"
+    before = _score(val_before)
     reason = f"rejected jointly: the candidate scored {val_after:.4g}, not above {before}"
     if val_alone is None:
         return reason
