@@ -2,7 +2,8 @@
 import the traces, back-propagate, blame. Prints blame's verdict with its intervals.
 
     python benchmarks/traces_blame.py [--model qwen2.5-coder-0.5b] [--sentences 12]
-                                      [--val N] [--dir DIR] [--base-url URL]
+                                      [--val N] [--proposals N] [--dir DIR]
+                                      [--base-url URL]
 
 `sample_graphs/traced_pipeline.py` (three `openai` SDK calls; `numbers`'s prompt is
 plainly at fault) runs on the first `--sentences` sentences against llama.cpp's
@@ -13,12 +14,14 @@ Then, as the commands of docs/traces.md do:
     python -m engine import-traces traces.jsonl --db traces.duckdb --targets targets.jsonl \\
         --metric numeric --base-url URL --concurrency 4 --timeout 600 \\
         --optimizer-max-tokens 256 [--val N]
-    python -m engine backprop RUN_ID --db traces.duckdb
+    python -m engine backprop RUN_ID --db traces.duckdb [--proposals N]
     python -m engine blame RUN_ID --db traces.duckdb [--examples val]
 
 With `--val N` the last N traces are held out as the validation split: backprop
 back-propagates the others and gates its proposals on these, and blame probes these, so
-that each proposed edit is tested on traces its update call never saw.
+that each proposed edit is tested on traces its update call never saw. With `--proposals N`
+(it needs `--val`) backprop draws N candidate prompt sets and keeps the best on them, and
+blame tests the best candidate's edits.
 
 Sized for two cores: each forward call asks for at most the pipeline's own 64 tokens (the
 imported run keeps the limit its spans recorded), backward, rewrite and update calls for
@@ -76,7 +79,7 @@ def embedded_server(model: str, slots: int) -> Iterator[str]:
 def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
                 concurrency: int, timeout: float, optimizer_max_tokens: int,
                 optimizer_model: str | None = None, val: int = 0,
-                say: Callable[[str], None] = print) -> Any:
+                proposals: int | None = None, say: Callable[[str], None] = print) -> Any:
     """Trace, import, back-propagate and blame; returns blame's report."""
     folder.mkdir(parents=True, exist_ok=True)
     traces, targets, db = (folder / "traces.jsonl", folder / "targets.jsonl",
@@ -108,7 +111,7 @@ def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
                          "(more --sentences, or a smaller --val?)")
     # the optimizer's calls (gradients, rewrites, edits) on an embedded model of their own
     # when one is named: what a user does whose pipeline runs a small model
-    result = asyncio.run(backprop(str(db), RUN_ID, **({
+    result = asyncio.run(backprop(str(db), RUN_ID, proposals=proposals, **({
         "optimizer_backend_kind": "local", "optimizer_model": optimizer_model}
         if optimizer_model else {})))
     if result.status != "finished":
@@ -151,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val", type=int, default=0,
                         help="of the traces, hold out the last N as validation; blame then "
                              "probes those (--examples val) (default: 0)")
+    parser.add_argument("--proposals", type=int, default=None,
+                        help="candidate prompt sets backprop draws, the best on the held-out "
+                             "traces kept (needs --val; default: 1)")
     parser.add_argument("--slots", type=int, default=4,
                         help="llama-server's parallel slots, and the calls in flight")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per call")
@@ -159,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="where the traces and the run log go (default: a new "
                                       "temporary folder, kept)")
     args = parser.parse_args(argv)
+    if args.proposals is not None and args.proposals > 1 and not args.val:
+        parser.error("--proposals needs --val: the candidates are chosen on held-out traces")
     from engine.llm.base import LLMError
     from engine.traces import TraceError
 
@@ -180,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             report = walkthrough(base_url, folder, model=args.model,
                                  optimizer_model=optimizer,
                                  sentences=args.sentences, concurrency=args.slots,
-                                 val=args.val,
+                                 val=args.val, proposals=args.proposals,
                                  timeout=args.timeout,
                                  optimizer_max_tokens=args.optimizer_max_tokens)
     except (LLMError, TraceError) as exc:  # no model file, no llama-server, a server

@@ -274,3 +274,51 @@ def test_held_out_traces_are_validation_that_gates_the_proposals_and_tests_each_
     assert (report["examples"], report["probed_examples"]) == ("val", 4)
     assert (edits["numbers"]["flips"], edits["numbers"]["in_sample"]) == (4, 0)
     assert report["verdict"]["node"] == "numbers", report["verdict"]
+
+
+def test_backprop_proposals_draws_candidates_and_needs_held_out_traces(tmp_path, capsys):
+    """--proposals 2: the update calls are made twice from the same gradients (the second
+    sampled), each candidate is recorded, and the best on the held-out traces is kept; a run
+    with no held-out traces has nothing to choose by, so it is refused and nothing is
+    written."""
+    from engine.core.optimizer import CANDIDATE_TEMPERATURE
+    from tests.support.traced_pipeline import UPDATE
+
+    pipeline = load_pipeline()
+    with FakeOpenAIServer(responder=responder) as server:
+        pipeline.run(server.base_url, "fake-qwen", tmp_path / "traces.jsonl", 8,
+                     tmp_path / "targets.jsonl")
+        db = str(tmp_path / "runs.duckdb")
+        for run_id, val in (("plain", []), ("held", ["--val", "4"])):
+            assert main(["import-traces", str(tmp_path / "traces.jsonl"), "--db", db,
+                         "--targets", str(tmp_path / "targets.jsonl"), "--metric",
+                         "numeric", "--base-url", server.base_url, "--run-id", run_id,
+                         *val]) == 0
+        capsys.readouterr()
+        assert main(["backprop", "plain", "--db", db, "--proposals", "2"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["error: run 'plain' has no validation examples to choose among 2 "
+                       "candidate prompt sets (import the traces with --val N, or leave "
+                       "--proposals out)"]
+        server.requests.clear()
+        assert main(["backprop", "held", "--db", db, "--proposals", "2"]) == 0
+        out = capsys.readouterr().out
+        updates = [r for r in server.requests if UPDATE in r["messages"][-1]["content"]]
+    with duckdb.connect(db, read_only=True) as con:
+        steps = con.execute("SELECT run_id, max(step) FROM steps GROUP BY 1 ORDER BY 1"
+                            ).fetchall()
+        rows = con.execute("SELECT candidate, node_id, accepted, reject_reason FROM updates "
+                           "WHERE run_id = 'held' AND step = 1 ORDER BY 1, 2").fetchall()
+    assert steps == [("held", 1), ("plain", 0)]  # the refused run gained no step
+    nodes = sorted({n for _, n, _, _ in rows})
+    assert [(c, n) for c, n, _, _ in rows] == [(c, n) for c in (0, 1) for n in nodes]
+    assert len(updates) == 2 * len(nodes)
+    assert sorted(r.get("temperature", 0) for r in updates)[-len(nodes):] == \
+        [CANDIDATE_TEMPERATURE] * len(nodes)
+    # the literal-minded responder writes the same repair both times: the second candidate
+    # is the first's edits, recorded as such and not scored again; the first is kept
+    assert ("numbers", True) in {(n, a) for c, n, a, _ in rows if c == 0}
+    assert [r for c, n, _, r in rows if c == 1 and n == "numbers"] == [
+        "the same edits as candidate 1"]
+    assert re.search(r"numbers \(candidate 1\) kept: " + re.escape(FIXED_NUMBERS[:40]), out)
+    assert "numbers (candidate 2): " in out

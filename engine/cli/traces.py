@@ -7,6 +7,7 @@
     python -m engine backprop RUN_ID --db DB [--method M] [--base-url URL] [--model NAME]
                               [--optimizer-backend KIND] [--optimizer-model NAME]
                               [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
+                              [--proposals N]
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ def register_cli(sub: Any) -> None:
     p.add_argument("--optimizer-model", metavar="NAME",
                    help="the model of those calls (with --optimizer-backend local: "
                         "qwen2.5-coder-1.5b, say; python -m engine models lists them)")
+    p.add_argument("--proposals", type=positive_int, metavar="N",
+                   help="candidate prompt sets: the update calls made N times from the same "
+                        "gradients, the best on the held-out traces kept (needs import-traces "
+                        "--val; default: the run's, 1)")
     add_call_settings(p)
     p.set_defaults(func=cmd_backprop)
 
@@ -119,7 +124,8 @@ def cmd_backprop(args: argparse.Namespace) -> int:
                                   concurrency=args.concurrency, timeout=args.timeout,
                                   optimizer_max_tokens=args.optimizer_max_tokens,
                                   optimizer_backend_kind=args.optimizer_backend,
-                                  optimizer_model=args.optimizer_model))
+                                  optimizer_model=args.optimizer_model,
+                                  proposals=args.proposals))
     if result.status != "finished":  # a step is recorded whole or not at all
         print(f"run '{args.run_id}': backprop {result.status}"
               f"{': ' + result.reason if result.reason else ''}; step "
@@ -131,7 +137,11 @@ def cmd_backprop(args: argparse.Namespace) -> int:
     print(f"run '{args.run_id}' step {step}: {len(gradients)} gradients on "
           f"{len({g.example_id for g in gradients})} failing examples, "
           f"{len(proposals)} proposals (status {result.status})")
+    several = len({p.candidate for p in proposals}) > 1
     for proposal in proposals:
-        print(f"  {proposal.node_id}: {' '.join(proposal.new_prompt.split())[:100]}")
+        print(f"  {proposal.node_id}"
+              f"{f' (candidate {proposal.candidate + 1})' if several else ''}"
+              f"{' kept' if proposal.accepted else ''}: "
+              f"{' '.join(proposal.new_prompt.split())[:100]}")
     print(f"next: python -m engine blame {args.run_id} --db {args.db} --step {step}")
     return 0

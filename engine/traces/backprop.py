@@ -5,8 +5,11 @@ One optimization step runs from the run's state with every failing training exam
 back-propagated: its forward pass replays the logged calls from the reply cache (the
 prompts are unchanged), the method's gradients (sibling-conditioned by default) and a
 proposal per trainable node are recorded as any run records them, and the proposals are
-gated on validation when the run has any (an imported run has none: its proposals are
-recorded, not applied). `blame` and `probe` then work on the new step.
+gated on validation when the run has any (an imported run has none unless imported with
+`--val N`: without it its proposals are recorded, not applied). With `proposals` N > 1 the
+update calls are made N times and the best candidate prompt set on validation is kept, as
+a run's `--proposals N` does; that needs validation examples to choose by. `blame` and
+`probe` then work on the new step.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
                    optimizer_max_tokens: int | None = None,
                    optimizer_backend_kind: str | None = None,
                    optimizer_model: str | None = None,
+                   proposals: int | None = None,
                    forward_backend: Backend | None = None,
                    optimizer_backend: Backend | None = None,
                    listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
@@ -42,6 +46,10 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
         raise RunLogError(f"run '{run_id}' has no failing training example at step "
                           f"{point.state.step}: nothing to back-propagate (import the "
                           "traces with --targets to grade them)")
+    if proposals is not None and proposals > 1 and not examples_of(point.examples, "val"):
+        raise RunLogError(f"run '{run_id}' has no validation examples to choose among "
+                          f"{proposals} candidate prompt sets (import the traces with "
+                          "--val N, or leave --proposals out)")
     config = RunConfig.from_json(point.config)
     config.db, config.run_id = db, run_id
     config.method = method or config.method
@@ -50,7 +58,8 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
     changed = {k: v for k, v in (("concurrency", concurrency), ("timeout", timeout),
                                  ("optimizer_max_tokens", optimizer_max_tokens),
                                  ("optimizer_backend", optimizer_backend_kind),
-                                 ("optimizer_model", optimizer_model))
+                                 ("optimizer_model", optimizer_model),
+                                 ("proposals", proposals))
                if v is not None}
     for key, value in changed.items():
         setattr(config, key, value)
