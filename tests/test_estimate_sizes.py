@@ -5,6 +5,7 @@ earlier runs of the graph recorded; a fork's estimate counts what the fork re-ru
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import duckdb
 import pytest
@@ -248,6 +249,32 @@ def test_a_first_run_on_the_embedded_pair_is_timed_at_its_reference_speed(
     alone = estimate_for(config, graph, load_splits(config, graph))
     assert alone.seconds() is None and "speed" not in alone.line()
 
+
+
+@pytest.mark.parametrize("backend", ["local", "openai"])
+def test_replies_are_capped_at_the_limits_the_runs_calls_ask_for(tmp_path, monkeypatch,
+                                                                 backend):
+    """No history: the prior's reply, capped at the token limit the run's calls will send,
+    which on a local model is smaller by default (128) than the prior's optimizer replies."""
+    from engine.runs.execute import default_max_tokens
+
+    monkeypatch.setattr("engine.llm.models.paired_optimizer", lambda model: (None, None))
+    graph_text = ONE_NODE.replace(", max_tokens: 40", "")
+    config = RunConfig(graph=str(write_graph(tmp_path, graph_text, arithmetic_rows())),
+                       backend=backend, steps=1, train=6, val=6, test=0,
+                       db=str(tmp_path / "empty.duckdb"))
+    graph = load_graph(config.graph)
+    sizes = estimate_for(config, graph, load_splits(config, graph)).sizes
+    forward_limit, optimizer_limit = default_max_tokens(config)
+    assert (forward_limit, optimizer_limit) == ((128, 128) if backend == "local"
+                                                else (512, 1024))
+    assert sizes.forward["val"].completion == min(forward_limit, FIRST_REPLY["forward"])
+    assert sizes.backward.completion == min(optimizer_limit, FIRST_REPLY["backward"])
+    assert sizes.update.completion == min(optimizer_limit, FIRST_REPLY["update"])
+    # a limit set for the run is the cap
+    capped = estimate_for(replace(config, optimizer_max_tokens=64), graph,
+                          load_splits(config, graph)).sizes
+    assert capped.backward.completion == capped.update.completion == 64
 
 ONE_NODE_UNCAPPED = ONE_NODE.replace("name: one-node", "name: another-graph").replace(
     ", max_tokens: 40", "")

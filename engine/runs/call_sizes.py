@@ -183,6 +183,7 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
     `optimizer`'s (default: the same model; the embedded pair's 1.5B writes the
     optimizer's calls of a 0.5B run)."""
     from engine.prompts.sets import prompt_set
+    from engine.runs.execute import default_max_tokens
 
     optimizer = optimizer or model
     opt_backend = config.optimizer_backend or config.backend
@@ -194,8 +195,10 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
         config.db, graph.name, optimizer, opt_backend)
     histories = {"forward": history, "backward": opt_history, "update": opt_history}
     prompts = prompt_set(config.prompts)
-    limits = {"forward": config.max_tokens or 512, "backward": config.optimizer_max_tokens
-              or 768, "update": config.optimizer_max_tokens or 768}
+    # the limits the run's calls will ask for (a local model's are smaller by default)
+    forward_limit, optimizer_limit = default_max_tokens(config)
+    limits = {"forward": forward_limit, "backward": optimizer_limit,
+              "update": optimizer_limit}
     llm = [n for n in graph.nodes if n.kind == "llm"]
 
     backends = {"forward": config.backend,
