@@ -1,6 +1,7 @@
 """Tokens per model call, for the estimate: the prompts a run will send, rendered from its
 own prompt set on its own examples, with replies sized from what earlier runs of the same
-graph recorded in the run log (else from the node's `max_tokens`).
+graph recorded in the run log, each capped at the limit the call will ask for (the node's
+`max_tokens`, else the run's, as engine.runs.execute.default_max_tokens gives it).
 
 - Forward: each LLM node's template rendered on every example of a split, with the
   example's fields and, for an upstream node's output, text of that node's usual output
