@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 
 from engine.probes.blame import blame  # noqa: E402
 from engine.runlog.traces import failing_count  # noqa: E402
+from engine.runs.settings import positive_int  # noqa: E402
 from engine.traces.backprop import backprop  # noqa: E402
 from engine.traces.importer import import_traces  # noqa: E402
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val", type=int, default=0,
                         help="of the traces, hold out the last N as validation; blame then "
                              "probes those (--examples val) (default: 0)")
-    parser.add_argument("--proposals", type=int, default=None,
+    parser.add_argument("--proposals", type=positive_int, default=None,
                         help="candidate prompt sets backprop draws, the best on the held-out "
                              "traces kept (needs --val; default: 1)")
     parser.add_argument("--slots", type=int, default=4,
