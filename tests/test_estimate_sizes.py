@@ -12,6 +12,8 @@ import pytest
 
 from engine.core.graph import load_graph
 from engine.llm.factory import default_model
+from engine.llm.schema import token_budget
+from engine.prompts.structured import schema_for
 from engine.prompts.templates import forward_messages
 from engine.runs.call_sizes import CHARS_PER_TOKEN, FIRST_REPLY, SCRIPTED_REPLY, measure_sizes
 from engine.runs.estimate import duration, estimate_for, estimate_fork
@@ -269,12 +271,36 @@ def test_replies_are_capped_at_the_limits_the_runs_calls_ask_for(tmp_path, monke
     assert (forward_limit, optimizer_limit) == ((128, 128) if backend == "local"
                                                 else (512, 1024))
     assert sizes.forward["val"].completion == min(forward_limit, FIRST_REPLY["forward"])
-    assert sizes.backward.completion == min(optimizer_limit, FIRST_REPLY["backward"])
-    assert sizes.update.completion == min(optimizer_limit, FIRST_REPLY["update"])
-    # a limit set for the run is the cap
+    # structured replies (the default): on the local backend an update call's limit is
+    # raised to its schema's bound (reply_tokens), which the prior's reply fits under
+    bound = token_budget(schema_for("update", []))
+    update_limit = max(optimizer_limit, bound) if backend == "local" else optimizer_limit
+    assert sizes.update.completion == min(update_limit, FIRST_REPLY["update"])
+    if backend == "local":
+        assert sizes.update.completion == FIRST_REPLY["update"] > optimizer_limit
+    # ... not with structured replies off: the run's own limit
+    text = estimate_for(replace(config, structured="off"), graph,
+                        load_splits(config, graph)).sizes
+    assert text.backward.completion == min(optimizer_limit, FIRST_REPLY["backward"])
+    assert text.update.completion == min(optimizer_limit, FIRST_REPLY["update"])
+    # a limit set for the run is the cap, up to a local schema's bound
     capped = estimate_for(replace(config, optimizer_max_tokens=64), graph,
                           load_splits(config, graph)).sizes
-    assert capped.backward.completion == capped.update.completion == 64
+    assert capped.update.completion == (min(bound, FIRST_REPLY["update"])
+                                        if backend == "local" else 64)
+    capped_text = estimate_for(replace(config, optimizer_max_tokens=64, structured="off"),
+                               graph, load_splits(config, graph)).sizes
+    assert capped_text.backward.completion == capped_text.update.completion == 64
+    # a node that reads two others: its backward call's bound (two gradients) is the limit
+    (tmp_path / "two").mkdir()
+    config = replace(config, graph=str(write_graph(tmp_path / "two", TWO_HINTS,
+                                                   arithmetic_rows())))
+    graph = load_graph(config.graph)
+    sizes = estimate_for(config, graph, load_splits(config, graph)).sizes
+    bound = token_budget(schema_for("backward_joint", ["hint_a", "hint_b"]))
+    assert sizes.backward.completion == min(
+        max(optimizer_limit, bound) if backend == "local" else optimizer_limit,
+        FIRST_REPLY["backward"])
 
 ONE_NODE_UNCAPPED = ONE_NODE.replace("name: one-node", "name: another-graph").replace(
     ", max_tokens: 40", "")

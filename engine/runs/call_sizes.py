@@ -1,7 +1,8 @@
 """Tokens per model call, for the estimate: the prompts a run will send, rendered from its
 own prompt set on its own examples, with replies sized from what earlier runs of the same
 graph recorded in the run log, each capped at the limit the call will ask for (the node's
-`max_tokens`, else the run's, as engine.runs.execute.default_max_tokens gives it).
+`max_tokens`, else the run's, as engine.runs.execute.default_max_tokens gives it; a local
+optimizer call with a JSON schema, at its schema's bound where that is larger).
 
 - Forward: each LLM node's template rendered on every example of a split, with the
   example's fields and, for an upstream node's output, text of that node's usual output
@@ -200,6 +201,8 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
     forward_limit, optimizer_limit = default_max_tokens(config)
     limits = {"forward": forward_limit, "backward": optimizer_limit,
               "update": optimizer_limit}
+    if opt_backend == "local" and config.structured != "off":
+        limits.update(schema_limits(graph, optimizer_limit))
     llm = [n for n in graph.nodes if n.kind == "llm"]
 
     backends = {"forward": config.backend,
@@ -257,6 +260,21 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
         sizes.distinct_share = history.distinct[0] / history.distinct[1]
     sizes.assumptions = assumptions(guessed, steps)
     return sizes
+
+
+def schema_limits(graph: GraphSpec, limit: int) -> dict[str, int]:
+    """The token limits of the optimizer's calls on the local backend with structured
+    replies: a schema's bound raises a call's own limit where it is larger
+    (engine/llm/local.py `reply_tokens`; an OpenAI-compatible server is sent the run's
+    limit and no length bounds), the largest over the nodes whose backward step asks."""
+    from engine.core.backward import asking_nodes
+    from engine.llm.schema import token_budget
+    from engine.prompts.structured import schema_for
+
+    backward = [token_budget(schema_for("backward_joint", graph.predecessors(n.id)) or {})
+                for n in asking_nodes(graph)]
+    return {"backward": max([limit, *backward]),
+            "update": max(limit, token_budget(schema_for("update", []) or {}))}
 
 
 def reference_speed(model: str, optimizer: str) -> tuple[float, float] | None:
