@@ -127,14 +127,14 @@ def test_run_summary_prints_the_cost_of_per_node_gates(tmp_path, capsys):
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     db = tmp_path / "runs.duckdb"
     code = main(["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "4",
-                 "--val", "4", "--test", "0", "--seed", "10", "--node-gates", "auto",
+                 "--val", "4", "--test", "0", "--seed", "4", "--node-gates", "auto",
                  "--db", str(db)])
     assert code == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("per-node")]
     # the scripted update appends a sentence to all three prompts. Beside the joint pass
     # the passes alone need the two old hints (2 x 4) and the final node on three other
     # input sets (3 x 4), less 2 final calls whose inputs coincide as text: made once
-    # (seed 10 is a split and a set of scripted replies where two such calls coincide)
+    # (seed 4 is a split and a set of scripted replies where two such calls coincide)
     assert len(line) == 1 and "18 calls" in line[0], line
 
 

@@ -58,6 +58,40 @@ def test_each_role_has_a_schema_with_reasoning_first_then_its_answer_fields(role
     assert token_budget(schema) > 0
 
 
+# Reasoning the embedded optimizer (Qwen2.5-Coder-1.5B) wrote, as recorded in the run log:
+# a backward call's and an update call's, on the attribution benchmark's chain4 graph
+RECORDED_REASONING = {
+    "backward_joint": (
+        "The original output 'The person feels content and satisfied with their apples.' does "
+        "not match the expected output '43'. The original output is a string, while the "
+        "expected output is a number. To satisfy the feedback, the input should be changed to "
+        "'The person feels content and satisfied with their apples.' to produce the expected "
+        "output '43'."),
+    "update": (
+        "The current prompt does not specify what the output should be. The feedback suggests "
+        "that the output should be 'The person feels content and satisfied with their "
+        "apples.' This is a more specific and meaningful output than the current prompt, "
+        "which only repeats the input. To improve the prompt, we should ask for the person's "
+        "feelings about the apples, which is a more natural and meaningful output."),
+}
+
+
+@pytest.mark.parametrize("role, names, answer", [
+    ("backward_joint", ["relay"], {"relay": "Carry the number of apples.",
+                                   "asks_change_relay": True}),
+    ("update", [], {"output_wanted": "the number of apples",
+                    "prompt": "Write the number of apples the person has."}),
+])
+def test_the_reasoning_field_holds_the_few_sentences_the_optimizer_writes(role, names, answer):
+    """A constrained reply must close its reasoning string at the schema's bound: too short a
+    bound stops the model mid-sentence and the fields after it are written without the end
+    of the thought (at 240 characters, 29% of the 1.5B's backward and 57% of its update
+    replies on the attribution graphs were cut)."""
+    reasoning = RECORDED_REASONING[role]
+    assert len(reasoning) > 300
+    assert_follows(S.schema_for(role, names), json.dumps({"reasoning": reasoning, **answer}))
+
+
 def test_roles_that_stay_text_have_no_schema():
     for role in ("forward", "judge", "probe_rewrite", "backward_joint"):
         assert S.schema_for(role, []) is None  # a backward call with no input asks nothing

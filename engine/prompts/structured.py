@@ -24,7 +24,11 @@ from typing import Any
 from engine.llm.schema import reasoning_key
 from engine.prompts import templates as P
 
-REASONING_CHARS = 240   # the reasoning field of every role
+# The reasoning field of every role. A constrained reply must close the string at this
+# bound, mid-sentence if need be, and then writes its answer without the end of the thought:
+# at 240 the embedded optimizer (the 1.5B) was cut in 29% of its backward and 57% of its
+# update replies on the attribution graphs; at 600 in none (its longest: 345 and 399).
+REASONING_CHARS = 600
 REASONING_MIN = 20      # ... at least this long: a tiny model otherwise skips it
 GRADIENT_CHARS = 320    # one input's gradient (backward roles)
 PROMPT_CHARS = 480      # a proposed prompt (update)
