@@ -358,3 +358,65 @@ def test_a_forks_test_pass_re_runs_what_its_parents_test_pass_did_not_ask(tmp_pa
                                "cache_hit", [result.run_id]).fetchone()[0]
         # step 1's prompts: every node's test calls are new; step 2's: the parent's, cached
         assert tested == made == 8 * differing, (step, tested, made)
+
+
+def val_calls_after_step_0(db: str, run_id: str) -> tuple[int, int]:
+    """(model calls, calls) of a run's validation passes after step 0."""
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute(
+            "SELECT count(*) FILTER (WHERE NOT c.cache_hit), count(*) FROM llm_calls c "
+            "JOIN examples e USING (run_id, example_id) WHERE c.run_id = ? AND c.step > 0 "
+            "AND e.split = 'val' AND c.purpose = 'forward'", [run_id]).fetchone()
+
+
+def test_candidates_that_repeat_requests_are_estimated_from_what_earlier_runs_asked_anew(
+        tmp_path):
+    """Two candidates a step: the scripted optimizer's second candidate gives `hint_b` the
+    edit the first gave `hint_a`, so 8 of the 48 validation requests repeat one the step
+    already sent. The first estimate counts all 48; after a run, the share of new requests
+    its candidate passes sent (40 of 48) sizes the next run's."""
+    config = RunConfig(graph=str(write_graph(tmp_path, TWO_HINTS, arithmetic_rows())),
+                       backend="scripted", steps=1, proposals=2, train=8, val=8, test=0,
+                       db=str(tmp_path / "runs.duckdb"))
+    graph = load_graph(config.graph)
+
+    def candidates(estimate) -> int:
+        return next(p.expected for p in estimate.phases if "validation candidates" in p.name)
+
+    first = estimate_for(config, graph, load_splits(config, graph))
+    assert first.sizes.later_val_share is None and candidates(first) == 48
+    result = asyncio.run(execute(config))
+    assert val_calls_after_step_0(config.db, result.run_id) == (40, 48)
+    with duckdb.connect(config.db) as con:
+        con.execute("DELETE FROM llm_cache")  # the next run pays for its calls
+    again = replace(config, seed=1, run_id=None)
+    estimate = estimate_for(again, graph, load_splits(again, graph))
+    assert estimate.sizes.later_val_share == pytest.approx(40 / 48)
+    assert candidates(estimate) == 40
+    result = asyncio.run(execute(again))
+    assert val_calls_after_step_0(again.db, result.run_id) == (40, 48)
+    assert estimate.calls() == result.stats.calls - result.stats.cache_hits == 80
+    # replies a run log already holds from another run are not counted as repeats
+    rerun = asyncio.run(execute(replace(again, run_id=None)))
+    assert val_calls_after_step_0(again.db, rerun.run_id)[0] == 0  # all from the cache
+    assert estimate_for(again, graph, load_splits(again, graph)).sizes.later_val_share == \
+        pytest.approx(40 / 48)
+
+
+def test_a_node_no_edit_reaches_repeats_its_step_0_requests_and_is_not_counted_again(
+        tmp_path):
+    """`--update-mode one` edits `hint_a` only: `hint_b`'s validation requests after step 0
+    are step 0's again (answered from the run's cache), so 16 of the pass's 24 calls are
+    new, and the next estimate counts 16, as the run then makes."""
+    config = RunConfig(graph=str(write_graph(tmp_path, TWO_HINTS, arithmetic_rows())),
+                       backend="scripted", steps=1, update_mode="one", train=8, val=8,
+                       test=0, db=str(tmp_path / "runs.duckdb"))
+    graph = load_graph(config.graph)
+    result = asyncio.run(execute(config))
+    assert val_calls_after_step_0(config.db, result.run_id) == (16, 24)
+    with duckdb.connect(config.db) as con:
+        con.execute("DELETE FROM llm_cache")
+    again = replace(config, seed=1, run_id=None)
+    estimate = estimate_for(again, graph, load_splits(again, graph))
+    assert estimate.sizes.later_val_share == pytest.approx(16 / 24)
+    assert next(p.expected for p in estimate.phases if "validation candidate" in p.name) == 16

@@ -82,6 +82,33 @@ def forward_distinct_share(db: str | Path, graph_name: str) -> tuple[int, int]:
     return int(row.iloc[0]), int(row.iloc[1])
 
 
+def later_validation_share(db: str | Path, graph_name: str) -> tuple[int, int]:
+    """(new requests, forward calls) over the validation passes of earlier runs of a graph
+    (by name) after step 0: its candidates' and per-node gates' passes. A request is new
+    unless the run sent it earlier in the same step (a second candidate repeating the
+    first's edit) or in step 0 (a node no edit reaches asks what the starting prompts
+    asked). A request repeating one of an earlier step's proposals counts as new: whether
+    the optimizer proposes again what it tried depends on the run's rejections, and a fork's
+    steps propose from other prompts. Hits on other runs' replies count as new, so a run on
+    a log that already holds its replies does not make the next estimate cheaper than its
+    own calls were."""
+    row = query(db, """
+        WITH calls AS (
+            SELECT c.run_id, c.step, c.cache_key, e.split
+            FROM llm_calls c JOIN runs r ON r.run_id = c.run_id
+            LEFT JOIN examples e ON e.run_id = c.run_id AND e.example_id = c.example_id
+            WHERE r.graph_name = ? AND c.purpose = 'forward' AND c.cache_key IS NOT NULL),
+        firsts AS (SELECT run_id, cache_key, min(step) AS first_step FROM calls GROUP BY ALL),
+        passes AS (
+            SELECT count(DISTINCT c.cache_key) FILTER (WHERE f.first_step > 0) AS new,
+                   count(*) AS calls
+            FROM calls c JOIN firsts f USING (run_id, cache_key)
+            WHERE c.step > 0 AND c.split = 'val' GROUP BY c.run_id, c.step)
+        SELECT coalesce(sum(new), 0), coalesce(sum(calls), 0) FROM passes""",
+                [graph_name]).iloc[0]
+    return int(row.iloc[0]), int(row.iloc[1])
+
+
 def local_step_throughput(db: str | Path, models: list[str]) -> tuple[float, int, int]:
     """(seconds, prompt tokens, completion tokens) summed over the finished steps of earlier
     runs, of any graph, whose model calls ran on the local backend with one of `models`:

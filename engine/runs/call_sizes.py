@@ -90,6 +90,11 @@ class CallSizes:
     # of a pass's forward calls, the share that are distinct requests (earlier runs'; 1
     # without): the others repeat a request of the same pass and are answered once
     distinct_share: float = 1.0
+    # of the validation passes after step 0 (candidates, per-node gates), the share of
+    # forward calls that were new requests to the run in earlier runs (None without
+    # history): a candidate that leaves a node as it was, or repeats another's edit, asks
+    # what the run already asked
+    later_val_share: float | None = None
     # what the estimate assumed for want of history, for its line ("replies ~160 tokens")
     assumptions: list[str] = field(default_factory=list)
 
@@ -118,6 +123,7 @@ class History:
     speed: tuple[float, float] | None = None  # local model: s per prompt, completion token
     steps: tuple[int, int] = (0, 0)  # optimization steps accepted, of all
     distinct: tuple[int, int] = (0, 0)  # distinct forward requests, of forward calls
+    later_val: tuple[int, int] = (0, 0)  # new requests, of validation calls after step 0
 
 
 def _names(models: list[str]) -> list[str]:
@@ -139,6 +145,7 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str,
         call_size_history,
         forward_distinct_share,
         gradient_size_history,
+        later_validation_share,
         local_step_throughput,
         model_call_history,
     )
@@ -151,12 +158,14 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str,
         feedback = gradient_size_history(db, graph_name)
         steps = accepted_share(db, graph_name)
         distinct = forward_distinct_share(db, graph_name)
+        later_val = later_validation_share(db, graph_name)
     except RunLogError:
         return History()
     same = calls[calls["model"].isin(models)]
     # another model's runs of this graph size its calls only when this model has none
     calls = same if not same.empty or not own.empty else calls
-    history = History(feedback_chars=feedback, steps=steps, distinct=distinct)
+    history = History(feedback_chars=feedback, steps=steps, distinct=distinct,
+                      later_val=later_val)
     purpose = calls["purpose"].replace({"repair": "backward"})
     for (kind, node), group in calls.groupby([purpose, calls["node_id"].fillna("")]):
         history.completion[(kind, node)] = float(group["completion_tokens"].mean())
@@ -258,6 +267,8 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
     sizes.accepted_share = (accepted + 2 * ACCEPTED_PRIOR) / (steps + 2)
     if history.distinct[1]:
         sizes.distinct_share = history.distinct[0] / history.distinct[1]
+    if history.later_val[1]:
+        sizes.later_val_share = history.later_val[0] / history.later_val[1]
     sizes.assumptions = assumptions(guessed, steps)
     return sizes
 

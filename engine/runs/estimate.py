@@ -5,7 +5,9 @@ starts and `run --dry-run` prints `breakdown()`; the experiment estimate sums th
 Two figures per phase. `expected`: the calls that reach the model with the cache on, with
 the share of steps accepted that earlier runs of the graph saw (else a quarter). A step
 after a rejected one repeats its train pass (cache hits), after an accepted one it re-runs the nodes an edit
-reached; a candidate re-runs on validation only the nodes an edit reaches;
+reached; a candidate re-runs on validation only the nodes an edit reaches (after a run of
+the graph: the share of its later validation passes' calls that were new requests to the
+run, which also counts a candidate repeating another's edit);
 `--node-gates auto` scores each edit alone after a rejection only; nodes that start with the
 same prompt and inputs share their calls until an accepted edit tells them apart; a step
 that samples a failure an earlier step back-propagated under the same prompts repeats its
@@ -49,6 +51,10 @@ class Phase:
     upper: int
     kind: str = ""  # forward | backward | update: the call whose size it pays (CallSizes)
     split: str | None = None  # a forward phase's examples
+    # a validation pass after step 0 (candidates, per-node gates): its calls as the run
+    # logs them, every node's, repeats included; with history, `expected` is the share of
+    # these that were new requests in earlier runs (CallSizes.later_val_share)
+    logged: float | None = None
 
     def size(self, sizes: CallSizes) -> CallSize:
         return sizes.for_phase(self.kind or self.purpose, self.split)
@@ -300,7 +306,8 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
                          steps * k * candidates, "update"),
                    Phase(f"{span}: validation candidate" + ("s" if candidates > 1 else ""),
                          "forward", proposing * n_val * (reached if cached else nodes)
-                         * candidates, steps * n_val * nodes * candidates, "forward", "val")]
+                         * candidates, steps * n_val * nodes * candidates, "forward", "val",
+                         logged=proposing * n_val * nodes * candidates)]
         if judge:
             phases.append(Phase(f"{span}: judge on validation", "optimizer",
                                 proposing * n_val, steps * n_val))
@@ -310,7 +317,8 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
             phases.append(Phase(f"{span}: per-node gates ({mode})", "forward",
                                 round(gated * n_val * gate_nodes[0]) if gates_expected else 0,
                                 steps * n_val * gate_nodes[1] if gates_expected else 0,
-                                "forward", "val"))
+                                "forward", "val", logged=gated * n_val * gate_nodes[1]
+                                if gates_expected else 0))
             if judge and gates_expected:
                 phases.append(Phase(f"{span}: judge per-node gates", "optimizer",
                                     round(gated * n_val * k), steps * n_val * k))
@@ -326,8 +334,13 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
                             n_test * nodes, "forward", "test"))
         if judge:
             phases.append(Phase("test: judge", "optimizer", n_test, n_test))
+    later = sizes.later_val_share if cached else None
     for phase in phases:  # requests repeated within a pass are made once
-        if phase.purpose == "forward":
+        if phase.logged is not None and later is not None:
+            # what earlier runs' passes asked anew: nodes an edit left alone, a candidate
+            # repeating another's edit, requests repeated within the pass
+            phase.expected = round(phase.logged * later)
+        elif phase.purpose == "forward":
             phase.expected = round(phase.expected * sizes.distinct_share)
     return phases
 
