@@ -70,7 +70,7 @@ def test_the_gsm8k_shape_is_estimated_within_15_percent(tmp_path):
             "SELECT count(*) FROM updates a JOIN updates b USING (run_id, step, candidate) "
             "WHERE a.node_id = 'hint_a' AND b.node_id = 'hint_b' "
             "AND a.new_prompt = b.new_prompt").fetchone()[0]
-    assert abs(expected - same_edit * 16 - actual) <= 0.15 * actual, (expected, actual)
+    assert abs(expected - same_edit * config.val - actual) <= 0.15 * actual, (expected, actual)
     assert logged == actual
 
 
