@@ -252,6 +252,44 @@ def test_a_first_run_on_the_embedded_pair_is_timed_at_its_reference_speed(
     assert alone.seconds() is None and "speed" not in alone.line()
 
 
+def test_a_first_run_on_the_embedded_pair_sizes_replies_from_what_they_wrote_on_our_graphs(
+        tmp_path, monkeypatch):
+    """No history, the named embedded pair: forward replies sized at the 0.5B's measured
+    mean, backward and update at the 1.5B's (REFERENCE_REPLY), each capped at the call's
+    limit, and the line says what it assumed; a model file we never measured gets the
+    prior, and a run log that has seen the models sizes from it instead."""
+    from engine.runs.call_sizes import REFERENCE_REPLY
+
+    forward, optimizer = default_model("local"), "qwen2.5-coder-1.5b"
+    monkeypatch.setattr("engine.llm.models.paired_optimizer", lambda model: (optimizer, None))
+    config = RunConfig(graph=str(write_graph(tmp_path, TWO_HINTS, arithmetic_rows())),
+                       backend="local", steps=1, train=6, val=6, test=0,
+                       db=str(tmp_path / "empty.duckdb"))
+    graph = load_graph(config.graph)
+    estimate = estimate_for(config, graph, load_splits(config, graph))
+    sizes = estimate.sizes
+    assert sizes.forward["val"].completion == REFERENCE_REPLY[forward]["forward"] == 9
+    assert sizes.backward.completion == REFERENCE_REPLY[optimizer]["backward"] == 109
+    assert sizes.update.completion == REFERENCE_REPLY[optimizer]["update"] == 106
+    assert ("replies of ~9 tokens (forward), ~109 tokens (backward), ~106 tokens (update) "
+            "(what these embedded models wrote on the sample graphs; no earlier run of them "
+            "here)") in estimate.line()
+    # a node's own max_tokens still caps it
+    (tmp_path / "capped").mkdir()
+    capped = replace(config, graph=str(write_graph(tmp_path / "capped", TWO_HINTS.replace(
+        "id: hint_a", "id: hint_a\n    max_tokens: 4"), arithmetic_rows())))
+    capped_graph = load_graph(capped.graph)
+    capped_sizes = estimate_for(capped, capped_graph, load_splits(capped, capped_graph)).sizes
+    nodes = [n for n in capped_graph.nodes if n.kind == "llm"]
+    assert capped_sizes.forward["val"].completion == pytest.approx(
+        sum(4 if n.id == "hint_a" else 9 for n in nodes) / len(nodes))
+    # a GGUF file's path is no named model: the backend's prior
+    monkeypatch.setattr("engine.llm.models.paired_optimizer", lambda model: (None, None))
+    unnamed = estimate_for(replace(config, model=str(tmp_path / "other.gguf")), graph,
+                           load_splits(config, graph))
+    assert unnamed.sizes.forward["val"].completion == min(128, FIRST_REPLY["forward"])
+    assert "sample graphs" not in unnamed.line()
+
 
 @pytest.mark.parametrize("backend", ["local", "openai"])
 def test_replies_are_capped_at_the_limits_the_runs_calls_ask_for(tmp_path, monkeypatch,
@@ -261,6 +299,8 @@ def test_replies_are_capped_at_the_limits_the_runs_calls_ask_for(tmp_path, monke
     from engine.runs.execute import default_max_tokens
 
     monkeypatch.setattr("engine.llm.models.paired_optimizer", lambda model: (None, None))
+    # a local model we have not measured (the named ones have REFERENCE_REPLY: next test)
+    monkeypatch.setattr("engine.runs.call_sizes.REFERENCE_REPLY", {})
     graph_text = ONE_NODE.replace(", max_tokens: 40", "")
     config = RunConfig(graph=str(write_graph(tmp_path, graph_text, arithmetic_rows())),
                        backend=backend, steps=1, train=6, val=6, test=0,

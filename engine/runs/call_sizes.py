@@ -14,8 +14,10 @@ optimizer call with a JSON schema, at its schema's bound where that is larger).
   and kind); else what the model's earlier runs of any graph recorded (how long a model's
   replies run is a property of the model: a 0.5B model that writes 20 tokens on one graph
   writes about as much on the next); else what earlier runs of this graph on another model
-  recorded; else a prior by backend (FIRST_REPLY, SCRIPTED_REPLY), which the estimate's
-  line names, since no rule can know how much an unseen model writes.
+  recorded; else, for a named embedded model, what it wrote on the sample graphs when we
+  measured it (REFERENCE_REPLY); else a prior by backend (FIRST_REPLY, SCRIPTED_REPLY).
+  The estimate's line names either of the last two, since no rule can know how much an
+  unseen model writes.
 - Characters become tokens at the rate the same model's earlier calls of that kind showed
   (prompt tokens / prompt characters; this graph's, else any graph's), else
   CHARS_PER_TOKEN.
@@ -44,6 +46,17 @@ CHARS_PER_TOKEN = 4.0
 # update reply writes a paragraph per input. A model's replies may be several times
 # shorter or longer: the estimate's line says when it rests on this prior.
 FIRST_REPLY = {"forward": 160, "backward": 300, "update": 250}
+# Reply tokens of the named embedded models before this run log has seen them: on the
+# demo, the seven attribution graphs and the traced example (one run each, 2026-12-05, two
+# cores, the reasoning field at 600 characters), each graph's mean reply, then the mean over
+# graphs. The 1.5B's backward and update replies are its JSON (a few sentences of
+# reasoning, then one field per input or the prompt): 93 to 129 tokens per graph. The
+# 0.5B's forward replies are these graphs' short answers (a number, a word, a sentence):
+# 5.5 to 17 tokens per graph; a task that asks for working writes more, up to the node's
+# max_tokens. Their prior (FIRST_REPLY) is capped by the calls' limits and was 3 to 4 times
+# what they write.
+REFERENCE_REPLY = {"qwen2.5-coder-0.5b": {"forward": 9},
+                   "qwen2.5-coder-1.5b": {"backward": 109, "update": 106}}
 # The scripted backend's (engine/llm/scripted.py) replies are ours and short: a one-line
 # note or an answer; one sentence per gradient; the prompt with one sentence added.
 SCRIPTED_REPLY = {"forward": 10, "backward": 50, "update": 35}
@@ -218,6 +231,8 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
                 "backward": config.optimizer_backend or config.backend}
     backends["update"] = backends["backward"]
     guessed: dict[str, list[float]] = {}  # kind -> the prior's replies, where one was used
+    referenced: dict[str, list[float]] = {}  # kind -> REFERENCE_REPLY's, where one was used
+    writers = {"forward": model, "backward": optimizer, "update": optimizer}
 
     def reply(kind: str, node: Any) -> float:
         cap = (node.max_tokens if node is not None and node.max_tokens else limits[kind])
@@ -228,6 +243,12 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
             recorded = sum(same) / len(same) if same else None
         if recorded is None:  # the model's replies of this kind on other graphs
             recorded = seen.model_completion.get(kind)
+        if recorded is None:  # the named embedded model's, as measured on our machine
+            recorded = reference_reply(writers[kind], kind) if backends[kind] == "local" \
+                else None
+            if recorded is not None:
+                referenced.setdefault(kind, []).append(min(cap, recorded))
+                return referenced[kind][-1]
         if recorded is None:
             guessed.setdefault(kind, []).append(min(cap, first_reply(backends[kind])[kind]))
             return guessed[kind][-1]
@@ -269,7 +290,7 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
         sizes.distinct_share = history.distinct[0] / history.distinct[1]
     if history.later_val[1]:
         sizes.later_val_share = history.later_val[0] / history.later_val[1]
-    sizes.assumptions = assumptions(guessed, steps)
+    sizes.assumptions = assumptions(guessed, steps, referenced)
     return sizes
 
 
@@ -295,14 +316,27 @@ def reference_speed(model: str, optimizer: str) -> tuple[float, float] | None:
     return REFERENCE_SPEED.get((canonical_name(model), canonical_name(optimizer)))
 
 
+def reference_reply(model: str, kind: str) -> float | None:
+    """REFERENCE_REPLY's tokens for a `kind` reply of the named model `model`, if measured."""
+    from engine.llm.models import canonical_name
+
+    return REFERENCE_REPLY.get(canonical_name(model) or "", {}).get(kind)
+
+
 def first_reply(backend: str | None) -> dict[str, int]:
     """Reply tokens by kind for a model with no run in the run log (see FIRST_REPLY)."""
     return SCRIPTED_REPLY if backend == "scripted" else FIRST_REPLY
 
 
-def assumptions(guessed: dict[str, list[float]], steps: int) -> list[str]:
+def assumptions(guessed: dict[str, list[float]], steps: int,
+                referenced: dict[str, list[float]] | None = None) -> list[str]:
     """What an estimate without history assumes, in the words its line prints."""
     said = []
+    if referenced:
+        said.append("replies of " + ", ".join(
+            f"~{sum(v) / len(v):.0f} tokens ({k})" for k, v in referenced.items())
+                    + " (what these embedded models wrote on the sample graphs; no earlier "
+                      "run of them here)")
     if guessed:
         said.append("replies of " + ", ".join(
             f"~{sum(v) / len(v):.0f} tokens ({k})" for k, v in guessed.items())
