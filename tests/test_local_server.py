@@ -31,6 +31,7 @@ from engine.llm.server import (
     DEFAULT_SLOTS,
     LlamaServer,
     LocalServerBackend,
+    check_server,
     served,
     server_binary,
 )
@@ -189,6 +190,28 @@ def test_a_model_the_server_cannot_load_is_one_clear_error(tmp_path, fake_binary
     assert "could not serve model.gguf (exit status 1)" in message
     assert "error loading model: tensor data is not within the file bounds" in message
     assert not server.running
+
+
+def test_the_setup_check_tells_a_server_that_answers_from_one_that_dies_on_its_first_batch(
+        tmp_path, fake_binary, monkeypatch):
+    """`./dev setup` keeps an AVX-512 build only if check_server gets a reply from it: a
+    server that starts and reports healthy but dies on its first completion is named in
+    one line with the signal, and stopped either way."""
+    assert check_server(model_file(tmp_path), fake_binary) is None
+    request = [e["request"] for e in fake_log(tmp_path) if "request" in e]
+    assert request[0]["max_tokens"] == 4 and request[0]["messages"][0]["role"] == "user"
+    assert gone(fake_log(tmp_path)[0]["pid"], within=2)
+
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "crash")
+    (tmp_path / "fake.jsonl").unlink()
+    why = check_server(model_file(tmp_path), fake_binary)
+    assert why is not None and "\n" not in why
+    assert why.startswith(f"llama-server died on its first request (exit status "
+                          f"{-signal.SIGSEGV})")
+    assert "about to compute the first batch" in why
+    # ... and one that cannot load says so, as a run would
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "fail")
+    assert "error loading model" in check_server(model_file(tmp_path), fake_binary)
 
 
 def test_a_server_that_never_gets_ready_is_stopped(tmp_path, fake_binary, monkeypatch):

@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import ctypes
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -259,6 +260,37 @@ class LlamaServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def check_server(model_path: str | Path, binary: str | Path | None = None,
+                 timeout: float = 120.0) -> str | None:
+    """Serve `model_path` with `binary` and ask for a few tokens: None when a reply came
+    back, else why not, in one line. A llama-server built for this CPU's AVX-512 starts and
+    reports healthy everywhere, but in some sandboxes and VMs such instructions crash it on
+    its first batch; `./dev setup` runs this on the one it built (with SmolLM2, seconds)
+    and builds the portable one instead when it fails."""
+    server = LlamaServer(model_path, slots=1, ctx_per_slot=512, binary=binary,
+                         cache_ram_mib=0)
+    try:
+        server.start()
+        body = json.dumps({"messages": [{"role": "user", "content": "Say hello."}],
+                           "max_tokens": 4, "temperature": 0}).encode()
+        request = urllib.request.Request(f"{server.base_url}/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            json.loads(response.read())["choices"][0]["message"]
+        return None
+    except LLMError as exc:
+        return str(exc)
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
+        process = server.process
+        status = process.poll() if process is not None else None
+        if status is not None:
+            return (f"llama-server died on its first request (exit status {status}): "
+                    f"{server.log_reason()}")
+        return f"llama-server gave no reply to its first request: {exc}"
+    finally:
+        server.stop()
 
 
 @contextlib.contextmanager

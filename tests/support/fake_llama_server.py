@@ -6,7 +6,8 @@ counted in tokens of four characters), and appends its command line and each req
 as JSON lines, to $FAKE_LLAMA_LOG.
 
 $FAKE_LLAMA_MODE plays a failing server: `fail` prints llama-server's load error and exits
-1; `never-ready` answers /health with 503 for ever. $FAKE_LLAMA_LATENCY (seconds) delays each
+1; `never-ready` answers /health with 503 for ever; `crash` is healthy but dies of SIGSEGV
+on its first completion (as a build for instructions a VM does not allow). $FAKE_LLAMA_LATENCY (seconds) delays each
 completion, as a busy model's work does.
 
     tests/support/fake_llama_server.py --model M.gguf --host 127.0.0.1 --port 8080 ...
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -67,6 +69,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         log({"request": body})
+        if MODE == "crash":
+            print("ggml: about to compute the first batch", flush=True)
+            os.kill(os.getpid(), signal.SIGSEGV)
         prompt = "".join(m["content"] for m in body["messages"])
         text = default_responder(body)
         time.sleep(LATENCY)
