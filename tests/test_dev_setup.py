@@ -105,6 +105,12 @@ def test_ci_runs_the_readme_command_which_sets_up_the_browser():
 STUB_PYTHON = """#!/bin/sh
 case "$*" in
   *importlib.metadata*) echo 0.3.36 ;;
+  "- "*llama-server)
+    echo "check $*" >> "$LOG"
+    if [ -n "$CHECK_FAILS" ]; then
+      echo "llama-server died on its first request (exit status -4): illegal instruction"
+      exit 1
+    fi ;;
   *"pip download"*)
     for last; do :; done
     src="$last/src/llama_cpp_python-0.3.36/vendor/llama.cpp"
@@ -125,9 +131,15 @@ exit 0
 """
 
 
-def setup_with_stand_ins(tmp_path, fails: bool = False) -> tuple[int, str, list[str]]:
+PORTABLE_CPU = "fpu sse4_2 avx f16c fma avx2"
+AVX512_CPU = PORTABLE_CPU + " avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni"
+
+
+def setup_with_stand_ins(tmp_path, fails: bool = False, cpu: str = PORTABLE_CPU,
+                         check_fails: bool = False) -> tuple[int, str, list[str]]:
     """(status, output, logged commands) of `./dev setup` in a copy of the repository's
-    set-up files, on a stand-in Python (pip) and cmake: nothing is downloaded or built."""
+    set-up files, on a stand-in Python (pip, and the built server's check) and cmake, for a
+    CPU with the flags `cpu`: nothing is downloaded or built."""
     repo = tmp_path / "repo"
     (repo / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
     for name in ("dev", "requirements.txt", "pyproject.toml"):
@@ -140,7 +152,9 @@ def setup_with_stand_ins(tmp_path, fails: bool = False) -> tuple[int, str, list[
     chromium = tmp_path / "chromium"
     stub(tmp_path, "chromium", "true")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "HOME": str(tmp_path),
-           "SEMBACK_CHROMIUM": str(chromium), **({"CMAKE_FAILS": "1"} if fails else {})}
+           "SEMBACK_CHROMIUM": str(chromium), "SEMBACK_CPU_FLAGS": cpu,
+           **({"CMAKE_FAILS": "1"} if fails else {}),
+           **({"CHECK_FAILS": "1"} if check_fails else {})}
     done = subprocess.run(["bash", str(repo / "dev"), "setup"], env=env, capture_output=True,
                           text=True, timeout=120)
     calls = log.read_text().splitlines() if log.exists() else []
@@ -160,9 +174,44 @@ def test_setup_builds_llama_server_from_the_installed_llama_cpp_python_source(tm
     assert "--target llama-server" in build
     venv = tmp_path / "repo" / ".venv"
     assert os.access(venv / "bin" / "llama-server", os.X_OK)
-    assert (venv / ".llama-server.version").read_text().strip() == "0.3.36"
+    assert (venv / ".llama-server.version").read_text().strip() == "0.3.36 avx2 avx2"
     # once built, a second set-up leaves it alone
     assert setup_with_stand_ins(tmp_path)[2] == calls
+
+
+def test_on_a_cpu_with_avx512_the_server_is_built_for_it_and_checked(tmp_path):
+    code, output, calls = setup_with_stand_ins(tmp_path, cpu=AVX512_CPU)
+    assert code == 0, output
+    download, configure, build, check = calls
+    flags = set(configure.split())
+    # AVX-512 and the VNNI this CPU reports, never AMX, nothing the CPU lacks
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON",
+            "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DBUILD_SHARED_LIBS=OFF"} <= flags
+    assert not {f for f in flags if f.startswith(("-DGGML_AVX512_VBMI", "-DGGML_AVX512_BF16",
+                                                  "-DGGML_AVX_VNNI"))}
+    assert "--target llama-server" in build
+    # the built server answered a first request before it was kept
+    assert check.startswith("check - ") and check.endswith(".venv/bin/llama-server")
+    venv = tmp_path / "repo" / ".venv"
+    assert (venv / ".llama-server.version").read_text().strip() == "0.3.36 avx512 avx512"
+    assert setup_with_stand_ins(tmp_path, cpu=AVX512_CPU)[2] == calls
+
+
+def test_an_avx512_server_that_fails_its_check_is_built_again_portable(tmp_path):
+    code, output, calls = setup_with_stand_ins(tmp_path, cpu=AVX512_CPU, check_fails=True)
+    assert code == 0, output
+    assert [c.split()[0] for c in calls] == ["-m", "cmake", "cmake", "check", "-m", "cmake",
+                                             "cmake"]
+    assert "-DGGML_AVX512=ON" in calls[1].split()
+    assert "-DGGML_AVX512=OFF" in calls[5].split()
+    assert "died on its first request (exit status -4): illegal instruction" in output
+    assert ("note: the AVX-512 llama-server failed its first request on this machine; "
+            "building the portable (AVX2) one") in output
+    venv = tmp_path / "repo" / ".venv"
+    assert os.access(venv / "bin" / "llama-server", os.X_OK)
+    # the stamp says what was built; the AVX-512 build is not tried again on this machine
+    assert (venv / ".llama-server.version").read_text().strip() == "0.3.36 avx512 avx2"
+    assert setup_with_stand_ins(tmp_path, cpu=AVX512_CPU, check_fails=True)[2] == calls
 
 
 def test_a_failed_llama_server_build_leaves_set_up_working_in_process(tmp_path):
