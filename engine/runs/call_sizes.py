@@ -243,11 +243,10 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
             recorded = sum(same) / len(same) if same else None
         if recorded is None:  # the model's replies of this kind on other graphs
             recorded = seen.model_completion.get(kind)
-        if recorded is None:  # the named embedded model's, as measured on our machine
-            recorded = reference_reply(writers[kind], kind) if backends[kind] == "local" \
-                else None
-            if recorded is not None:
-                referenced.setdefault(kind, []).append(min(cap, recorded))
+        if recorded is None and backends[kind] == "local":  # a named embedded model's
+            measured = reference_reply(writers[kind], kind)
+            if measured is not None:
+                referenced.setdefault(kind, []).append(min(cap, measured))
                 return referenced[kind][-1]
         if recorded is None:
             guessed.setdefault(kind, []).append(min(cap, first_reply(backends[kind])[kind]))
@@ -331,16 +330,16 @@ def first_reply(backend: str | None) -> dict[str, int]:
 def assumptions(guessed: dict[str, list[float]], steps: int,
                 referenced: dict[str, list[float]] | None = None) -> list[str]:
     """What an estimate without history assumes, in the words its line prints."""
+    def replies(sizes: dict[str, list[float]], why: str) -> str:
+        return "replies of " + ", ".join(
+            f"~{sum(v) / len(v):.0f} tokens ({k})" for k, v in sizes.items()) + f" ({why})"
+
     said = []
     if referenced:
-        said.append("replies of " + ", ".join(
-            f"~{sum(v) / len(v):.0f} tokens ({k})" for k, v in referenced.items())
-                    + " (what these embedded models wrote on the sample graphs; no earlier "
-                      "run of them here)")
+        said.append(replies(referenced, "what these embedded models wrote on the sample "
+                                        "graphs; no earlier run of them here"))
     if guessed:
-        said.append("replies of " + ", ".join(
-            f"~{sum(v) / len(v):.0f} tokens ({k})" for k, v in guessed.items())
-                    + " (no earlier run of this model)")
+        said.append(replies(guessed, "no earlier run of this model"))
     if not steps:
         said.append(f"{ACCEPTED_PRIOR:.0%} of steps accepted (no earlier step of this graph)")
     return said

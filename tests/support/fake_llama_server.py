@@ -7,8 +7,8 @@ as JSON lines, to $FAKE_LLAMA_LOG.
 
 $FAKE_LLAMA_MODE plays a failing server: `fail` prints llama-server's load error and exits
 1; `never-ready` answers /health with 503 for ever; `crash` is healthy but dies of SIGSEGV
-on its first completion (as a build for instructions a VM does not allow). $FAKE_LLAMA_LATENCY (seconds) delays each
-completion, as a busy model's work does.
+on its first completion (as a build for instructions a VM does not allow).
+$FAKE_LLAMA_LATENCY (seconds) delays each completion, as a busy model's work does.
 
     tests/support/fake_llama_server.py --model M.gguf --host 127.0.0.1 --port 8080 ...
 """
