@@ -395,3 +395,54 @@ def test_cells_have_distinct_run_id_prefixes():
     assert len(set(prefixes)) == len(prefixes)
     assert not any(a != b and b.startswith(a) for a in prefixes for b in prefixes)
     assert isinstance(cells[0], Cell)
+
+
+# --- the graph's own settings -----------------------------------------------------------
+
+DEMO_ENTRY = ("entries:\n  - name: d\n    graph: sample_graphs/demo.yaml\n"
+              "    methods: [semantic]\n    train: 4\n    val: 4\n    test: 2\n")
+
+
+def test_an_entry_runs_at_the_graphs_own_steps_and_candidates(tmp_path, monkeypatch):
+    """The demo graph sets `steps: 1` and `proposals: 2`; an entry that says neither runs
+    as `run` would (one step, two candidate prompt sets), and one that says them wins."""
+    monkeypatch.chdir(ROOT)
+    plan = tmp_path / "demo.yaml"
+    plan.write_text(DEMO_ENTRY, encoding="utf-8")
+    db = tmp_path / "runs.duckdb"
+    code, _, stderr = experiment(str(plan), "--backend", "scripted", "--db", str(db),
+                                 "--out", str(tmp_path / "r"), "--yes")
+    assert code == 0, stderr
+    [(run_id, status, config)] = runs_in(db)
+    assert status == "finished"
+    assert (json.loads(config)["steps"], json.loads(config)["proposals"]) == (1, 2)
+    with duckdb.connect(str(db), read_only=True) as con:
+        candidates = con.execute("SELECT DISTINCT candidate FROM updates WHERE run_id = ? "
+                                 "ORDER BY 1", [run_id]).fetchall()
+    assert candidates == [(0,), (1,)]
+    plan.write_text(DEMO_ENTRY + "    steps: 2\n    proposals: 1\n", encoding="utf-8")
+    [entry] = load_plan(plan).entries
+    assert (entry.steps, entry.proposals) == (2, 1)
+    # a run at two candidates is not taken for the plan's run at one
+    cells = expand(load_plan(plan), str(DATA))
+    prepare(cells, RunConfig(graph="", backend="scripted", db=str(db)))
+    cells[0].config.steps = 1
+    finished_runs(str(db), cells)
+    assert cells[0].run_id is None
+
+
+def test_an_entry_on_a_graph_without_settings_keeps_four_steps_and_one_candidate(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    plan = tmp_path / "plain.yaml"
+    plan.write_text("entries:\n" + GOOD_ENTRY, encoding="utf-8")
+    [entry] = load_plan(plan).entries
+    assert (entry.steps, entry.proposals) == (4, 1)
+
+
+def test_zero_candidates_is_a_plan_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    plan = tmp_path / "bad.yaml"
+    plan.write_text(DEMO_ENTRY + "    proposals: 0\n", encoding="utf-8")
+    with pytest.raises(PlanError, match="entry 'd': 'proposals' .* at least 1"):
+        load_plan(plan)

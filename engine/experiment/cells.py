@@ -34,8 +34,11 @@ from engine.runs.execute import (
 )
 
 # Fields of a stored run's config that must equal the plan's for the run to count as done.
-SAME_CONFIG = ("method", "backend", "steps", "train", "val", "test", "seed", "dataset",
-               "failures_per_step", "gate", "update_mode", "temperature", "method_options")
+SAME_CONFIG = ("method", "backend", "steps", "proposals", "train", "val", "test", "seed",
+               "dataset", "failures_per_step", "gate", "update_mode", "temperature",
+               "method_options")
+# what a run logged before a setting existed ran with
+OLDER_RUNS = {"proposals": 1}
 
 # Problems with the input, not with one run: they stop the experiment (status 2).
 BAD_INPUT = (PlanError, DatasetError, GraphError, SplitError, LLMError, RunLogError, ValueError,
@@ -93,6 +96,7 @@ def prepare(cells: list[Cell], base: RunConfig) -> None:
         entry = cell.entry
         dataset = f"bbh/{cell.task}" if cell.task else entry.dataset
         config = replace(base, graph=entry.graph, method=cell.variant.method, steps=entry.steps,
+                         proposals=entry.proposals,
                          train=entry.train, val=entry.val, test=0, seed=cell.seed,
                          dataset=dataset, failures_per_step=entry.failures,
                          gate=cell.variant.gate, update_mode=cell.variant.update_mode,
@@ -170,7 +174,7 @@ def finished_runs(db: str, cells: list[Cell]) -> None:
         for row in rows:
             if row["run_id"].startswith(cell.prefix) and row["graph_yaml"] == graph_text and \
                     (row["model"], row["optimizer_model"]) == models and \
-                    all(row["config"].get(k) == want[k] for k in SAME_CONFIG):
+                    all(row["config"].get(k, OLDER_RUNS.get(k)) == want[k] for k in SAME_CONFIG):
                 cell.run_id = row["run_id"]
                 break
 

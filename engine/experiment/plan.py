@@ -15,13 +15,14 @@ from typing import Any
 
 import yaml
 
+from engine.core.graph import GraphError, load_graph
 from engine.data.datasets import BBH_ALGORITHMIC_TASKS, BBH_NLP_TASKS
 from engine.methods import METHODS, make_method
 
 PLAN_KEYS = ("name", "description", "entries")
 ENTRY_KEYS = ("name", "description", "graph", "dataset", "test_dataset", "tasks", "methods",
-              "variants", "steps", "train", "val", "test", "seeds", "failures", "update_mode",
-              "gate", "paper")
+              "variants", "steps", "proposals", "train", "val", "test", "seeds", "failures",
+              "update_mode", "gate", "paper")
 VARIANT_KEYS = ("name", "method", "update_mode", "gate", "options")
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 GROUPS = {"nlp": ("BBH NLP", BBH_NLP_TASKS), "algorithmic": ("BBH algorithmic",
@@ -58,7 +59,8 @@ class Entry:
     dataset: str | None = None
     test_dataset: str | None = None
     tasks: tuple[str, ...] | None = None  # ("all",) expands to every BBH task file
-    steps: int = 4
+    steps: int = 4  # default: the graph's `steps:`, else 4
+    proposals: int = 1  # candidate prompt sets a step; default: the graph's, else 1
     train: int | None = None
     val: int | None = None
     test: int | None = None  # None: every example left (or the whole test_dataset)
@@ -153,6 +155,7 @@ def _parse_entry(item: Any, index: int, path: Path) -> Entry:
         if item.get("dataset") or item.get("test_dataset"):
             raise PlanError(f"{where}: 'tasks' picks the dataset (bbh/<task>); "
                             f"drop 'dataset' and 'test_dataset'")
+    steps, proposals = _graph_defaults(item, graph, where)
     seeds = item.get("seeds", [0])
     seeds = [seeds] if isinstance(seeds, int) and not isinstance(seeds, bool) else seeds
     if not isinstance(seeds, list) or not seeds or not all(_is_int(s) for s in seeds):
@@ -160,7 +163,7 @@ def _parse_entry(item: Any, index: int, path: Path) -> Entry:
     entry = Entry(
         name=name, graph=graph, variants=tuple(variants),
         dataset=_text(item, "dataset", where), test_dataset=_text(item, "test_dataset", where),
-        tasks=tuple(tasks) if tasks else None, steps=_count(item, "steps", where, 4),
+        tasks=tuple(tasks) if tasks else None, steps=steps, proposals=proposals,
         train=_count(item, "train", where), val=_count(item, "val", where),
         test=_count(item, "test", where), seeds=tuple(seeds),
         failures=_count(item, "failures", where, 2), paper=_paper(item, where))
@@ -185,6 +188,23 @@ def _parse_variant(item: Any, default: Variant, where: str) -> Variant:
     return Variant(str(item["name"]), str(item["method"]),
                    _choice(item, "update_mode", ("all", "one"), default.update_mode, vwhere),
                    _flag(item, "gate", default.gate, vwhere), tuple(sorted(options.items())))
+
+
+def _graph_defaults(item: dict, graph: str, where: str) -> tuple[int, int]:
+    """The entry's steps and candidate prompt sets a step: as it gives them, else the
+    graph file's own (`steps:`, `proposals:`, which `run` takes too), else 4 and 1."""
+    own: dict[str, int] = {}
+    if "steps" not in item or "proposals" not in item:
+        try:
+            own = load_graph(graph).run_defaults()
+        except GraphError as exc:
+            raise PlanError(f"{where}: {exc}") from None
+    steps = _count(item, "steps", where, own.get("steps", 4))
+    proposals = _count(item, "proposals", where, own.get("proposals", 1))
+    if proposals < 1:
+        raise PlanError(f"{where}: 'proposals' (candidate prompt sets a step) must be at "
+                        f"least 1")
+    return steps, proposals
 
 
 def _find_graph(text: str, plan_path: Path, where: str) -> str:
