@@ -24,8 +24,12 @@ calls, the rest is a first run's. A row outside the goals says whether what the 
 lies within the estimate's range by outcome, from no failing example to learn from to
 every step accepted (outcomes no estimate can know; the line prints the range).
 
+`--seeds N` runs `again` with seeds 1..N (each on its own copy of the first run's log) and
+prints how many of the N rows meet both goals, with a 95% interval: one seed is one draw
+of the outcome.
+
     .venv/bin/python benchmarks/estimate_accuracy.py [--data-dir ../shared/datasets] [--no-local]
-        [--lines]
+        [--lines] [--seeds N] [GRAPH ...]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.critical_path import server_process  # noqa: E402
 from engine.core.graph import load_graph  # noqa: E402
+from engine.data.stats import Z95, wilson  # noqa: E402
 from engine.runlog.schema import connect  # noqa: E402
 from engine.runs.estimate import compact, estimate_for, estimate_fork  # noqa: E402
 from engine.runs.execute import RunConfig, execute, load_splits  # noqa: E402
@@ -72,40 +77,65 @@ def emptied_cache_copy(db: str, to: str) -> str:
     return to
 
 
-def row(label: str, estimate, run_id: str, db: str, wall: float) -> str:
+def row(label: str, estimate, run_id: str, db: str, wall: float) -> tuple[str, float, float]:
+    """The printed row, and the calls' and tokens' relative errors."""
     calls, tokens = actual(db, run_id)
     est_calls, est_tokens, est_wall = estimate.calls(), estimate.tokens(), estimate.seconds()
     walls = (f"{est_wall:>7.0f} {wall:>6.0f} {(est_wall - wall) / wall:>+6.0%}"
              if est_wall is not None else f"{'-':>7} {wall:>6.0f} {'':>6}")
-    flag = "" if (abs(est_calls - calls) <= CALLS_GOAL * calls
-                  and abs(est_tokens - tokens) <= TOKENS_GOAL * tokens) else "  (outside)"
+    flag = "" if inside((est_calls - calls) / calls, (est_tokens - tokens) / tokens) \
+        else "  (outside)"
     if flag and estimate.by_outcome:  # the range the line gives, by the run's outcome
         (low, high), (few, many) = estimate.by_outcome
-        inside = low <= calls <= high and few <= tokens <= many
-        flag += f" {'within' if inside else 'beyond'} its range by outcome"
+        in_range = low <= calls <= high and few <= tokens <= many
+        flag += f" {'within' if in_range else 'beyond'} its range by outcome"
     if LINES:
         flag += "\n    " + estimate.line()
-    return (f"{label:<22} {est_calls:>6,} {calls:>6,} {(est_calls - calls) / calls:>+6.0%} "
-            f"{compact(est_tokens):>7} {compact(tokens):>7} {(est_tokens - tokens) / tokens:>+6.0%} "
-            f"{walls}{flag}")
+    calls_error, tokens_error = (est_calls - calls) / calls, (est_tokens - tokens) / tokens
+    return (f"{label:<22} {est_calls:>6,} {calls:>6,} {calls_error:>+6.0%} "
+            f"{compact(est_tokens):>7} {compact(tokens):>7} {tokens_error:>+6.0%} "
+            f"{walls}{flag}", calls_error, tokens_error)
 
 
-def run_graph(name: str, settings: dict, data_dir: str, tmp: Path) -> list[str]:
+def inside(calls_error: float, tokens_error: float) -> bool:
+    return abs(calls_error) <= CALLS_GOAL and abs(tokens_error) <= TOKENS_GOAL
+
+
+def seeds_summary(label: str, errors: list[tuple[float, float]]) -> str:
+    """How many of the seeds' rows met both goals, with Wilson's 95% interval."""
+    met = sum(inside(*e) for e in errors)
+    low, high = wilson(met, len(errors), z=Z95)
+    calls, tokens = [e[0] for e in errors], [e[1] for e in errors]
+    return (f"{label}: within both goals on {met} of {len(errors)} seeds (95% interval "
+            f"[{low:.2f}, {high:.2f}]); calls {min(calls):+.0%} to {max(calls):+.0%}, "
+            f"tokens {min(tokens):+.0%} to {max(tokens):+.0%}")
+
+
+def run_graph(name: str, settings: dict, data_dir: str, tmp: Path, seeds: int = 1
+              ) -> list[str]:
     lines = []
     db = str(tmp / f"{name}-first.duckdb")
-    for label, seed, log in (("first", 0, db), ("again", 1, None)):
+    errors = []  # the again rows' (calls, tokens) errors
+    runs = [("first", 0, db)] + [("again" if seeds == 1 else f"again s{seed}", seed, None)
+                                 for seed in range(1, seeds + 1)]
+    for label, seed, log in runs:
         if log is None:
-            log = emptied_cache_copy(db, str(tmp / f"{name}-again.duckdb"))
+            log = emptied_cache_copy(db, str(tmp / f"{name}-again-{seed}.duckdb"))
         config = RunConfig(graph=str(GRAPHS / f"{name}.yaml"), data_dir=data_dir, db=log,
                            seed=seed, **settings)
         graph = load_graph(config.graph)
         estimate = estimate_for(config, graph, load_splits(config, graph))
         started = time.perf_counter()
         result = asyncio.run(execute(config))
-        lines.append(row(f"{name} {label}", estimate, result.run_id, log,
-                         time.perf_counter() - started))
-        if name == "gsm8k" and label == "again":
+        text, *error = row(f"{name} {label}", estimate, result.run_id, log,
+                           time.perf_counter() - started)
+        lines.append(text)
+        if seed:
+            errors.append(tuple(error))
+        if name == "gsm8k" and seed == 1:
             lines.append(fork_row(log, result.run_id, tmp))
+    if seeds > 1:
+        lines.append(seeds_summary(f"{name} again", errors))
     return lines
 
 
@@ -120,7 +150,7 @@ def model_seen_row(name: str, seen: str, settings: dict, data_dir: str, tmp: Pat
     started = time.perf_counter()
     result = asyncio.run(execute(config))
     return row(f"{name} first, model seen", estimate, result.run_id, log,
-               time.perf_counter() - started)
+               time.perf_counter() - started)[0]
 
 
 def fork_row(db: str, parent: str, tmp: Path) -> str:
@@ -129,7 +159,7 @@ def fork_row(db: str, parent: str, tmp: Path) -> str:
     estimate = estimate_fork(plan)
     started = time.perf_counter()
     result = asyncio.run(run_fork(plan))
-    return row("gsm8k fork", estimate, result.run_id, db, time.perf_counter() - started)
+    return row("gsm8k fork", estimate, result.run_id, db, time.perf_counter() - started)[0]
 
 
 def main() -> None:
@@ -139,6 +169,8 @@ def main() -> None:
                         help="the demo on the scripted demo model instead of the embedded one")
     parser.add_argument("--lines", action="store_true",
                         help="print each estimate's line, as `run` prints it, under its row")
+    parser.add_argument("--seeds", type=int, default=1, metavar="N",
+                        help="run `again` with seeds 1..N and count the rows within the goals")
     parser.add_argument("graphs", nargs="*", default=["demo", "gsm8k", "bbh"])
     args = parser.parse_args()
     global LINES
@@ -156,7 +188,7 @@ def main() -> None:
             settings = ({**demo, **load_graph(str(GRAPHS / "demo.yaml")).run_defaults()}
                         if name == "demo" else
                         {"backend": "openai", "base_url": base_url})
-            for line in run_graph(name, settings, args.data_dir, Path(tmp)):
+            for line in run_graph(name, settings, args.data_dir, Path(tmp), args.seeds):
                 print(line, flush=True)
         if {"gsm8k", "bbh"} <= set(args.graphs):
             print(model_seen_row("bbh", "gsm8k", {"backend": "openai", "base_url": base_url},
