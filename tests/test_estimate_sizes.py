@@ -460,3 +460,24 @@ def test_a_node_no_edit_reaches_repeats_its_step_0_requests_and_is_not_counted_a
     estimate = estimate_for(again, graph, load_splits(again, graph))
     assert estimate.sizes.later_val_share == pytest.approx(16 / 24)
     assert next(p.expected for p in estimate.phases if "validation candidate" in p.name) == 16
+
+
+def test_a_share_of_accepted_steps_learnt_from_few_steps_says_what_it_rests_on(tmp_path):
+    """One earlier run of two steps is little to learn a graph's accepted share from: the
+    line says how many steps were accepted of how many, beside the prior it is pooled with
+    (on GSM8K a first run accepted 0 of 4 steps and five later seeds 1 of 4 each)."""
+    graph_path = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    config = RunConfig(graph=str(graph_path), backend="scripted", steps=2, train=6, val=6,
+                       test=0, db=str(tmp_path / "runs.duckdb"))
+    graph = load_graph(config.graph)
+    cold = estimate_for(config, graph, load_splits(config, graph))
+    assert "25% of steps accepted (no earlier step of this graph)" in cold.line()
+    asyncio.run(execute(config))
+    with duckdb.connect(config.db, read_only=True) as con:
+        accepted = con.execute("SELECT count(DISTINCT step) FROM updates WHERE accepted"
+                               ).fetchone()[0]
+    warm = estimate_for(config, graph, load_splits(config, graph))
+    share = (accepted + 0.5) / 4
+    assert warm.sizes.accepted_share == pytest.approx(share)
+    assert (f"{share:.0%} of steps accepted ({accepted} of 2 earlier steps of this graph, "
+            "with the prior's 25% counted as two)") in warm.line()

@@ -65,6 +65,10 @@ OUTPUT_SHARE = 0.5  # of a reply's characters, the output passed on, without his
 # The share of steps whose candidate passes the gate, before any run of the graph: on real
 # models most joint candidates are rejected
 ACCEPTED_PRIOR = 0.25
+# Below this many earlier steps the prior still makes a tenth of the share or more, and one
+# run's luck much of the rest (GSM8K on the fake server: a first run accepted 0 of 4 steps,
+# five later seeds 1 of 4 each): the line says what the share rests on
+FEW_STEPS = 18
 # Seconds per prompt token and per completion token of a run on the default embedded pair
 # (Qwen2.5-Coder-0.5B forward, 1.5B optimizer, each in its llama-server), a run's calls
 # together, on a two-core machine: the least-squares fit of the wall time of 27 runs of 8
@@ -284,12 +288,12 @@ def measure_sizes(graph: GraphSpec, config: Any, splits: Any, model: str,
         if reference is not None:
             sizes.speed, sizes.speed_measured = (*reference, 1), False
     accepted, steps = history.steps
-    sizes.accepted_share = (accepted + 2 * ACCEPTED_PRIOR) / (steps + 2)
+    sizes.accepted_share = share_accepted(accepted, steps)
     if history.distinct[1]:
         sizes.distinct_share = history.distinct[0] / history.distinct[1]
     if history.later_val[1]:
         sizes.later_val_share = history.later_val[0] / history.later_val[1]
-    sizes.assumptions = assumptions(guessed, steps, referenced)
+    sizes.assumptions = assumptions(guessed, steps, referenced, accepted)
     return sizes
 
 
@@ -327,9 +331,17 @@ def first_reply(backend: str | None) -> dict[str, int]:
     return SCRIPTED_REPLY if backend == "scripted" else FIRST_REPLY
 
 
+def share_accepted(accepted: int, steps: int) -> float:
+    """The share of steps expected to pass the gate: `accepted` of `steps` earlier steps,
+    with ACCEPTED_PRIOR counted as two steps, so one lucky run does not decide it."""
+    return (accepted + 2 * ACCEPTED_PRIOR) / (steps + 2)
+
+
 def assumptions(guessed: dict[str, list[float]], steps: int,
-                referenced: dict[str, list[float]] | None = None) -> list[str]:
-    """What an estimate without history assumes, in the words its line prints."""
+                referenced: dict[str, list[float]] | None = None, accepted: int = 0
+                ) -> list[str]:
+    """What an estimate without history, or with little, assumes, in the words its line
+    prints: `steps` earlier steps of the graph, `accepted` of them accepted."""
     def replies(sizes: dict[str, list[float]], why: str) -> str:
         return "replies of " + ", ".join(
             f"~{sum(v) / len(v):.0f} tokens ({k})" for k, v in sizes.items()) + f" ({why})"
@@ -342,6 +354,11 @@ def assumptions(guessed: dict[str, list[float]], steps: int,
         said.append(replies(guessed, "no earlier run of this model"))
     if not steps:
         said.append(f"{ACCEPTED_PRIOR:.0%} of steps accepted (no earlier step of this graph)")
+    elif steps < FEW_STEPS:  # the share rests on a few steps and the prior: say which
+        plural = "s" if steps != 1 else ""
+        said.append(f"{share_accepted(accepted, steps):.0%} of steps accepted ({accepted} of "
+                    f"{steps} earlier step{plural} of this graph, with the prior's "
+                    f"{ACCEPTED_PRIOR:.0%} counted as two)")
     return said
 
 
