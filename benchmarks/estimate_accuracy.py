@@ -81,17 +81,16 @@ def row(label: str, estimate, run_id: str, db: str, wall: float) -> tuple[str, f
     """The printed row, and the calls' and tokens' relative errors."""
     calls, tokens = actual(db, run_id)
     est_calls, est_tokens, est_wall = estimate.calls(), estimate.tokens(), estimate.seconds()
+    calls_error, tokens_error = (est_calls - calls) / calls, (est_tokens - tokens) / tokens
     walls = (f"{est_wall:>7.0f} {wall:>6.0f} {(est_wall - wall) / wall:>+6.0%}"
              if est_wall is not None else f"{'-':>7} {wall:>6.0f} {'':>6}")
-    flag = "" if inside((est_calls - calls) / calls, (est_tokens - tokens) / tokens) \
-        else "  (outside)"
+    flag = "" if inside(calls_error, tokens_error) else "  (outside)"
     if flag and estimate.by_outcome:  # the range the line gives, by the run's outcome
         (low, high), (few, many) = estimate.by_outcome
         in_range = low <= calls <= high and few <= tokens <= many
         flag += f" {'within' if in_range else 'beyond'} its range by outcome"
     if LINES:
         flag += "\n    " + estimate.line()
-    calls_error, tokens_error = (est_calls - calls) / calls, (est_tokens - tokens) / tokens
     return (f"{label:<22} {est_calls:>6,} {calls:>6,} {calls_error:>+6.0%} "
             f"{compact(est_tokens):>7} {compact(tokens):>7} {tokens_error:>+6.0%} "
             f"{walls}{flag}", calls_error, tokens_error)
