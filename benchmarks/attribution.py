@@ -32,7 +32,7 @@ with the calls and tokens blame spent.
 
     .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--task sum|copy]
         [--examples failing|val] [--val N] [--train N] [--proposals N] [--keep DIR [--reblame]]
-        [--json] [GRAPH ...]
+        [--step-method semantic|gtbp] [--json] [GRAPH ...]
 
 `--examples val` blames on the failing validation examples instead of the failing training
 ones (`--val N` of them per graph, 6 by default): there every edit flip counts (the update
@@ -41,6 +41,10 @@ and often only 2 fail at all. `--train N` gives each graph N training examples i
 6, so that the edit probes on the failing training examples have N - 2 out of sample.
 
 (GRAPH names some of the graphs, e.g. `chain2 diamond` on the slower embedded model.)
+
+`--step-method gtbp` runs each graph's step by target propagation (GTBP) instead of
+semantic backpropagation; blame's edit probes then test GTBP's edits (its gradient probes
+use the three methods above either way).
 
 `--keep DIR --reblame` blames again the runs a `--keep DIR` run left there, without running
 their steps again: after a change to blame's rule, the same runs scored the new way.
@@ -267,7 +271,7 @@ def is_right(found: Verdict, culprits: set[str]) -> bool:
 async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
               backend: str, task: str = "sum", examples: str = "failing",
               val: int = 6, reblame: bool = False, train: int = TRAIN,
-              proposals: int = 1) -> dict:
+              proposals: int = 1, step_method: str = "semantic") -> dict:
     data = work / f"planted-{task}-{train + val}-named.jsonl"
     graph = work / f"{name}.yaml"
     db = str(work / f"{name}.duckdb")
@@ -282,7 +286,7 @@ async def one(name: str, nodes: list[tuple], culprits: set[str], work: Path,
 
     config = RunConfig(graph=str(graph), db=db, steps=1, run_id=name, backend=backend,
                        failures_per_step=2, train=train, val=val, test=0,
-                       proposals=proposals)
+                       proposals=proposals, method=step_method)
     # the Python tool comes from an importable module, so that blame can import it again
     tools = {"keep_digits": importlib.import_module("attribution").keep_digits}
     if not reblame:
@@ -334,6 +338,10 @@ def main() -> int:
     parser.add_argument("--proposals", type=int, default=1,
                         help="candidate prompt sets of each graph's step (run's --proposals; "
                              "default 1): blame probes the kept edit, else the best-scored")
+    parser.add_argument("--step-method", default="semantic", choices=("semantic", "gtbp"),
+                        help="the method of each graph's optimization step, whose edits "
+                             "blame's edit probes test (default semantic); blame's gradient "
+                             "probes use semantic, textgrad and semantic-nosibling either way")
     parser.add_argument("graphs", nargs="*", metavar="GRAPH",
                         help=f"graphs to run (default: all of {', '.join(GRAPHS)})")
     args = parser.parse_args()
@@ -367,7 +375,8 @@ def main() -> int:
             try:
                 rows.append(asyncio.run(one(name, nodes, culprits, work, args.backend, task,
                                             args.examples, args.val, args.reblame,
-                                            args.train, args.proposals)))
+                                            args.train, args.proposals,
+                                            args.step_method)))
             except (LLMError, RunLogError) as exc:  # the model server died, no model file
                 failed = f"error: {name}: {exc}"
                 break
@@ -393,6 +402,7 @@ def report(rows: list[dict], args: argparse.Namespace, task: str) -> None:
           f"blame on the {'failing training' if args.examples == 'failing' else 'failing validation'}"
           f" examples ({args.train} training, {args.val} validation"
           + (f", {args.proposals} candidates a step" if args.proposals > 1 else "")
+          + (f", step method {args.step_method}" if args.step_method != "semantic" else "")
           + "): top-1 (named node / "
           "right?)")
     header = f"{'graph':<17}{'n':>3}  " + "".join(f"{s:<22}" for s in scorers) + \

@@ -188,3 +188,17 @@ def test_proposals_n_gives_each_graphs_step_n_candidates(monkeypatch, capsys, tm
             == [("2",)]
         candidates = con.execute("SELECT DISTINCT candidate FROM updates ORDER BY 1").fetchall()
     assert candidates == [(0,), (1,)]
+
+
+def test_step_method_gtbp_runs_each_graphs_step_by_target_propagation(
+        monkeypatch, capsys, tmp_path):
+    rows = run(monkeypatch, capsys, "--step-method", "gtbp", "--keep", str(tmp_path), "chain2")
+    assert rows[0]["graph"] == "chain2"
+    with duckdb.connect(str(tmp_path / "chain2.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT DISTINCT config->>'method' FROM runs").fetchall() \
+            == [("gtbp",)]
+        # the step's backward calls asked for targets (GTBP's templates), not critiques
+        asked = [m for (m,) in con.execute(
+            "SELECT messages FROM llm_calls WHERE step = 1 AND purpose = 'backward'")
+            .fetchall()]
+    assert asked and all("target output" in m for m in asked)
