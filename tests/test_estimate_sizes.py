@@ -480,4 +480,4 @@ def test_a_share_of_accepted_steps_learnt_from_few_steps_says_what_it_rests_on(t
     share = (accepted + 0.5) / 4
     assert warm.sizes.accepted_share == pytest.approx(share)
     assert (f"{share:.0%} of steps accepted ({accepted} of 2 earlier steps of this graph, "
-            "with the prior's 25% counted as two)") in warm.line()
+            "with the prior's 25% counted as 2 steps)") in warm.line()

@@ -65,10 +65,13 @@ OUTPUT_SHARE = 0.5  # of a reply's characters, the output passed on, without his
 # The share of steps whose candidate passes the gate, before any run of the graph: on real
 # models most joint candidates are rejected
 ACCEPTED_PRIOR = 0.25
+# ...pooled with the graph's earlier steps as this many steps, so one lucky run does not
+# decide the share
+PRIOR_STEPS = 2
 # Below this many earlier steps the prior still makes a tenth of the share or more, and one
 # run's luck much of the rest (GSM8K on the fake server: a first run accepted 0 of 4 steps,
 # five later seeds 1 of 4 each): the line says what the share rests on
-FEW_STEPS = 18
+FEW_STEPS = 9 * PRIOR_STEPS
 # Seconds per prompt token and per completion token of a run on the default embedded pair
 # (Qwen2.5-Coder-0.5B forward, 1.5B optimizer, each in its llama-server), a run's calls
 # together, on a two-core machine: the least-squares fit of the wall time of 27 runs of 8
@@ -102,7 +105,7 @@ class CallSizes:
     speed: tuple[float, float, int] | None = None
     speed_measured: bool = True  # False: REFERENCE_SPEED, not this machine's
     # the share of steps whose candidate passes the gate: earlier runs' (with a prior of
-    # two steps at ACCEPTED_PRIOR, so one lucky run does not decide it), else the prior
+    # PRIOR_STEPS steps at ACCEPTED_PRIOR, so one lucky run does not decide it), else the prior
     accepted_share: float = ACCEPTED_PRIOR
     # of a pass's forward calls, the share that are distinct requests (earlier runs'; 1
     # without): the others repeat a request of the same pass and are answered once
@@ -333,8 +336,8 @@ def first_reply(backend: str | None) -> dict[str, int]:
 
 def share_accepted(accepted: int, steps: int) -> float:
     """The share of steps expected to pass the gate: `accepted` of `steps` earlier steps,
-    with ACCEPTED_PRIOR counted as two steps, so one lucky run does not decide it."""
-    return (accepted + 2 * ACCEPTED_PRIOR) / (steps + 2)
+    with ACCEPTED_PRIOR counted as PRIOR_STEPS steps, so one lucky run does not decide it."""
+    return (accepted + PRIOR_STEPS * ACCEPTED_PRIOR) / (steps + PRIOR_STEPS)
 
 
 def assumptions(guessed: dict[str, list[float]], steps: int,
@@ -358,7 +361,7 @@ def assumptions(guessed: dict[str, list[float]], steps: int,
         plural = "s" if steps != 1 else ""
         said.append(f"{share_accepted(accepted, steps):.0%} of steps accepted ({accepted} of "
                     f"{steps} earlier step{plural} of this graph, with the prior's "
-                    f"{ACCEPTED_PRIOR:.0%} counted as two)")
+                    f"{ACCEPTED_PRIOR:.0%} counted as {PRIOR_STEPS} steps)")
     return said
 
 
