@@ -32,7 +32,7 @@ with the calls and tokens blame spent.
 
     .venv/bin/python benchmarks/attribution.py [--backend scripted|local] [--task sum|copy]
         [--examples failing|val] [--val N] [--train N] [--proposals N] [--keep DIR [--reblame]]
-        [--step-method semantic|gtbp] [--json] [GRAPH ...]
+        [--step-method METHOD] [--json] [GRAPH ...]
 
 `--examples val` blames on the failing validation examples instead of the failing training
 ones (`--val N` of them per graph, 6 by default): there every edit flip counts (the update
@@ -42,9 +42,9 @@ and often only 2 fail at all. `--train N` gives each graph N training examples i
 
 (GRAPH names some of the graphs, e.g. `chain2 diamond` on the slower embedded model.)
 
-`--step-method gtbp` runs each graph's step by target propagation (GTBP) instead of
-semantic backpropagation; blame's edit probes then test GTBP's edits (its gradient probes
-use the three methods above either way).
+`--step-method METHOD` runs each graph's step with another method (any of `run`'s, e.g.
+`gtbp`, target propagation) instead of semantic backpropagation; blame's edit probes then
+test that method's edits (its gradient probes use the three methods above either way).
 
 `--keep DIR --reblame` blames again the runs a `--keep DIR` run left there, without running
 their steps again: after a change to blame's rule, the same runs scored the new way.
@@ -70,6 +70,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from engine.core.graph import parse_graph  # noqa: E402
 from engine.llm.base import LLMError, LLMRequest  # noqa: E402
 from engine.llm.scripted import ScriptedBackend  # noqa: E402
+from engine.methods import METHODS as STEP_METHODS  # noqa: E402
 from engine.probes.blame import Verdict, blame  # noqa: E402
 from engine.runlog.schema import RunLogError  # noqa: E402
 from engine.runlog.state import run_exists  # noqa: E402
@@ -338,7 +339,7 @@ def main() -> int:
     parser.add_argument("--proposals", type=int, default=1,
                         help="candidate prompt sets of each graph's step (run's --proposals; "
                              "default 1): blame probes the kept edit, else the best-scored")
-    parser.add_argument("--step-method", default="semantic", choices=("semantic", "gtbp"),
+    parser.add_argument("--step-method", default="semantic", choices=sorted(STEP_METHODS),
                         help="the method of each graph's optimization step, whose edits "
                              "blame's edit probes test (default semantic); blame's gradient "
                              "probes use semantic, textgrad and semantic-nosibling either way")

@@ -65,8 +65,8 @@ OUTPUT_SHARE = 0.5  # of a reply's characters, the output passed on, without his
 # The share of steps whose candidate passes the gate, before any run of the graph: on real
 # models most joint candidates are rejected
 ACCEPTED_PRIOR = 0.25
-# ...pooled with the graph's earlier steps as this many steps, so one lucky run does not
-# decide the share
+# The weight of ACCEPTED_PRIOR, in steps, when it is pooled with a graph's earlier steps, so
+# that one lucky run does not decide the share
 PRIOR_STEPS = 2
 # Below this many earlier steps the prior still makes a tenth of the share or more, and one
 # run's luck much of the rest (GSM8K on the fake server: a first run accepted 0 of 4 steps,
