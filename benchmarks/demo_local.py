@@ -20,6 +20,11 @@ server) together (goal on the default model: at most 3 GB). The process's CPU ti
 printed too: on a busy machine it varies less than the wall time (it leaves out the
 server's).
 
+For the forward model's calls and the optimizer's apart, it prints their time at the
+model summed (latency less the wait for a turn, `llm_calls.queued_ms`), the wall time in
+which one or more of them was at the model, and the ratio of the two: how many calls the
+server decoded at once on average (1.00 at `--concurrency 1`).
+
 By default it runs `after` and `serial` and prints both walls, their ratio (goal: at most
 0.5) and whether every score is the same (at temperature 0 it should be in-process; a
 server decoding several calls in one batch may differ in the last bits of a logit).
@@ -83,6 +88,28 @@ def run_demo(name: str, steps: int, seed: int, model: str | None,
     return result, wall, cpu, rss.peak
 
 
+def decoded_together(result, purposes: tuple[str, ...]) -> str:
+    """How well the calls of `purposes` used the model's slots: their time at the model
+    summed (each call's latency less its wait for a turn, `queued_ms`), the wall time in
+    which at least one of them was at the model, the ratio of the two (calls at the model
+    at once, on average), and their summed wait for a turn."""
+    calls = [c for c in result.events.of(CallRecord)
+             if c.purpose in purposes and not c.cache_hit]
+    spans = sorted((c.started_at + c.queued_ms / 1000, c.started_at + c.latency_ms / 1000)
+                   for c in calls)
+    busy, end = 0.0, float("-inf")
+    for start, stop in spans:  # the union of the calls' times at the model
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    summed = sum(stop - start for start, stop in spans)
+    waited = sum(c.queued_ms for c in calls) / 1000
+    at_once = f"{summed / busy:.2f} at the model at once on average" if busy else "none"
+    return (f"{len(calls)} calls, {summed:.1f} s at the model summed over {busy:.1f} s of "
+            f"wall with one or more at it ({at_once}); {waited:.1f} s waiting for a turn "
+            "summed")
+
+
 def fallback_shares(result) -> tuple[tuple[int, int], tuple[int, int]]:
     """((backward replies read by a fallback, backward replies), (the same for updates))."""
     calls = {c.call_id: c for c in result.events.of(CallRecord)}
@@ -110,6 +137,9 @@ def report(name: str, result, wall: float, cpu: float) -> None:
     stats = result.stats
     print(f"wall time {wall:.1f} s (CPU time {cpu:.1f} s), {result.status}: {stats.calls} calls, "
           f"{stats.completion_tokens} generated tokens")
+    for label, purposes in (("forward (0.5B)", ("forward",)),
+                            ("optimizer (1.5B)", ("backward", "update"))):
+        print(f"{label}: {decoded_together(result, purposes)}")
     backward, updates = fallback_shares(result)
     print(f"replies read by a fallback rule: backward {share(backward)}, update "
           f"{share(updates)}")

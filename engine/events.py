@@ -39,6 +39,10 @@ class CallRecord:
     finish_reason: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, those the provider's prefix cache served
     response_model: str | None = None  # the model the reply named (None: it named none)
+    # of latency_ms, the time the call waited for its turn before the model started on it:
+    # the run's concurrency limit, a backend's own limit, the embedded model's slots or
+    # contexts and its server's start (0 for cache hits)
+    queued_ms: float = 0.0
 
 
 @dataclass

@@ -66,6 +66,6 @@ def test_a_version_2_log_gains_the_column_in_place(tmp_path):
     open_for_writing(db)
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == \
-            SCHEMA_VERSION == 8
+            SCHEMA_VERSION == 9
         assert con.execute("SELECT call_id, cached_tokens FROM llm_calls").fetchall() == \
             [("c1", None)]

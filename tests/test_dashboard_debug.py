@@ -40,6 +40,10 @@ def log(tmp_path_factory):
         con.execute("UPDATE updates SET reject_reason = ?, val_alone = 0.5 WHERE run_id = ? "
                     "AND step = 2 AND node_id = 'hint_a'", [REASON, sem])
         con.execute("INSERT INTO metrics VALUES (?, NULL, 'test_score', 0.625)", [sem])
+        # planted: q01's final call at step 1 waited 250 ms for a turn before the model
+        con.execute("UPDATE llm_calls SET queued_ms = 250, latency_ms = latency_ms + 250 "
+                    "WHERE run_id = ? AND step = 1 AND example_id = 'q01' AND "
+                    "node_id = 'final' AND purpose = 'forward'", [sem])
         # q01 fails at steps 0 and 1; planted: it passes at step 2, after step 1's edits
         con.execute("UPDATE losses SET score = 1.0, prediction = '12' WHERE run_id = ? "
                     "AND step = 2 AND example_id = 'q01'", [sem])
@@ -146,6 +150,14 @@ def test_examples_trace_lists_every_call_with_its_numbers(open_page, log):
     assert list(trace["phase"]) == ["forward"] * 3 + ["backward"] + ["update"] * 3
     assert list(trace["node"][:3]) == ["hint_a", "hint_b", "final"]
     assert (trace["tokens in"] > 0).all() and trace["latency (ms)"].notna().all()
+    # latency is the model's time on the call; the wait for a turn is its own column
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        logged = con.execute(
+            "SELECT round(latency_ms - queued_ms, 1), round(queued_ms, 1) FROM llm_calls "
+            "WHERE run_id = ? AND step = 1", [log.semantic]).fetchall()
+    shown = list(zip(trace["latency (ms)"], trace["waited (ms)"], strict=True))
+    assert set(shown) <= set(logged) and 250.0 in set(trace["waited (ms)"])
+    assert "250 ms waiting for a turn summed" in texts(at)
     assert "Trace of example q01 at step 1" in texts(at)
     assert any("Which is larger, 12 or 5?" in c.value for c in at.code)  # messages shown
 

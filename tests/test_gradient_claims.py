@@ -53,7 +53,7 @@ def test_a_version_4_log_gains_the_claim_columns_in_place(tmp_path):
     open_for_writing(db)
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == \
-            SCHEMA_VERSION == 8
+            SCHEMA_VERSION == 9
         assert con.execute("SELECT node_id, asks_change, claim_source FROM gradients"
                            ).fetchall() == [("a", None, None)]
 

@@ -391,6 +391,10 @@ def test_a_call_queued_behind_busy_slots_is_timed_from_its_own_start(
     assert [r.error for r in records] == [None, None, None]
     assert [r.retries for r in records] == [0, 0, 0]
     assert len([e for e in fake_log(tmp_path) if "request" in e]) == 3
+    # the wait for the slot is logged apart from the model's time on the call
+    waits = sorted(r.queued_ms for r in records)
+    assert waits[0] < 200 and waits[1] >= 390 and waits[2] >= 790
+    assert all(r.latency_ms - r.queued_ms < 1000 for r in records)
 
 
 def test_a_call_the_model_takes_too_long_on_times_out_and_is_retried(

@@ -81,7 +81,7 @@ def test_a_version_6_log_gains_the_model_sha256_columns_in_place(tmp_path):
     open_for_writing(db)
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == \
-            SCHEMA_VERSION == 8
+            SCHEMA_VERSION == 9
         assert con.execute("SELECT run_id, model, model_sha256, optimizer_model_sha256 "
                            "FROM runs").fetchall() == [("r", "m", None, None)]
 

@@ -780,7 +780,7 @@ def test_a_version_2_log_gains_finish_reason_on_first_read(gsm8k, tmp_path, caps
     spans, _ = export_file(capsys, old, tmp_path)
     with duckdb.connect(str(old), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] == \
-            SCHEMA_VERSION == 8
+            SCHEMA_VERSION == 9
         assert con.execute("SELECT count(*), count(finish_reason) FROM llm_calls"
                            ).fetchall()[0] == (calls, 0)
     # Calls logged before the column say so rather than guess.

@@ -15,11 +15,13 @@ from engine.runs.execute import RunConfig, execute
 from tests.support.blame_fault_script import blame_fault_responder
 from tests.test_probe import GRAPH
 
-# What schema versions 2, 3, 4 and 6 added (docs/runlog.md); version 1 is the rest.
+# What schema versions 2, 3, 4, 6 and 9 added to these tables (docs/runlog.md); version 1
+# is the rest.
 V2_TABLES = {"probes", "probe_outputs"}
 V2_COLUMNS = {"runs": {"parent_run_id", "fork_step", "notes", "tags"},
               "updates": {"val_alone", "reject_reason"},
-              "llm_calls": {"constrained", "finish_reason", "cached_tokens", "response_model"}}
+              "llm_calls": {"constrained", "finish_reason", "cached_tokens", "response_model",
+                            "queued_ms"}}
 
 
 def v1_columns(table: str) -> list[str]:

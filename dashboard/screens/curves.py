@@ -10,7 +10,8 @@ from dashboard.views.text import fmt, md
 
 TOTAL_LABELS = {"node_id": "node", "purpose": "phase", "prompt_tokens": "tokens in",
                 "completion_tokens": "tokens out", "cost_usd": "cost (USD)",
-                "cache_hits": "cache hits", "mean_latency_ms": "mean latency (ms)"}
+                "cache_hits": "cache hits", "mean_latency_ms": "mean latency (ms)",
+                "mean_wait_ms": "mean wait for a turn (ms)"}
 
 sel = selection()
 need_run(sel)
@@ -52,3 +53,6 @@ with right:
 st.plotly_chart(usage_by_phase(totals), key="usage_phase")
 with st.expander("Calls, tokens and cost per node and phase (table)"):
     st.dataframe(totals.rename(columns=TOTAL_LABELS), hide_index=True)
+    st.caption("Latency is the model's time on a call; the wait for a turn (the run's "
+               "concurrency limit, the embedded model's slots, its server's start) is apart: "
+               "with many calls in flight it can be most of a call's wall time.")

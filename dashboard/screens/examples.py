@@ -12,7 +12,7 @@ from dashboard import data, links
 from dashboard.state import need_run, need_step, selection
 from dashboard.views.blame import blame_button, blame_cell
 from dashboard.views.text import fmt, md, show_messages, show_text
-from dashboard.views.trace import trace_header
+from dashboard.views.trace import model_ms, trace_header
 
 PAGE_SIZE = 50
 SPLITS = ["all", "train", "val", "test"]
@@ -158,7 +158,8 @@ def trace(sel, step: int) -> None:
     summary = pd.DataFrame({
         "at (ms)": ((calls["started_at"] - start) * 1000).round(1),
         "phase": calls["purpose"], "node": calls["node_id"],
-        "latency (ms)": calls["latency_ms"].round(1),
+        "latency (ms)": model_ms(calls).round(1),
+        "waited (ms)": calls["queued_ms"].round(1),
         "tokens in": calls["prompt_tokens"], "tokens out": calls["completion_tokens"],
         "cost (USD)": calls["cost_usd"], "cache hit": calls["cache_hit"],
         "retries": calls["retries"], "parse fallback": calls["parse_fallback"],
@@ -168,12 +169,13 @@ def trace(sel, step: int) -> None:
                "example sent gradients to.")
     order = [p for p in PHASES if p in set(calls["purpose"])] + sorted(
         set(calls["purpose"]) - set(PHASES))
+    calls = calls.assign(model_ms=model_ms(calls))
     for phase in order:
         st.markdown(f"**{md(phase)}**")
         for call in calls[calls["purpose"] == phase].to_dict("records"):
             hit = " · cache hit" if call["cache_hit"] is True else ""
             with st.expander(f"{phase} · {call['node_id'] or '–'} · "
-                             f"{fmt(call['latency_ms'], ',.0f')} ms · "
+                             f"{fmt(call['model_ms'], ',.0f')} ms · "
                              f"{fmt(call['prompt_tokens'], '.0f')}+"
                              f"{fmt(call['completion_tokens'], '.0f')} tokens{hit}"):
                 if isinstance(call.get("parse_fallback"), str):

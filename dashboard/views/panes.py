@@ -19,7 +19,13 @@ def call_metrics(row: dict) -> None:
     c1, c2, c3, c4, c5 = st.columns(5)
     c1.metric("prompt tokens", fmt(row.get("prompt_tokens"), ".0f"))
     c2.metric("completion tokens", fmt(row.get("completion_tokens"), ".0f"))
-    c3.metric("latency", f"{fmt(row.get('latency_ms'), ',.0f')} ms")
+    waited = row.get("queued_ms")
+    waited = 0.0 if waited is None or pd.isna(waited) else float(waited)
+    latency = row.get("latency_ms")
+    c3.metric("latency", f"{fmt(None if latency is None else latency - waited, ',.0f')} ms",
+              help="the model's time on the call"
+                   + (f"; it waited {waited:,.0f} ms for a turn before (the run's "
+                      "concurrency limit, the model's slots)" if round(waited) else ""))
     c4.metric("cost", f"${fmt(row.get('cost_usd'), '.5f')}")
     hit = row.get("cache_hit")
     c5.metric("cache hit", "–" if hit is None or pd.isna(hit) else ("yes" if hit else "no"))

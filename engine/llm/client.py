@@ -8,6 +8,7 @@ treat that example as failed and the run goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 import time
@@ -228,13 +229,13 @@ class LLMClient:
         for attempt in range(self.retry.max_retries + 1):
             retry_after = None
             try:
+                asked = time.perf_counter()  # waiting for a turn is not the model's time
                 token, congested, wait = await self.limit.acquire(), False, None
                 try:
-                    if limit is not None:
-                        async with limit:
-                            reply = await self._one_call(backend, request, record)
-                    else:
+                    async with limit if limit is not None else contextlib.nullcontext():
+                        record.queued_ms += (time.perf_counter() - asked) * 1000
                         reply = await self._one_call(backend, request, record)
+                        record.queued_ms += reply.queued_ms  # the backend's own queue
                 except TransientLLMError as exc:
                     congested, wait = exc.congestion, exc.retry_after
                     raise

@@ -32,10 +32,12 @@ x vocabulary x 4 bytes), which dwarf the KV state: 1 MB a token for a 262k vocab
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,10 +184,13 @@ class LocalBackend:
                 f"contexts={self.contexts})")
 
     async def complete(self, request: LLMRequest) -> LLMReply:
+        asked = time.perf_counter()
         async with self._loop_slots():
+            queued_ms = (time.perf_counter() - asked) * 1000  # waiting for a free context
             context = self._idle.pop()
             try:
-                return await asyncio.to_thread(self._generate, context, request)
+                reply = await asyncio.to_thread(self._generate, context, request)
+                return dataclasses.replace(reply, queued_ms=reply.queued_ms + queued_ms)
             finally:
                 self._idle.append(context)
 

@@ -383,11 +383,14 @@ class LocalServerBackend:
                 f"n_ctx={self.n_ctx}, slots={self.slots})")
 
     async def complete(self, request: LLMRequest) -> LLMReply:
+        asked = time.perf_counter()
         http = await self._ready()
         assert self._slots is not None
         async with self._slots:
+            queued_ms = (time.perf_counter() - asked) * 1000  # the server's start, a slot
             try:
-                return await http.complete(self._fitted(request))
+                reply = await http.complete(self._fitted(request))
+                return dataclasses.replace(reply, queued_ms=reply.queued_ms + queued_ms)
             except LLMError:
                 if not self.server.running and self._failure is None:
                     self._failure = f"llama-server stopped: {self.server.log_reason()}"

@@ -242,6 +242,8 @@ def _semback(call: dict[str, Any], phase: str) -> dict[str, Any]:
         "semback.cached_input_tokens": call["prompt_tokens"] if cached else None,
         "semback.cached_output_tokens": call["completion_tokens"] if cached else None,
         "semback.retries": call["retries"], "semback.cost_usd": call["cost_usd"],
+        # of the span, the time the call waited for its turn before the model started on it
+        "semback.queued_ms": call.get("queued_ms"),
     }
 
 

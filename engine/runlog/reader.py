@@ -21,6 +21,11 @@ def query(db: str | Path, sql: str, params: list | dict | None = None) -> pd.Dat
 # run's own calls leave out the probes and diffs made on it afterwards (counted apart), so
 # a blame or diff re-run on a run never changes its figures.
 PAID = "NOT coalesce(cache_hit, false)"
+# A call's time at the model: its latency (ask to answer) less the time it waited for a
+# turn (the run's concurrency limit, the embedded model's slots, its server's start), which
+# with many calls in flight can be most of it; rows logged before schema 9 did not measure
+# the wait
+MODEL_MS = "(latency_ms - coalesce(queued_ms, 0))"
 OWN = "purpose NOT IN ('probe', 'diff')"
 
 
@@ -99,7 +104,9 @@ def example_trace(db: str | Path, run_id: str, step: int, example_id: str
 
 def token_totals(db: str | Path, run_id: str) -> pd.DataFrame:
     """Model calls (cache misses), their tokens, cost and latency per node and phase
-    (purpose; probes and diffs are phases of their own), cache hits apart (see PAID)."""
+    (purpose; probes and diffs are phases of their own), cache hits apart (see PAID).
+    `mean_latency_ms` is the model's time on a call (MODEL_MS: its wait for a turn left
+    out), `mean_wait_ms` that wait (NULL for calls logged before it was measured)."""
     return query(db, f"""
         SELECT coalesce(node_id, '') AS node_id, purpose,
                count(*) FILTER (WHERE {PAID}) AS calls,
@@ -109,7 +116,8 @@ def token_totals(db: str | Path, run_id: str) -> pd.DataFrame:
                    AS tokens,
                sum(cost_usd) AS cost_usd,
                count(*) FILTER (WHERE cache_hit) AS cache_hits,
-               avg(latency_ms) FILTER (WHERE {PAID}) AS mean_latency_ms
+               avg({MODEL_MS}) FILTER (WHERE {PAID}) AS mean_latency_ms,
+               avg(queued_ms) FILTER (WHERE {PAID}) AS mean_wait_ms
         FROM llm_calls WHERE run_id = ?
         GROUP BY ALL ORDER BY node_id, purpose""", [run_id])
 
@@ -227,7 +235,7 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
         return {
             "activation": con.execute("""
                 SELECT a.*, p.prompt, c.messages, c.response, c.prompt_tokens,
-                       c.completion_tokens, c.latency_ms, c.cost_usd, c.cache_hit,
+                       c.completion_tokens, c.latency_ms, c.queued_ms, c.cost_usd, c.cache_hit,
                        c.retries, c.model
                 FROM node_outputs a
                 LEFT JOIN prompt_versions p ON p.run_id = a.run_id
@@ -238,7 +246,7 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
             "received": con.execute("""
                 SELECT g.from_node_id, g.kind, g.method, g.content, g.parse_error, g.call_id,
                        c.node_id AS call_node_id, c.purpose, c.messages, c.response,
-                       c.prompt_tokens, c.completion_tokens, c.latency_ms, c.cost_usd,
+                       c.prompt_tokens, c.completion_tokens, c.latency_ms, c.queued_ms, c.cost_usd,
                        c.cache_hit
                 FROM gradients g LEFT JOIN llm_calls c ON c.call_id = g.call_id
                 WHERE g.run_id = ? AND g.step = ? AND g.example_id = ? AND g.node_id = ?
@@ -254,7 +262,7 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
                 ORDER BY g.node_id""", [*key, node_id]).df(),
             "update": con.execute("""
                 SELECT u.*, c.messages, c.response AS call_response, c.prompt_tokens,
-                       c.completion_tokens, c.latency_ms, c.cost_usd, c.cache_hit
+                       c.completion_tokens, c.latency_ms, c.queued_ms, c.cost_usd, c.cache_hit
                 FROM updates u LEFT JOIN llm_calls c ON c.call_id = u.call_id
                 WHERE u.run_id = ? AND u.step = ? AND u.node_id = ?
                 ORDER BY coalesce(u.candidate, 0)""",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 TABLES: dict[str, str] = {
     "schema_version": "version INTEGER, applied_at DOUBLE",
@@ -51,7 +51,7 @@ TABLES: dict[str, str] = {
         latency_ms DOUBLE, cache_hit BOOLEAN, retries INTEGER, error VARCHAR,
         started_at DOUBLE, cost_usd DOUBLE, cache_key VARCHAR, temperature DOUBLE,
         max_tokens INTEGER, constrained BOOLEAN, finish_reason VARCHAR, cached_tokens INTEGER,
-        response_model VARCHAR""",
+        response_model VARCHAR, queued_ms DOUBLE""",
     "metrics": "run_id VARCHAR, step INTEGER, key VARCHAR, value DOUBLE",
     # Counterfactual probes (docs/runlog.md): one row per intervention, and the node
     # outputs a probe re-computed, kept apart from the run's own activations.
@@ -108,6 +108,12 @@ MIGRATIONS: dict[int, list[str]] = {
     # older rows (one candidate a step) stay NULL, read as 0.
     8: [
         "ALTER TABLE updates ADD COLUMN IF NOT EXISTS candidate INTEGER",
+    ],
+    # 9: of a call's latency, the time it waited for its turn before the model started on
+    # it (the run's concurrency limit, the embedded model's slots, its server's start);
+    # older rows stay NULL (not measured).
+    9: [
+        "ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS queued_ms DOUBLE",
     ],
 }
 
