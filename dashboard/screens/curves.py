@@ -52,7 +52,8 @@ with right:
                     key="usage_step")
 st.plotly_chart(usage_by_phase(totals), key="usage_phase")
 with st.expander("Calls, tokens and cost per node and phase (table)"):
-    st.dataframe(totals.rename(columns=TOTAL_LABELS), hide_index=True)
+    shown = totals.round({"mean_latency_ms": 0, "mean_wait_ms": 0})
+    st.dataframe(shown.rename(columns=TOTAL_LABELS), hide_index=True)
     st.caption("Latency is the model's time on a call; the wait for a turn (the run's "
                "concurrency limit, the embedded model's slots, its server's start) is apart: "
                "with many calls in flight it can be most of a call's wall time.")
