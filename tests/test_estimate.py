@@ -5,6 +5,7 @@ calls the run then makes."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 
@@ -96,9 +97,16 @@ def test_the_estimate_counts_the_per_node_gates(tmp_path):
 
 
 def never_right(request) -> str | None:
-    """The output node never gives the answer: validation stays 0, every step is rejected."""
+    """The output node never gives the answer: validation stays 0, every step is rejected.
+    Each update request gets an edit of its own (a digest of the request, where the
+    scripted model draws among eight), so two steps' candidates repeat each other's
+    requests only when their update requests were the same, as a model's would: the count
+    is the method's, not the draws' (whatever the templates' wording)."""
     if request.purpose == "forward" and request.meta.get("output_node"):
         return "<output>none</output>"
+    if request.purpose == "update":
+        digest = hashlib.sha256(request.user_text.encode()).hexdigest()[:8]
+        return f"<prompt>{request.meta['prompt']} Check {digest}.</prompt>"
     return None
 
 

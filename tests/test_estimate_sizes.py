@@ -5,6 +5,7 @@ earlier runs of the graph recorded; a fork's estimate counts what the fork re-ru
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 
 import duckdb
@@ -409,15 +410,45 @@ def val_calls_after_step_0(db: str, run_id: str) -> tuple[int, int]:
             "AND e.split = 'val' AND c.purpose = 'forward'", [run_id]).fetchone()
 
 
+# The edits of `repeating_edits`, by candidate (sample_index) and node: the second
+# candidate gives hint_b the edit the first gave hint_a
+EDITS = {0: {"hint_a": "Use R1.", "hint_b": "Use R2.", "final": "Use R3."},
+         1: {"hint_a": "Use R4.", "hint_b": "Use R1.", "final": "Use R5."}}
+
+
+def repeating_edits(request) -> str | None:
+    """Updates append EDITS[candidate][node]; a hint writes the edit its prompt carries
+    (or "plain") and the question's first number, so two hint requests get one output only
+    when they are one request, and the final node's requests differ whenever a hint's
+    output does. What repeats is then what the edits make repeat, whatever the templates
+    say."""
+    node = request.meta.get("node")
+    if request.purpose == "update":
+        return f"<prompt>{request.meta['prompt']} {EDITS[request.sample_index][node]}</prompt>"
+    if request.purpose == "forward" and node in ("hint_a", "hint_b"):
+        text = "\n".join(c for _, c in request.messages)
+        edit = re.findall(r"Use R\d\.", text)
+        first = re.findall(r"Tom has (\d+) apples", text)[0]
+        return f"<output>{' '.join(edit) or 'plain'} {first}</output>"
+    return None
+
+
+def repeating_edits_responder():
+    return repeating_edits
+
+
+RESPONDER = f"{__file__}:repeating_edits_responder"
+
+
 def test_candidates_that_repeat_requests_are_estimated_from_what_earlier_runs_asked_anew(
         tmp_path):
-    """Two candidates a step: the scripted optimizer's second candidate gives `hint_b` the
-    edit the first gave `hint_a`, so 8 of the 48 validation requests repeat one the step
-    already sent. The first estimate counts all 48; after a run, the share of new requests
-    its candidate passes sent (40 of 48) sizes the next run's."""
+    """Two candidates a step: the second gives `hint_b` the edit the first gave `hint_a`
+    (`repeating_edits`), so 8 of the 48 validation requests repeat one the step already
+    sent. The first estimate counts all 48; after a run, the share of new requests its
+    candidate passes sent (40 of 48) sizes the next run's."""
     config = RunConfig(graph=str(write_graph(tmp_path, TWO_HINTS, arithmetic_rows())),
-                       backend="scripted", steps=1, proposals=2, train=8, val=8, test=0,
-                       db=str(tmp_path / "runs.duckdb"))
+                       backend="scripted", scripted_responder=RESPONDER, steps=1,
+                       proposals=2, train=8, val=8, test=0, db=str(tmp_path / "runs.duckdb"))
     graph = load_graph(config.graph)
 
     def candidates(estimate) -> int:
@@ -449,8 +480,9 @@ def test_a_node_no_edit_reaches_repeats_its_step_0_requests_and_is_not_counted_a
     are step 0's again (answered from the run's cache), so 16 of the pass's 24 calls are
     new, and the next estimate counts 16, as the run then makes."""
     config = RunConfig(graph=str(write_graph(tmp_path, TWO_HINTS, arithmetic_rows())),
-                       backend="scripted", steps=1, update_mode="one", train=8, val=8,
-                       test=0, db=str(tmp_path / "runs.duckdb"))
+                       backend="scripted", scripted_responder=RESPONDER, steps=1,
+                       update_mode="one", train=8, val=8, test=0,
+                       db=str(tmp_path / "runs.duckdb"))
     graph = load_graph(config.graph)
     result = asyncio.run(execute(config))
     assert val_calls_after_step_0(config.db, result.run_id) == (16, 24)

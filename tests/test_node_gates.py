@@ -123,19 +123,45 @@ def test_one_change_reuses_the_joint_score(tmp_path):
     assert rows["hint_a"] == (True, 0.0, 1.0, 1.0)
 
 
+def every_edit_hurts(request) -> str | None:
+    """Each update appends a marker naming its node; a hint writes the marker it was given
+    (or "plain") and the question's first number, so no two of a pass's final calls share
+    their inputs; the final node is right only without any marker, and only where that
+    number is even (so some training examples fail at the start and some validation
+    examples pass). The joint candidate, and each edit alone, then score 0 on validation."""
+    text = request.user_text + "\n".join(c for _, c in request.messages)
+    node = request.meta.get("node")
+    if request.purpose == "update":
+        return f"<prompt>{request.meta['prompt']} EDITED-{node}</prompt>"
+    if request.purpose != "forward":
+        return None
+    a, b = map(int, re.findall(r"(\d+) apples and buys (\d+)", text)[0])
+    markers = sorted(set(re.findall(r"EDITED-\w+", text)))
+    if node in ("hint_a", "hint_b"):
+        return f"<output>{' '.join(markers) or 'plain'} {a}</output>"
+    return f"<output>{a + b if not markers and a % 2 == 0 else 0}</output>"
+
+
+def every_edit_hurts_responder():
+    """--scripted-responder FILE.py:NAME calls NAME() for the responder."""
+    return every_edit_hurts
+
+
 def test_run_summary_prints_the_cost_of_per_node_gates(tmp_path, capsys):
     graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
     db = tmp_path / "runs.duckdb"
     code = main(["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "4",
                  "--val", "4", "--test", "0", "--seed", "4", "--node-gates", "auto",
+                 "--scripted-responder", f"{__file__}:every_edit_hurts_responder",
                  "--db", str(db)])
     assert code == 0
+    assert {n: u[0] for n, u in updates(db).items()} == {
+        "hint_a": False, "hint_b": False, "final": False}  # rejected: the gates ran
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("per-node")]
-    # the scripted update appends a sentence to all three prompts. Beside the joint pass
-    # the passes alone need the two old hints (2 x 4) and the final node on three other
-    # input sets (3 x 4), less 2 final calls whose inputs coincide as text: made once
-    # (seed 4 is a split and a set of scripted replies where two such calls coincide)
-    assert len(line) == 1 and "18 calls" in line[0], line
+    # beside the joint pass, the passes alone need the two old hints (2 x 4: their step-0
+    # requests, answered by the cache) and the final node on three other input sets
+    # (3 x 4: new requests, none alike)
+    assert len(line) == 1 and "20 calls (12 to the model)" in line[0], line
 
 
 def good_and_harmless_edits(request) -> str | None:
