@@ -185,6 +185,9 @@ def test_cache_hits_carry_zero_provider_usage_and_what_they_would_have_cost(
         a = attrs(span)
         call = calls[a["semback.call_id"]]
         assert a["semback.cache_hit"] is bool(call["cache_hit"])
+        # the span's wait for a turn, as logged (a cache hit waited for nothing)
+        assert a["semback.queued_ms"] == pytest.approx(call["queued_ms"])
+        assert not call["cache_hit"] or call["queued_ms"] == 0
         usage = (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"],
                  a["llm.token_count.prompt"], a["llm.token_count.completion"],
                  a["llm.token_count.total"])
