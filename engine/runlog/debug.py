@@ -142,8 +142,8 @@ def example_calls(db: str | Path, run_id: str, step: int, example_id: str) -> pd
             UNION ALL SELECT call_id, parse_error FROM updates
             WHERE run_id = $run AND step = $step AND parse_error IS NOT NULL)
         SELECT m.call_id, m.purpose, m.node_id, m.model, m.messages, m.response,
-               m.latency_ms, m.queued_ms, m.prompt_tokens, m.completion_tokens, m.cost_usd, m.cache_hit,
-               m.retries, m.error, m.started_at, m.constrained,
+               m.latency_ms, m.queued_ms, m.prompt_tokens, m.completion_tokens, m.cost_usd,
+               m.cache_hit, m.retries, m.error, m.started_at, m.constrained,
                (SELECT string_agg(DISTINCT n.parse_error, '; ') FROM notes n
                 WHERE n.call_id = m.call_id) AS parse_fallback
         FROM mine m ORDER BY m.started_at, m.call_id""",
