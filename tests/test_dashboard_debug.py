@@ -312,3 +312,29 @@ def test_set_notes_rejects_an_unknown_run(log, tmp_path):
     assert row[0] is None and json.loads(row[1]) == ["a", "b"]
     with pytest.raises(RunLogError, match="no run"):
         set_notes(db, "nope", "x", [])
+
+
+def test_history_labels_each_of_a_steps_candidates(log, tmp_path):
+    """--proposals 2: the timeline and the cards say which candidate each row of a step
+    is ("2 of 2"); a step with one candidate names none."""
+    from tests.support.dashboard_log import open_page as open_on
+
+    db = tmp_path / "candidates.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE updates SET candidate = 0 WHERE run_id = ?", [log.semantic])
+        con.execute("""INSERT INTO updates SELECT * REPLACE (1 AS candidate, false AS accepted,
+                           new_prompt || ' Second draw.' AS new_prompt,
+                           'candidate 2 scored 0 on validation' AS reject_reason)
+                       FROM updates WHERE run_id = ? AND step = 1""", [log.semantic])
+    at = open_on(db, "screens/history.py", run=log.semantic, node="hint_a")
+    timeline = frame(at, "verdict")
+    assert list(timeline["step"]) == [1, 1, 2]
+    assert list(timeline["candidate"].fillna("-")) == ["1 of 2", "2 of 2", "-"]
+    assert list(timeline["verdict"])[:2] == ["accepted", "rejected"]
+    titles = [e.label for e in at.expander]
+    assert any(t.startswith("step 1 · candidate 2 of 2 · rejected") for t in titles)
+    assert any(t.startswith("step 1 · candidate 1 of 2 · accepted") for t in titles)
+    assert any(t.startswith("step 2 · ") and "candidate" not in t for t in titles)
+    one = open_on(log.db, "screens/history.py", run=log.semantic, node="hint_a")
+    assert "candidate" not in frame(one, "verdict").columns

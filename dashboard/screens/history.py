@@ -22,11 +22,27 @@ def verdict(edit: dict) -> str:
     return "rejected" if changed else "unchanged"
 
 
+def candidate_label(edit: dict) -> str | None:
+    """'2 of 2' for the second of a step's two candidate prompt sets (--proposals); None
+    where the step wrote one."""
+    of = int(edit.get("candidates") or 1)
+    return f"{int(edit.get('candidate') or 0) + 1} of {of}" if of > 1 else None
+
+
+def with_candidates(edits: pd.DataFrame) -> pd.DataFrame:
+    """`edits` with `candidates`, how many candidate prompt sets each row's step wrote."""
+    if edits.empty or "candidate" not in edits:
+        return edits.assign(candidate=0, candidates=1)
+    return edits.assign(candidates=edits.groupby("step")["candidate"].transform("max") + 1)
+
+
 def timeline(edits: pd.DataFrame, flips: pd.DataFrame) -> pd.DataFrame:
     counts = flips.groupby(["step", "flipped"]).size().unstack(fill_value=0) \
         if not flips.empty else pd.DataFrame()
+    several = {"candidate": [candidate_label(e) for e in edits.to_dict("records")]} \
+        if (edits["candidates"] > 1).any() else {}
     return pd.DataFrame({
-        "step": edits["step"], "version": edits["version"],
+        "step": edits["step"], **several, "version": edits["version"],
         "verdict": [verdict(e) for e in edits.to_dict("records")],
         "validation before": edits["val_before"], "validation after": edits["val_after"],
         "edit alone": edits["val_alone"],
@@ -41,8 +57,9 @@ def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, 
               ) -> None:
     kind = verdict(edit)
     color = {"accepted": "green", "rejected": "red"}.get(kind, "gray")
-    title = (f"step {edit['step']} · {kind} · validation {fmt(edit['val_before'])} → "
-             f"{fmt(edit['val_after'])}")
+    label = candidate_label(edit)
+    title = (f"step {edit['step']}{f' · candidate {label}' if label else ''} · {kind} · "
+             f"validation {fmt(edit['val_before'])} → {fmt(edit['val_after'])}")
     with st.expander(title, expanded=kind != "unchanged"):
         st.markdown(f":{color}-badge[{kind}]" + (
             f" · edit alone on validation: **{fmt(edit['val_alone'])}**"
@@ -117,7 +134,7 @@ graph = need_run(sel)
 node = sel.node or graph.model.output
 st.title(f"Prompt history · {node}")
 history = data.node_history(sel.db, sel.run, node)
-edits, flips = history["edits"], history["flips"]
+edits, flips = with_candidates(history["edits"]), history["flips"]
 prompts = data.prompt_history(sel.db, sel.run)
 versions = prompts[prompts["node_id"] == node]
 accepted_edits = int(sum(edits["accepted"].fillna(False)))

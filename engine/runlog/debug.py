@@ -151,16 +151,16 @@ def example_calls(db: str | Path, run_id: str, step: int, example_id: str) -> pd
 
 
 def node_history(db: str | Path, run_id: str, node_id: str) -> dict[str, pd.DataFrame]:
-    """A node's prompt history: `edits`, one row per step that proposed an update (old
-    and new prompt, accepted, validation before/after, the edit's score alone, the reason
-    for a rejection), and `flips`, the examples whose pass/fail state changed from the
+    """A node's prompt history: `edits`, one row per step that proposed an update (and
+    per candidate under --proposals: `candidate`, from 0) (old and new prompt, accepted,
+    validation before/after, the edit's score alone, the reason for a rejection), and `flips`, the examples whose pass/fail state changed from the
     step of each accepted edit to the next step (the first evaluated with the edit)."""
     params = {"run": run_id, "node": node_id}
     with connect(db, read_only=True) as con:
         edits = con.execute("""
             SELECT u.step, u.accepted, u.old_prompt, u.new_prompt, u.val_before, u.val_after,
                    u.val_alone, u.reject_reason, u.reasoning, u.parse_error,
-                   p.version
+                   p.version, coalesce(u.candidate, 0) AS candidate
             FROM updates u
             LEFT JOIN prompt_versions p ON p.run_id = u.run_id AND p.node_id = u.node_id
                  AND p.step = u.step AND p.prompt = u.new_prompt
