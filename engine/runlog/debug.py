@@ -153,8 +153,9 @@ def example_calls(db: str | Path, run_id: str, step: int, example_id: str) -> pd
 def node_history(db: str | Path, run_id: str, node_id: str) -> dict[str, pd.DataFrame]:
     """A node's prompt history: `edits`, one row per step that proposed an update (and
     per candidate under --proposals: `candidate`, from 0) (old and new prompt, accepted,
-    validation before/after, the edit's score alone, the reason for a rejection), and `flips`, the examples whose pass/fail state changed from the
-    step of each accepted edit to the next step (the first evaluated with the edit)."""
+    validation before/after, the edit's score alone, the reason for a rejection), and
+    `flips`, the examples whose pass/fail state changed from the step of each accepted
+    edit to the next step (the first evaluated with the edit)."""
     params = {"run": run_id, "node": node_id}
     with connect(db, read_only=True) as con:
         edits = con.execute("""
