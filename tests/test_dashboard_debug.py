@@ -318,15 +318,10 @@ def test_history_labels_each_of_a_steps_candidates(log, tmp_path):
     """--proposals 2: the timeline and the cards say which candidate each row of a step
     is ("2 of 2"); a step with one candidate names none."""
     from tests.support.dashboard_log import open_page as open_on
+    from tests.support.dashboard_log import with_second_candidate
 
-    db = tmp_path / "candidates.duckdb"
-    shutil.copy(log.db, db)
-    with duckdb.connect(str(db)) as con:
-        con.execute("UPDATE updates SET candidate = 0 WHERE run_id = ?", [log.semantic])
-        con.execute("""INSERT INTO updates SELECT * REPLACE (1 AS candidate, false AS accepted,
-                           new_prompt || ' Second draw.' AS new_prompt,
-                           'candidate 2 scored 0 on validation' AS reject_reason)
-                       FROM updates WHERE run_id = ? AND step = 1""", [log.semantic])
+    db = with_second_candidate(log.db, tmp_path / "candidates.duckdb", log.semantic,
+                               " Second draw.", "candidate 2 scored 0 on validation")
     at = open_on(db, "screens/history.py", run=log.semantic, node="hint_a")
     timeline = frame(at, "verdict")
     assert list(timeline["step"]) == [1, 1, 2]

@@ -22,6 +22,7 @@ from tests.support.dashboard_log import (
     like_a_live_server,
     open_page,
     responder,
+    with_second_candidate,
 )
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -526,15 +527,10 @@ def test_check_the_blame_says_which_nodes_tie(log, tmp_path, monkeypatch):
 def test_a_step_with_two_candidates_shows_each_as_its_own_pane(log, tmp_path):
     """--proposals 2: every node's proposal of each candidate, labelled, each with its own
     widgets (two panes of one node and verdict must not share a key)."""
-    db = tmp_path / "candidates.duckdb"
-    shutil.copy(log.db, db)
+    db = with_second_candidate(log.db, tmp_path / "candidates.duckdb", log.demo,
+                               " (second draw)",
+                               "candidate 2 scored 0 on validation, candidate 1 1 and was kept")
     with duckdb.connect(str(db)) as con:
-        con.execute("UPDATE updates SET candidate = 0 WHERE run_id = ?", [log.demo])
-        con.execute("""INSERT INTO updates SELECT * REPLACE (1 AS candidate, false AS accepted,
-                           new_prompt || ' (second draw)' AS new_prompt,
-                           'candidate 2 scored 0 on validation, candidate 1 1 and was kept'
-                               AS reject_reason)
-                       FROM updates WHERE run_id = ? AND step = 1""", [log.demo])
         nodes = con.execute("SELECT count(DISTINCT node_id) FROM updates WHERE run_id = ? AND "
                             "step = 1", [log.demo]).fetchone()[0]
     at = learn(db, "Update", run=log.demo, step=1)

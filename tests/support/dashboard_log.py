@@ -116,6 +116,22 @@ def write_data(folder: Path) -> Path:
     return graph
 
 
+def with_second_candidate(source: Path, target: Path, run_id: str, suffix: str,
+                          reason: str) -> Path:
+    """A copy of the run log `source` at `target` in which `run_id`'s step 1 wrote two
+    candidate prompt sets (--proposals 2): its proposals as the first, and a rejected
+    second whose prompts end with `suffix`, with `reason`."""
+    import shutil
+
+    shutil.copy(source, target)
+    with connect(target) as con:
+        con.execute("UPDATE updates SET candidate = 0 WHERE run_id = ?", [run_id])
+        con.execute("""INSERT INTO updates SELECT * REPLACE (1 AS candidate, false AS accepted,
+                           new_prompt || ? AS new_prompt, ? AS reject_reason)
+                       FROM updates WHERE run_id = ? AND step = 1""", [suffix, reason, run_id])
+    return target
+
+
 def _first_backpropagated(db: Path, run_id: str, step: int) -> str:
     with connect(db, read_only=True) as con:
         return con.execute(
