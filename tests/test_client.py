@@ -168,6 +168,23 @@ def test_identical_concurrent_requests_make_one_model_call_whatever_the_cache(mo
     # the follower is recorded as answered without a model call, and not paid for
     assert [first.cache_hit, second.cache_hit, other.cache_hit] == [False, True, False]
     assert second.cost_usd == 0.0 and client.stats.cache_hits == 1
+    # it was never at the model: its latency (waiting for the leader's 50 ms reply) is all
+    # wait, so the pages' time at the model (latency less the wait) is 0 for it
+    assert second.latency_ms >= 45 and second.queued_ms == second.latency_ms
+    assert first.queued_ms < 45 and first.latency_ms - first.queued_ms >= 45
+
+
+def test_the_pauses_between_retries_are_a_wait_not_the_models_time():
+    """Two transient failures, each after 20 ms at the backend, then a reply after 20 ms;
+    the pauses before the retries (0.1 to 0.2 s each, backoff with jitter) are logged in
+    `queued_ms`, so latency less the wait is the three attempts' time at the backend."""
+    backend = SlowBackend(latency=0.02, failures=[TransientLLMError("flaky")] * 2)
+    client = make_client(backend, retry=RetryPolicy(base_delay=0.2, timeout=5))
+    (record,) = run_calls(client, 1)
+    assert record.error is None and record.retries == 2
+    # pauses: 0.2 * 2**0 and 0.2 * 2**1, each times a jitter in [0.5, 1]
+    assert 0.3 * 1000 - 10 <= record.queued_ms <= 0.6 * 1000 + 100
+    assert 3 * 20 - 5 <= record.latency_ms - record.queued_ms < 3 * 20 + 100
 
 
 def test_identical_requests_one_after_the_other_both_reach_the_model_with_the_cache_off():

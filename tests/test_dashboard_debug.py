@@ -157,7 +157,7 @@ def test_examples_trace_lists_every_call_with_its_numbers(open_page, log):
             "WHERE run_id = ? AND step = 1", [log.semantic]).fetchall()
     shown = list(zip(trace["latency (ms)"], trace["waited (ms)"], strict=True))
     assert set(shown) <= set(logged) and 250.0 in set(trace["waited (ms)"])
-    assert "250 ms waiting for a turn summed" in texts(at)
+    assert "250 ms waiting summed (for a turn, a retry or an identical call's reply)" in texts(at)
     assert "Trace of example q01 at step 1" in texts(at)
     assert any("Which is larger, 12 or 5?" in c.value for c in at.code)  # messages shown
 

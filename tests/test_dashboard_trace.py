@@ -32,4 +32,5 @@ def test_a_calls_wait_for_a_turn_is_not_counted_as_time_at_the_model():
     assert list(model_ms(calls)) == [1000.0, 1000.0, 400.0]
     assert trace_header(calls) == (
         "3 calls · 3,400 ms from the first call's start to the last one's end · 2,400 ms at "
-        "the model summed · 1,000 ms waiting for a turn summed · 66 tokens.")
+        "the model summed · 1,000 ms waiting summed (for a turn, a retry or an identical "
+        "call's reply) · 66 tokens.")

@@ -328,3 +328,43 @@ def test_contexts_loading_together_leave_standard_output_alone():
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"still visible {i}" for i in range(4)]
+
+
+def test_loading_the_model_is_logged_as_a_wait_not_the_models_time(monkeypatch):
+    """A context's first call loads the model (seconds on the 1.5B): that time goes into
+    the reply's `queued_ms`, so the pages' time at the model (latency less the wait) is the
+    generation's only; the context's later calls find it loaded and wait for nothing."""
+    if importlib.util.find_spec("llama_cpp") is None or local_model_path() is None:
+        pytest.skip("the embedded model is not installed")
+    import time
+
+    from engine.llm.base import LLMRequest
+
+    class Loaded:
+        def create_chat_completion(self, **kwargs):
+            time.sleep(0.05)  # the generation itself
+            return {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+        def tokenize(self, text, *args, **kwargs):
+            return list(range(len(text) // 4 + 1))
+
+    backend = LocalBackend(model=SMOLLM2, contexts=1)
+
+    def load(context):
+        if context.llama is None:
+            time.sleep(0.3)  # reading the weights
+            context.llama = Loaded()
+        return context.llama
+
+    monkeypatch.setattr(backend, "_load", load)
+    request = LLMRequest(messages=(("user", "hi"),), model=MODEL_NAME, purpose="forward",
+                         max_tokens=1)
+
+    async def go():
+        return [await backend.complete(request) for _ in range(2)]
+
+    first, second = asyncio.run(go())
+    assert first.text == second.text == "ok"
+    assert 290 <= first.queued_ms < 1000
+    assert second.queued_ms < 20

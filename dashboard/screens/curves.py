@@ -55,5 +55,6 @@ with st.expander("Calls, tokens and cost per node and phase (table)"):
     shown = totals.round({"mean_latency_ms": 0, "mean_wait_ms": 0})
     st.dataframe(shown.rename(columns=TOTAL_LABELS), hide_index=True)
     st.caption("Latency is the model's time on a call; the wait for a turn (the run's "
-               "concurrency limit, the embedded model's slots, its server's start) is apart: "
-               "with many calls in flight it can be most of a call's wall time.")
+               "concurrency limit, the embedded model's slots, its server's start) and the "
+               "pauses between retries are apart: with many calls in flight the wait can be "
+               "most of a call's wall time.")

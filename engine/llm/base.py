@@ -83,7 +83,8 @@ class LLMReply:
     cached_tokens: int = 0  # prompt tokens the provider's prefix cache served (where reported)
     response_model: str | None = None  # the model the server's reply named, if it named one
     # how long the backend held the request before its model started on it (a slot or
-    # context in use, the server starting): part of the call's latency, not the model's time
+    # context in use, the server starting, the model loading): part of the call's latency,
+    # not the model's time
     queued_ms: float = 0.0
 
 

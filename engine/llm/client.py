@@ -162,6 +162,7 @@ class LLMClient:
             # at once). The shared reply is recorded as a cache hit: no model call paid.
             reply = await asyncio.shield(self._inflight[record.cache_key])
             if reply is None:  # its failure may be transient: try on our own
+                record.queued_ms += (time.perf_counter() - started) * 1000
                 reply = await self._model_call(backend, request, record)
             else:
                 record.cache_hit = True
@@ -175,6 +176,8 @@ class LLMClient:
                 del self._inflight[record.cache_key]
                 pending.set_result(reply)
         record.latency_ms = (time.perf_counter() - started) * 1000
+        if record.cache_hit:  # never at the model: a shared call waited all its latency
+            record.queued_ms = record.latency_ms
         if reply is not None:
             record.response = reply.text
             record.prompt_tokens = reply.prompt_tokens
@@ -252,7 +255,10 @@ class LLMClient:
                 return None
             if attempt < self.retry.max_retries:
                 record.retries += 1
+                # the pause before trying again is a wait, not the model's time
+                paused = time.perf_counter()
                 await asyncio.sleep(self.retry.delay(attempt, retry_after, self._jitter))
+                record.queued_ms += (time.perf_counter() - paused) * 1000
         record.error = f"gave up after {record.retries} retries: {record.error}"
         return None
 

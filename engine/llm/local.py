@@ -228,7 +228,10 @@ class LocalBackend:
 
     def _generate(self, context: _Context, request: LLMRequest) -> LLMReply:
         with context.lock:
+            loading = time.perf_counter()
             llama = self._load(context)
+            # loading the model (a context's first call) is a wait, not the model's time
+            loaded_ms = (time.perf_counter() - loading) * 1000
             max_tokens = reply_tokens(request, self.n_ctx)
             messages = fit_messages(llama, request.messages, prompt_budget(self.n_ctx, max_tokens))
             kwargs: dict[str, Any] = {
@@ -256,7 +259,8 @@ class LocalBackend:
         return LLMReply(text=text, prompt_tokens=int(usage.get("prompt_tokens", 0)),
                         completion_tokens=int(usage.get("completion_tokens", 0)),
                         model=self.model_name, constrained=request.schema is not None,
-                        finish_reason=choice.get("finish_reason") if choice else None)
+                        finish_reason=choice.get("finish_reason") if choice else None,
+                        queued_ms=loaded_ms)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._unload)  # waits for running generations to end
