@@ -62,8 +62,8 @@ def register_cli(sub: Any) -> None:
     p.add_argument("--run-id", help="name the run (default: generated)")
     add_call_settings(p)
     p.add_argument("--json", action="store_true",
-                   help="print run_id, nodes, edges, traces, scored, failing and ambiguous "
-                        "as one JSON object")
+                   help="print run_id, nodes, edges, traces, scored, failing, val and "
+                        "ambiguous as one JSON object")
     p.set_defaults(func=cmd_import_traces)
 
     p = sub.add_parser("backprop", help="back-propagate a run's failing examples at its "

@@ -147,7 +147,8 @@ class RunConfig:
              "reply), e.g. sample_graphs/demo_responder.py:demo_responder; forks, resumes "
              "and probes of the run use it too")
     steps: int = setting(4, type=non_negative_int,
-                         help="optimization steps (0 only scores the starting prompts)")
+                         help="optimization steps (0 only scores the starting prompts) "
+                              "(default: the graph's `steps:`, else 4)")
     train: int | None = setting(None, type=non_negative_int,
                                 help="training examples (default: graph's)")
     val: int | None = setting(None, type=non_negative_int,
