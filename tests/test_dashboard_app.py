@@ -535,6 +535,22 @@ def test_curves_show_scores_and_usage(open_page, log):
                               "WHERE run_id = ? AND purpose = 'forward'", [log.semantic]
                               ).fetchone()[0]
     assert values(val["y"]) == pytest.approx(truth)
+    # each validation score with its 95% interval on the run's validation examples, as
+    # `run`'s summary prints it
+    from engine.data.stats import score_interval
+
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        n_val = con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND split = 'val'",
+                            [log.semantic]).fetchone()[0]
+    bounds = [score_interval(v, n_val) for v in truth]
+    assert n_val > 0
+    assert values(val["error_y"]["arrayminus"]) == pytest.approx(
+        [v - lo for v, (lo, _) in zip(truth, bounds)])
+    assert values(val["error_y"]["array"]) == pytest.approx(
+        [hi - v for v, (_, hi) in zip(truth, bounds)])
+    low, high = bounds[0]
+    assert (f"Validation: initial {truth[0]:.3f} on {n_val} examples (95% interval "
+            f"{low:.2f}–{high:.2f})") in texts(at)
     stars = next(t for t in scores["data"] if t["name"] == "accepted edit")
     assert values(stars["x"]) == accepted
     by_node = figures[1]
@@ -553,6 +569,7 @@ def test_compare_two_runs(open_page, log):
     assert list(summary["method"]) == ["semantic", "textgrad"]
     curves = json.loads(unknown(at, "plotly_chart")[0].spec)
     assert {"A validation", "B validation"} <= {t["name"] for t in curves["data"]}
+    assert all(t["error_y"]["array"] for t in curves["data"] if t["name"].endswith("validation"))
     shown = texts(at)
     assert "A gradient (semantic)" in shown and "B gradient (textgrad)" in shown
     assert "Prompts: latest accepted versions" in shown

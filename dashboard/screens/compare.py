@@ -341,8 +341,10 @@ if lineage is not None:
                     labels=(f"parent {'A' if parent == sel.run else 'B'} ({md(parent)})",
                             f"fork {'A' if fork == sel.run else 'B'} ({md(fork)})"))
 sa, sb = data.steps(sel.db, sel.run), data.steps(sel.db, other)
-st.plotly_chart(compare_curves(sa, sb, "A", "B"), key="compare_curves")
-st.caption(f"A = {md(sel.run)} (solid) · B = {md(other)} (dashed)")
+na, nb = (data.split_sizes(sel.db, run).get("val", 0) for run in (sel.run, other))
+st.plotly_chart(compare_curves(sa, sb, "A", "B", na, nb), key="compare_curves")
+st.caption(f"A = {md(sel.run)} (solid) · B = {md(other)} (dashed) · validation bars: 95% "
+           f"intervals on {na} (A) and {nb} (B) examples")
 
 st.subheader("Per example", divider="gray")
 common_steps = sorted(set(sa["step"]) & set(sb["step"]))

@@ -31,7 +31,14 @@ c4.metric("test (final prompts)", fmt(data.test_scores(sel.db).get(sel.run)),
           help="the test split, scored once with the final prompts; – when the run had no "
                "test examples")
 c5.metric("steps with an accepted edit", accepted)
-st.plotly_chart(score_curves(steps), key="score_curves")
+val_n = data.split_sizes(sel.db, sel.run).get("val", 0)
+first, top = (data.Score(steps["val_score"].iloc[0], val_n),
+              data.Score(best, val_n))
+if val_n:
+    st.caption(f"Validation: initial {first.text()}; best {top.text()}. The bars on the "
+               "validation line are each step's 95% interval; where two steps' bars overlap, "
+               "these examples do not tell their scores apart.")
+st.plotly_chart(score_curves(steps, val_n=val_n), key="score_curves")
 
 totals = data.token_totals(sel.db, sel.run)
 if totals.empty:

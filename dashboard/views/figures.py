@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboard.views.colors import NO_DATA
+from engine.data.stats import Z95, score_interval
 
 PHASES = ("forward", "loss", "backward", "update")
 PHASE_COLORS = {"forward": "#42a5f5", "loss": "#ab47bc", "backward": "#ff7043",
@@ -18,26 +19,50 @@ def _layout(fig: go.Figure, title: str, height: int = 340) -> go.Figure:
     return fig
 
 
-def score_curves(steps: pd.DataFrame, label: str = "") -> go.Figure:
-    """Train and validation score per step; accepted steps marked on the validation line."""
+def score_curves(steps: pd.DataFrame, label: str = "", val_n: int = 0) -> go.Figure:
+    """Train and validation score per step; accepted steps marked on the validation line;
+    with `val_n`, the validation examples, each validation score's 95% interval."""
     fig = go.Figure()
-    add_score_traces(fig, steps, label)
+    add_score_traces(fig, steps, label, val_n=val_n)
     fig.update_yaxes(title="score", rangemode="tozero")
     fig.update_xaxes(title="step", dtick=1)
     return _layout(fig, "Scores per step")
 
 
+def validation_bars(scores: pd.Series, n: int) -> dict | None:
+    """Error bars for validation scores measured on `n` examples: each score's Wilson 95%
+    interval (engine.data.stats.score_interval, as `run`'s summary prints it); None
+    without examples."""
+    bounds = [score_interval(None if pd.isna(v) else float(v), n, Z95) for v in scores]
+    if n <= 0 or not any(bounds):
+        return None
+    return dict(type="data", symmetric=False, thickness=1.2, width=5,
+                array=[b[1] - v if b else 0.0 for b, v in zip(bounds, scores)],
+                arrayminus=[v - b[0] if b else 0.0 for b, v in zip(bounds, scores)])
+
+
 def add_score_traces(fig: go.Figure, steps: pd.DataFrame, label: str = "",
-                     dash: str | None = None, colors: tuple[str, str] = ("#90caf9", "#1565c0")
-                     ) -> None:
-    """Train (light, dotted) and validation (dark) lines plus stars on accepted steps."""
+                     dash: str | None = None, colors: tuple[str, str] = ("#90caf9", "#1565c0"),
+                     val_n: int = 0) -> None:
+    """Train (light, dotted) and validation (dark) lines plus stars on accepted steps;
+    with `val_n`, the validation examples, the validation scores' 95% intervals as error
+    bars, and n and the interval in their hover text."""
     prefix = f"{label} " if label else ""
     train_color, val_color = colors
     fig.add_trace(go.Scatter(x=steps["step"], y=steps["train_score"], mode="lines+markers",
                              name=f"{prefix}train",
                              line=dict(dash="dot", color=train_color)))
+    bars = validation_bars(steps["val_score"], val_n)
+    hover = None
+    if bars is not None:
+        hover = [f"step {s}: {v:.3f} on {val_n} examples, 95% interval "
+                 f"[{v - lo:.2f}, {v + hi:.2f}]" if v == v else f"step {s}: not measured"
+                 for s, v, lo, hi in zip(steps["step"], steps["val_score"],
+                                         bars["arrayminus"], bars["array"])]
     fig.add_trace(go.Scatter(x=steps["step"], y=steps["val_score"], mode="lines+markers",
-                             name=f"{prefix}validation", line=dict(dash=dash, color=val_color)))
+                             name=f"{prefix}validation", line=dict(dash=dash, color=val_color),
+                             error_y=bars, hovertext=hover,
+                             hoverinfo="text" if hover else None))
     # a star where the gate accepted an edit: a fork's starting step carries prompts set
     # by hand (steps.accepted is true there), which no gate accepted
     edited = (steps["accepted_edits"].fillna(0) > 0 if "accepted_edits" in steps
@@ -49,10 +74,14 @@ def add_score_traces(fig: go.Figure, steps: pd.DataFrame, label: str = "",
         marker=dict(symbol="star", size=16, color=val_color, line=dict(width=1, color="#222"))))
 
 
-def compare_curves(a: pd.DataFrame, b: pd.DataFrame, a_label: str, b_label: str) -> go.Figure:
+def compare_curves(a: pd.DataFrame, b: pd.DataFrame, a_label: str, b_label: str,
+                   a_val_n: int = 0, b_val_n: int = 0) -> go.Figure:
+    """Both runs' score curves (B dashed), each validation score with its 95% interval
+    when its run's validation examples are given."""
     fig = go.Figure()
-    add_score_traces(fig, a, a_label)
-    add_score_traces(fig, b, b_label, dash="dash", colors=("#ffcc80", "#e65100"))
+    add_score_traces(fig, a, a_label, val_n=a_val_n)
+    add_score_traces(fig, b, b_label, dash="dash", colors=("#ffcc80", "#e65100"),
+                     val_n=b_val_n)
     fig.update_xaxes(title="step", dtick=1)
     fig.update_yaxes(title="score", rangemode="tozero")
     return _layout(fig, "Scores per step, both runs", height=380)
