@@ -96,6 +96,11 @@ def test_graph_text_names_the_nodes_and_their_prompts(log):
     assert "`mood` reads `review`" in body and "`answer` (the output node) reads `review` " \
         "and `mood`" in body
     assert "“Write one word about the text.”" in body
+    # the drawing carries two gradient lengths of different scopes: the caption says which
+    example = at.session_state["example"]
+    assert ("A box's ∇ chars: its aggregated gradient, the mean over the examples "
+            "back-propagated at step 1; an arrow's: what one successor sent for example "
+            f"{example}") in body
 
 
 def test_gate_shows_an_accepted_and_a_rejected_proposal(log, tmp_path):

@@ -219,6 +219,11 @@ stage = stage or STAGES[0]
 quantity = ("edit" if stage in ("Update", "The gate", "Fix it yourself") else
             "blame" if stage == "Check the blame" else "grad_chars")
 draw_graph(tour, graph, quantity, highlight=highlight(stage, graph), height=300)
+if quantity == "grad_chars":  # two lengths on one drawing: say which is which
+    st.caption(f"A box's ∇ chars: its aggregated gradient, the mean over the examples "
+               f"back-propagated at step {tour.step}; an arrow's: what one successor sent "
+               f"for example {md(tour.example)}, before aggregation. They agree only where a "
+               "node has one successor and the example is the step's only one.")
 st.markdown(stage_text(stage, tour, graph))
 st.button("Next stage ▶", on_click=_next, disabled=stage == STAGES[-1], key="tour_next")
 live(stage, tour, graph)
