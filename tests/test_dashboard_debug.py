@@ -171,6 +171,15 @@ def test_history_timeline_verdicts_scores_reasons_and_flips(open_page, log):
     assert list(timeline["step"]) == [1, 2]
     assert list(timeline["verdict"]) == ["accepted", "rejected"]
     assert timeline["edit alone"].iloc[1] == 0.5
+    # each score after with its 95% interval on the run's validation examples
+    from engine.data.stats import bracketed, score_interval
+
+    with duckdb.connect(str(log.db), read_only=True) as con:
+        n_val = con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND split = 'val'",
+                            [log.semantic]).fetchone()[0]
+    assert list(timeline["after 95%"]) == [bracketed(score_interval(v, n_val))
+                                           for v in timeline["validation after"]]
+    assert any(f"on {n_val} examples" in e.proto.label for e in at.expander)
     assert timeline["reason"].iloc[1] == REASON
     assert any(REASON in w.value for w in at.warning)  # copying training data: a caveat
     flips = frame(at, "score before").set_index("example")

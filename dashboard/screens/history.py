@@ -11,6 +11,7 @@ import streamlit as st
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.text import fmt, md, plural, show_side_by_side, show_text
+from engine.data.stats import bracketed, score_interval
 
 COPY_WORDS = ("copies", "copy", "training example", "leak")
 
@@ -36,7 +37,14 @@ def with_candidates(edits: pd.DataFrame) -> pd.DataFrame:
     return edits.assign(candidates=edits.groupby("step")["candidate"].transform("max") + 1)
 
 
-def timeline(edits: pd.DataFrame, flips: pd.DataFrame) -> pd.DataFrame:
+def after_interval(score: float, val_n: int) -> str | None:
+    """'[0.55, 0.88]': the 95% interval of a validation score on `val_n` examples (as
+    `run`'s summary and Curves give it); None when not measured."""
+    bounds = score_interval(None if pd.isna(score) else float(score), val_n)
+    return bracketed(bounds) if bounds else None
+
+
+def timeline(edits: pd.DataFrame, flips: pd.DataFrame, val_n: int = 0) -> pd.DataFrame:
     counts = flips.groupby(["step", "flipped"]).size().unstack(fill_value=0) \
         if not flips.empty else pd.DataFrame()
     several = {"candidate": [candidate_label(e) for e in edits.to_dict("records")]} \
@@ -45,6 +53,7 @@ def timeline(edits: pd.DataFrame, flips: pd.DataFrame) -> pd.DataFrame:
         "step": edits["step"], **several, "version": edits["version"],
         "verdict": [verdict(e) for e in edits.to_dict("records")],
         "validation before": edits["val_before"], "validation after": edits["val_after"],
+        "after 95%": [after_interval(v, val_n) for v in edits["val_after"]],
         "edit alone": edits["val_alone"],
         "fixed after": [int(counts.get("fixed", {}).get(s, 0)) if not counts.empty else 0
                         for s in edits["step"]],
@@ -53,13 +62,14 @@ def timeline(edits: pd.DataFrame, flips: pd.DataFrame) -> pd.DataFrame:
         "reason": edits["reject_reason"]})
 
 
-def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool
-              ) -> None:
+def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool,
+              val_n: int = 0) -> None:
     kind = verdict(edit)
     color = {"accepted": "green", "rejected": "red"}.get(kind, "gray")
     label = candidate_label(edit)
     title = (f"step {edit['step']}{f' · candidate {label}' if label else ''} · {kind} · "
-             f"validation {fmt(edit['val_before'])} → {fmt(edit['val_after'])}")
+             f"validation {fmt(edit['val_before'])} → {fmt(edit['val_after'])}"
+             + (f" on {plural(val_n, 'example')}" if val_n else ""))
     with st.expander(title, expanded=kind != "unchanged"):
         st.markdown(f":{color}-badge[{kind}]" + (
             f" · edit alone on validation: **{fmt(edit['val_alone'])}**"
@@ -150,9 +160,12 @@ if edits.empty:
             "no step back-propagated to it yet).")
     show_text("prompt", dict(graph.prompts).get(node), expanded=True)
     st.stop()
-st.dataframe(timeline(edits, flips), hide_index=True, column_config={
+val_n = data.split_sizes(sel.db, sel.run).get("val", 0)
+st.dataframe(timeline(edits, flips, val_n), hide_index=True, column_config={
     "validation before": st.column_config.NumberColumn(format="%.3f"),
     "validation after": st.column_config.NumberColumn(format="%.3f"),
+    "after 95%": st.column_config.TextColumn(
+        help=f"95% interval of the validation score after, on {plural(val_n, 'example')}"),
     "edit alone": st.column_config.NumberColumn(
         format="%.3f", help="validation score with only this node's edit applied")})
 c1, c2 = st.columns(2)
@@ -161,4 +174,4 @@ inline = c1.toggle("inline diff", key="inline", help="one column instead of befo
 links.page_option("only", False, [True, False], cast=links.flag)
 only = c2.toggle("show only what changed", key="only")
 for edit in reversed(edits.to_dict("records")):
-    edit_card(sel, node, edit, flips, inline=inline, only=only)
+    edit_card(sel, node, edit, flips, inline=inline, only=only, val_n=val_n)
