@@ -181,12 +181,21 @@ def test_edit_probes_decide_when_every_gradient_fix_carries_the_answer():
     named = [Evidence("note", probed=6, flips=6), Evidence("thing", probed=6)]
     assert weigh(named, [Evidence("thing", "edit", probed=6, flips=6),
                          Evidence("note", "edit", probed=6)]) == (verdict(named), "gradient", "")
-    # edits that name no node leave the gradient verdict (and its reason) in place
+    # edits that name no node leave the gradient verdict in place; its reason gives
+    # theirs too, so that two nodes' edits each fixing some are not hidden behind "no
+    # gradient probe flipped an example"
     overlap = [Evidence("note", "edit", probed=6, flips=4), Evidence("thing", "edit", probed=6,
                                                                      flips=1)]
     chosen, kind, why = weigh(gradients, overlap)
     assert (chosen.node, kind, why) == (None, "gradient", "")
     assert chosen.reason.startswith("no gradient probe flipped")
+    assert chosen.reason.endswith("; the edit probes name no node either: insufficient "
+                                  "evidence: note (4/6) and thing (1/6) have overlapping 90% "
+                                  f"intervals; {edit_verdict(overlap).reason.split('; ')[1]}")
+    assert chosen.more_examples == edit_verdict(overlap).more_examples
+    # edits that fixed nothing add nothing to the reason
+    assert weigh(gradients, [Evidence("note", "edit", probed=6),
+                             Evidence("thing", "edit", probed=6)])[0] == verdict(gradients)
     # one node tried is no comparison
     assert weigh(gradients, edits[:1] + [Evidence("thing", "edit")])[1] == "gradient"
     # ... unless the other's update left its prompt as it was: its edit alone changes

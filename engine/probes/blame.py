@@ -280,7 +280,9 @@ def weigh(gradients: list[Evidence], edits: list[Evidence]) -> tuple[Verdict, st
     not give. A node whose update left its prompt as it was is compared as what its edit
     alone is: no change, so none of the failing examples the others were probed on is
     fixed. A node whose proposal was not probed (it copied training examples) is left out
-    of the comparison, and at least two nodes must be compared."""
+    of the comparison, and at least two nodes must be compared. When neither names a node
+    but the edit probes fixed examples, the verdict's reason gives theirs too (two nodes'
+    edits that each fix some, say, and how many examples would separate them)."""
     if not gradients:
         return edit_verdict(edits), "edit", "the run has no gradients"
     by_gradient = verdict(gradients)
@@ -289,6 +291,11 @@ def weigh(gradients: list[Evidence], edits: list[Evidence]) -> tuple[Verdict, st
     by_edit = edit_verdict(edits)
     if by_edit.node or (by_edit.tied and not by_gradient.tied):
         return by_edit, "edit", f"the gradient probes named no node ({by_gradient.reason})"
+    if any(e.flips for e in edits if e.counted):  # the edits' evidence, short of a name
+        return replace(by_gradient, reason=f"{by_gradient.reason}; the edit probes name no "
+                                           f"node either: {by_edit.reason}",
+                       more_examples=by_gradient.more_examples or by_edit.more_examples
+                       ), "gradient", ""
     return by_gradient, "gradient", ""
 
 
