@@ -139,6 +139,24 @@ def test_an_unknown_name_lists_the_models(tiny):
         models.resolve_model("tiny-modle")
 
 
+@pytest.mark.parametrize("flag, value, said", [
+    ("--model", "tiny-modle", "error: unknown model 'tiny-modle': name one of "),
+    ("--model", "missing/model.gguf", "error: local model file not found: missing/model.gguf"),
+    ("--optimizer-model", "tiny-modle", "error: unknown model 'tiny-modle': name one of ")])
+def test_run_refuses_a_wrong_local_model_before_printing_its_estimate(tmp_path, capsys, flag,
+                                                                      value, said):
+    from tests.test_local_backend import one_node_graph
+
+    db = tmp_path / "runs.duckdb"
+    code = main(["run", str(one_node_graph(tmp_path)), "--backend", "local", flag, value,
+                 "--steps", "0", "--db", str(db)])
+    captured = capsys.readouterr()
+    lines = [ln for ln in (captured.out + captured.err).splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1, lines  # no estimate line before it
+    assert lines[0].startswith(said)
+    assert not db.exists()
+
+
 def test_models_json_has_exactly_the_keys_and_the_pinned_values(tiny, site, capsys):
     uninstall_part(site, 2)
     assert main(["models", "--json"]) == 0

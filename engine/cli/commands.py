@@ -94,6 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, value in (graph or load_graph(args.graph)).run_defaults().items():
         settings.setdefault(name, value)
     config = RunConfig(graph=args.graph, **settings)
+    _check_local_models(config)
     if not args.dry_run:  # a run log it cannot write: its refusal is the only line printed
         from engine.runlog.schema import check_writable
 
@@ -102,6 +103,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
                           config.steps, progress_file=args.progress_file, db=config.db)
+
+
+def _check_local_models(config: Any) -> None:
+    """A local model named wrong (no such name, no such file) is refused before the
+    estimate is printed: its error is the only line."""
+    from engine.llm.models import check_model_spec
+
+    if config.backend == "local":
+        check_model_spec(config.model)
+    if (config.optimizer_backend or config.backend) == "local":
+        check_model_spec(config.optimizer_model)
 
 
 def _print_estimate(config: Any, graph: Any, dry_run: bool) -> bool:

@@ -156,6 +156,21 @@ def paired_optimizer(forward: str | None) -> tuple[str | None, str | None]:
                   f"python -m engine models install {pair}")
 
 
+def check_model_spec(spec: str | os.PathLike | None) -> None:
+    """Raise LLMError (resolve_model's line) when `spec` is neither a model's name nor a
+    file, reading nothing: a command checks this before it prints anything else (a named
+    model's packages and checksum are checked when it is resolved)."""
+    if spec is None or canonical_name(str(spec)) is not None:
+        return
+    text = str(spec)
+    path = Path(text).expanduser()
+    if not path.is_file():
+        if path.suffix.lower() != ".gguf" and os.sep not in text:
+            raise LLMError(f"unknown model {text!r}: name one of {', '.join(MODELS)} "
+                           "(python -m engine models lists them), or a .gguf file's path")
+        raise LLMError(f"local model file not found: {path}")
+
+
 def resolve_model(spec: str | os.PathLike | None = None) -> ResolvedModel:
     """The model `spec` names (a registry name, or a GGUF file's path; None: the default),
     verified. Raises LLMError (one line naming the fix) when it cannot be used."""
@@ -163,12 +178,8 @@ def resolve_model(spec: str | os.PathLike | None = None) -> ResolvedModel:
     name = canonical_name(text)
     if name is not None:
         return _resolve_named(MODELS[name])
+    check_model_spec(text)
     path = Path(text).expanduser()
-    if not path.is_file():
-        if path.suffix.lower() != ".gguf" and os.sep not in text:
-            raise LLMError(f"unknown model {text!r}: name one of {', '.join(MODELS)} "
-                           "(python -m engine models lists them), or a .gguf file's path")
-        raise LLMError(f"local model file not found: {path}")
     return ResolvedModel(path.name, path, path.stat().st_size, file_sha256(path), "")
 
 
