@@ -26,9 +26,18 @@ from dashboard import data, links, live_view
 from dashboard.state import NODE_KEY, PENDING_RUN_KEY, PENDING_VIEW_KEY, SELECTION_KEY, Selection
 from dashboard.views.text import fmt, md, plural
 
+# Runs is the default page, served at the root (Streamlit ignores a default page's path)
+RUNS = st.Page("screens/runs.py", title="Runs", url_path="runs-table", default=True)
+
+
+def runs_alias() -> None:
+    """/runs, the page's name typed or in a link, opens Runs at the root with the address's
+    options, instead of Streamlit's "Page not found"."""
+    st.switch_page(RUNS, query_params=st.query_params.to_dict())
+
+
 PAGES = [
-    st.Page("screens/runs.py", title="Runs", url_path="runs",
-            default=True),
+    RUNS,
     st.Page("screens/graph.py", title="Graph", url_path="graph"),
     st.Page("screens/step.py", title="Step through",
             url_path="step"),
@@ -40,6 +49,7 @@ PAGES = [
     st.Page("screens/compare.py", title="Compare",
             url_path="compare"),
     st.Page("screens/learn.py", title="Learn", url_path="learn"),
+    st.Page(runs_alias, title="Runs", url_path="runs", visibility="hidden"),
 ]
 
 

@@ -137,16 +137,19 @@ def test_hovering_a_node_shows_the_payload_as_text(server, page):
     no_script_ran(page)
 
 
-PAGES = ["runs", "graph", "step", "inspect", "examples", "history", "curves", "compare",
+# "" is Runs, the default page, at the root; "runs" its name, which opens it too
+PAGES = ["", "runs", "graph", "step", "inspect", "examples", "history", "curves", "compare",
          "learn"]
 
 
-@pytest.mark.parametrize("name", PAGES)
-def test_a_deep_link_keeps_its_whole_state_across_a_reload(server, page, name):
+@pytest.mark.parametrize("path", PAGES)
+def test_a_deep_link_keeps_its_whole_state_across_a_reload(server, page, path):
     base, log = server
-    path = "" if name == "runs" else name
     page.goto(f"{base}/{path}?run={log.semantic}&step=0&example={log.example}&node=hint_b")
     settle(page)
+    assert not page.get_by_text("Page not found").count()
+    if path in ("", "runs"):
+        expect(page.locator("h1").first).to_have_text("Runs")
     state = params(page.url)
     assert {k: state.get(k) for k in ("run", "step", "node")} == {
         "run": log.semantic, "step": "0", "node": "hint_b"}, state
