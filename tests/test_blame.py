@@ -529,3 +529,40 @@ def test_the_report_names_the_models_that_answered_not_only_the_settings(tmp_pat
     monkeypatch.setattr(run_execution, "make_client", paired)
     report = run_blame(db)
     assert report.rewriter == "paired-optimizer"
+
+
+def test_an_edit_from_a_candidate_the_step_did_not_keep_says_so(tmp_path, capsys, monkeypatch):
+    """Of a step's two candidate prompt sets (--proposals 2), the kept one left `numbers`
+    as it was and the rejected second rewrote it: blame probes the second's edit (the best
+    that changed the node), and its table says where that edit came from, in the text and
+    in the JSON; the kept candidate's edits carry no such line."""
+    from engine.runlog.probing import proposal_origin
+
+    db = logged_run(tmp_path)
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE updates SET candidate = 0, accepted = true WHERE run_id = 'bf'")
+        # a second candidate: the same edits, scored 0.25 and rejected ...
+        con.execute("""INSERT INTO updates SELECT * REPLACE (1 AS candidate, false AS accepted,
+                           0.25 AS val_after, 'candidate 1 scored higher' AS reject_reason)
+                       FROM updates WHERE run_id = 'bf' AND step = 1""")
+        # ... while the kept one left `numbers` as it was
+        con.execute("UPDATE updates SET new_prompt = old_prompt, accepted = false WHERE "
+                    "run_id = 'bf' AND node_id = 'numbers' AND candidate = 0")
+    assert proposal_origin(db, "bf", 1, "numbers") == (
+        "candidate 2 of 2, not kept (its prompt set scored 0.250 on validation)")
+    assert proposal_origin(db, "bf", 1, "total") is None  # the kept candidate's edit
+    report = run_blame(db)
+    assert report.edit_origins == {"numbers": "candidate 2 of 2, not kept (its prompt set "
+                                              "scored 0.250 on validation)"}
+    assert {e.node_id: e.probed for e in report.edits}["numbers"] == 8
+    monkeypatch.setattr("engine.llm.factory.make_backend",
+                        lambda *a, **k: ScriptedBackend(responder=blame_fault_responder()))
+    assert main(["blame", "bf", "--db", db, "--step", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert ("  numbers's edit probed: candidate 2 of 2, not kept (its prompt set scored 0.250 "
+            "on validation)") in shown
+    assert "total's edit probed" not in shown
+    assert main(["blame", "bf", "--db", db, "--step", "1", "--json"]) == 0
+    nodes = {n["node"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}
+    assert nodes["numbers"]["edit"]["origin"].startswith("candidate 2 of 2, not kept")
+    assert "origin" not in nodes["total"]["edit"]

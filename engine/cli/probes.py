@@ -229,7 +229,8 @@ def blame_lines(report: Any, out: Any) -> list[str]:
                       + (f" ({edit.copy_rejected} copy-rejected)" if edit.copy_rejected
                          else ""), _mark(report) if named else "")
     out.print(table)
-    lines = ["gradient flips: failing examples made correct by following the node's gradient "
+    lines = [f"  {node}'s edit probed: {origin}" for node, origin in report.edit_origins.items()]
+    lines += ["gradient flips: failing examples made correct by following the node's gradient "
              "(leaks, rewrites that carry the answer, are not counted), with a 90% Wilson "
              "interval; edit flips: by the node's proposed edit alone, over the examples its "
              "update call did not see (those it saw are left out; in-sample counts the ones "

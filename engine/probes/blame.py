@@ -53,6 +53,7 @@ from engine.probes.probe import (
 from engine.runlog.probing import (
     aggregate_gradients,
     backward_steps,
+    proposal_origin,
     recorded_claims,
     sampled_examples,
     step_proposal,
@@ -429,6 +430,9 @@ class BlameReport:
     # examples pointing at `claimed`, examples pointing at any single node, examples with
     # claims (the counts behind "gradients point at")
     pointed: tuple[int, int, int] = (0, 0, 0)
+    # of one step's blame, each probed edit that came from a candidate prompt set the step
+    # did not keep (`proposal_origin`): node -> where it came from
+    edit_origins: dict[str, str] = field(default_factory=dict)
 
     @property
     def step(self) -> int | None:
@@ -445,6 +449,8 @@ class BlameReport:
         for row in self.nodes:
             data = row.as_json()
             data["edit"] = edits[row.node_id].as_json()
+            if row.node_id in self.edit_origins:
+                data["edit"]["origin"] = self.edit_origins[row.node_id]
             nodes.append(data)
         return {
             "run_id": self.run_id, "steps": self.steps, "examples": self.which,
@@ -794,6 +800,10 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
                          leaders[0] if len(leaders) == 1 else None, claims,
                          list(per_method.values()), results=results, evidence_note=note)
     report.pointed = (top if len(leaders) == 1 else 0, len(pointed), len(claims_by_example))
+    if len(plans) == 1:
+        run = plans[0]["run"]
+        origins = {n: proposal_origin(run.db, run.run_id, run.step, n) for n in plans[0]["edits"]}
+        report.edit_origins = {n: origin for n, origin in origins.items() if origin}
     report.method_verdicts = {m: verdict([per_method[(m, n)] for n in nodes]) for m in names}
     for m, n, t in list(per_edge):  # one successor: the edge's gradient is the node's
         if len(graph.successors(n)) == 1:

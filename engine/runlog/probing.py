@@ -20,17 +20,36 @@ def backward_steps(db: str | Path, run_id: str) -> list[int]:
             [run_id]).fetchall()]
 
 
+# the node's update blame probes: of several candidates' (--proposals), the kept one, else
+# the best-scored one that changed it
+_CHOSEN_UPDATE = ("SELECT old_prompt, new_prompt, reject_reason, coalesce(candidate, 0), "
+                  "coalesce(accepted, false), val_after, (SELECT count(DISTINCT "
+                  "coalesce(candidate, 0)) FROM updates WHERE run_id = u.run_id AND step = "
+                  "u.step) FROM updates u WHERE run_id = ? AND step = ? AND node_id = ? "
+                  "ORDER BY accepted DESC, new_prompt IS DISTINCT FROM old_prompt DESC, "
+                  "val_after DESC NULLS LAST, coalesce(candidate, 0) LIMIT 1")
+
+
 def step_proposal(db: str | Path, run_id: str, step: int, node_id: str
                   ) -> tuple[str, str, str] | None:
     """(old prompt, new prompt, reject reason) of the node's update at the step: of several
     candidates' (--proposals), the kept one, else the best-scored one that changed it."""
     with connect(db, read_only=True) as con:
-        row = con.execute("SELECT old_prompt, new_prompt, reject_reason FROM updates WHERE "
-                          "run_id = ? AND step = ? AND node_id = ? ORDER BY accepted DESC, "
-                          "new_prompt IS DISTINCT FROM old_prompt DESC, val_after DESC NULLS "
-                          "LAST, coalesce(candidate, 0) LIMIT 1",
-                          [run_id, step, node_id]).fetchone()
+        row = con.execute(_CHOSEN_UPDATE, [run_id, step, node_id]).fetchone()
     return None if row is None else (row[0] or "", row[1] or "", row[2] or "")
+
+
+def proposal_origin(db: str | Path, run_id: str, step: int, node_id: str) -> str | None:
+    """Where `step_proposal`'s edit comes from when a step wrote several candidate prompt
+    sets and that edit is not in the kept one: 'candidate 2 of 2, not kept (its prompt
+    set scored 0.208 on validation)'. None for the kept candidate's edit, and for a step
+    with one candidate."""
+    with connect(db, read_only=True) as con:
+        row = con.execute(_CHOSEN_UPDATE, [run_id, step, node_id]).fetchone()
+    if row is None or row[6] < 2 or row[4]:
+        return None
+    scored = "" if row[5] is None else f" (its prompt set scored {row[5]:.3f} on validation)"
+    return f"candidate {row[3] + 1} of {row[6]}, not kept{scored}"
 
 
 def running_runs(db: str | Path) -> list[str]:
