@@ -130,3 +130,16 @@ def copies_training(db: str, run_id: str, update: dict) -> list[str]:
     if isinstance(reason, str) and COPY_REASON in reason and not found:
         return [reason]
     return found
+
+
+@st.cache_data(**CACHE_OPTIONS)
+def _edit_origin(db: str, run_id: str, step: int, node_id: str, version: Stamp) -> str | None:
+    from engine.runlog.probing import proposal_origin
+
+    return proposal_origin(db, run_id, step, node_id)
+
+
+def edit_origin(db: str, run_id: str, step: int, node_id: str) -> str | None:
+    """Where the edit blame probes for a node came from, when it is not the kept
+    candidate's (engine.runlog.probing.proposal_origin); None otherwise."""
+    return _edit_origin(db, run_id, int(step), node_id, stamp(db))

@@ -283,6 +283,20 @@ def test_check_the_blame_pools_every_probed_example_with_intervals_and_names_the
     assert ("The probes blame `mood`: following its proposed prompt fixes failing examples, "
             f"and its 90% interval lies above every other node's (edit alone: {n}/{n}, 90% "
             f"[{low:.2f}, {high:.2f}]).") in text(at)
+    assert "The prompt probed is from" not in text(at)
+    # the step wrote two candidate prompt sets, kept the first, which left `mood` as it
+    # was: the edit probed (blame's choice) is the second's, and the verdict says so
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE updates SET candidate = 1, val_after = 0.25 WHERE run_id = ? AND "
+                    "step = 1 AND node_id = 'mood'", [log.demo])
+        con.execute("INSERT INTO updates (run_id, step, node_id, old_prompt, new_prompt, "
+                    "accepted, candidate) VALUES (?, 1, 'mood', 'old', 'old', false, 0)",
+                    [log.demo])
+    at = learn(db, "Check the blame", run=log.demo, step=1)
+    assert ("The probes blame `mood`: following its proposed prompt fixes failing examples"
+            in text(at))
+    assert ("The prompt probed is from candidate 2 of 2, not kept (its prompt set scored "
+            "0.250 on validation).") in text(at)
     with duckdb.connect(str(db)) as con:  # two examples: the intervals overlap
         con.execute("DELETE FROM probes WHERE run_id = ?", [log.demo])
         _edit_probes(con, log.demo, {"mood": 2, "answer": 0}, val[:2])

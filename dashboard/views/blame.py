@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, jobs
+from dashboard import data, jobs, probe_data
 from dashboard.views import job_watch
 from dashboard.views.text import code
 from engine.data.stats import bracketed, wilson
@@ -125,8 +125,11 @@ def show_verdict(db: str, run: str, step: int, counts: list[dict], llm: list[str
         # the counts the verdict rests on: a node's label counts gradient fixes only
         rests = (f" ({'gradient' if evidence == 'gradient' else 'edit alone'}: "
                  f"{int(flips or 0)}/{int(probed or 0)}, 90% {interval_text(flips, probed)})")
+        origin = probe_data.edit_origin(db, run, step, found.node) \
+            if evidence == "edit" else None
         st.success(f"The probes blame {code(found.node)}: following {by} fixes failing "
-                   f"examples, and its 90% interval lies above every other node's{rests}.")
+                   f"examples, and its 90% interval lies above every other node's{rests}."
+                   + (f" The prompt probed is from {origin}." if origin else ""))
     elif found.tied:
         st.warning(f"The probes tie on {' and '.join(code(n) for n in found.tied)}: "
                    f"{found.reason}.")
