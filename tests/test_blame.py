@@ -566,3 +566,31 @@ def test_an_edit_from_a_candidate_the_step_did_not_keep_says_so(tmp_path, capsys
     nodes = {n["node"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}
     assert nodes["numbers"]["edit"]["origin"].startswith("candidate 2 of 2, not kept")
     assert "origin" not in nodes["total"]["edit"]
+
+
+def test_the_pages_verdict_reads_the_same_candidates_edit_as_blame(tmp_path):
+    """Under --proposals 2, a node has one update row per candidate. The pages' verdict
+    (logged_verdict) must judge the edit blame probed (`step_proposal`: the kept
+    candidate's, else the best-scored one that changed the prompt), not whichever row
+    comes last: here `total`'s second candidate left it unchanged, its first changed it
+    but was never probed, so `numbers` has no node to be compared with."""
+    from engine.probes.blame import chosen_updates
+    from engine.runlog.probing import step_proposal
+
+    db = logged_run(tmp_path)
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE updates SET candidate = 0, accepted = false, val_after = 0.5 "
+                    "WHERE run_id = 'bf'")
+        con.execute("""INSERT INTO updates SELECT * REPLACE (1 AS candidate,
+                           old_prompt AS new_prompt, 0.25 AS val_after)
+                       FROM updates WHERE run_id = 'bf' AND step = 1""")
+    updates = step_updates(db, "bf", 1).to_dict("records")
+    chosen = {u["node_id"]: u for u in chosen_updates(updates)}
+    for node in NODES:
+        assert step_proposal(db, "bf", 1, node)[1] == chosen[node]["new_prompt"]
+    assert all(chosen[n]["candidate"] == 0 for n in NODES)
+    counts = [{"node_id": "numbers", "probed": 0, "flips": 0, "leaks": 0, "edit_probed": 5,
+               "edit_flips": 5}]
+    found, evidence = logged_verdict(counts, updates, NODES)
+    assert (found.node, found.reason) == (
+        None, "only numbers's edit was probed: no other node to compare")

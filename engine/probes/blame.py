@@ -371,6 +371,28 @@ def leading_group(ranked: list[Evidence]) -> list[str]:
     return []
 
 
+def chosen_updates(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of a step's update rows (several per node under --proposals), the one per node whose
+    edit blame probes, by step_proposal's order (engine/runlog/probing.py): the kept
+    candidate's, else the best-scored one that changed the prompt, else the first."""
+    def known(value: Any) -> bool:  # not NULL (None, or a frame's NaN)
+        return value is not None and value == value
+
+    def order(u: dict[str, Any]) -> tuple:
+        kept = known(u.get("accepted")) and bool(u.get("accepted"))
+        changed = str(u.get("new_prompt") or "") != str(u.get("old_prompt") or "")
+        score = u.get("val_after")
+        candidate = u.get("candidate")
+        return (not kept, not changed, not known(score),
+                -float(score) if known(score) else 0.0,
+                int(candidate) if known(candidate) else 0)
+
+    chosen: dict[str, dict[str, Any]] = {}
+    for u in sorted(updates, key=order):
+        chosen.setdefault(u["node_id"], u)
+    return list(chosen.values())
+
+
 def logged_verdict(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
                    nodes: list[str]) -> tuple[Verdict, str]:
     """(verdict, evidence kind) by `weigh`'s rule from per-node counts as
@@ -380,7 +402,7 @@ def logged_verdict(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
     zero): the verdict a page shows for every probe logged at the step, whichever blame
     jobs wrote them."""
     by_node = {u["node_id"]: (str(u.get("old_prompt") or ""), str(u.get("new_prompt") or ""),
-                              str(u.get("reject_reason") or "")) for u in updates}
+                              str(u.get("reject_reason") or "")) for u in chosen_updates(updates)}
     seen = {r["node_id"] for r in rows}
     rows = list(rows) + [{"node_id": n, "probed": 0, "flips": 0, "leaks": 0,
                           "edit_probed": 0, "edit_flips": 0} for n in nodes if n not in seen]
