@@ -340,5 +340,19 @@ def test_history_labels_each_of_a_steps_candidates(log, tmp_path):
     assert any(t.startswith("step 1 · candidate 2 of 2 · rejected") for t in titles)
     assert any(t.startswith("step 1 · candidate 1 of 2 · accepted") for t in titles)
     assert any(t.startswith("step 2 · ") and "candidate" not in t for t in titles)
+    # blame's edit probes test the kept candidate's edit (and a lone step's only one)
+    assert list(timeline["blame probes"]) == ["this edit", "", "this edit"]
+    probed = "of this step's candidates, the edit blame's edit probes run"
+    assert texts(at).count(probed) == 1
     one = open_on(log.db, "screens/history.py", run=log.semantic, node="hint_a")
     assert "candidate" not in frame(one, "verdict").columns
+    assert "blame probes" not in frame(one, "verdict").columns
+    assert probed not in texts(one)
+    # the kept set left hint_a as it was: blame probes the changed, rejected second's edit
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE updates SET accepted = false, new_prompt = old_prompt WHERE "
+                    "run_id = ? AND step = 1 AND node_id = 'hint_a' AND candidate = 0",
+                    [log.semantic])
+    again = frame(open_on(db, "screens/history.py", run=log.semantic, node="hint_a"),
+                  "verdict")
+    assert list(again["blame probes"]) == ["", "this edit", "this edit"]

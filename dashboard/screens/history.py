@@ -12,6 +12,7 @@ from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.text import fmt, md, plural, show_side_by_side, show_text
 from engine.data.stats import bracketed, score_interval
+from engine.probes.blame import chosen_updates
 
 COPY_WORDS = ("copies", "copy", "training example", "leak")
 
@@ -37,6 +38,18 @@ def with_candidates(edits: pd.DataFrame) -> pd.DataFrame:
     return edits.assign(candidates=edits.groupby("step")["candidate"].transform("max") + 1)
 
 
+def blame_probed(edits: pd.DataFrame) -> list[bool]:
+    """Per row of one node's `edits` (with `candidate`): whether it is the edit blame's
+    edit probes run at its step. A step writes one row per candidate prompt set under
+    --proposals, and blame tests one of them (engine.probes.blame.chosen_updates: the kept
+    candidate's, else the best-scored one that changed the prompt, else the first)."""
+    picked = set()
+    for step, rows in edits.groupby("step"):
+        chosen = chosen_updates([{**r, "node_id": ""} for r in rows.to_dict("records")])
+        picked.add((int(step), int(chosen[0].get("candidate") or 0)))
+    return [(int(s), int(c or 0)) in picked for s, c in zip(edits["step"], edits["candidate"])]
+
+
 def after_interval(score: float, val_n: int) -> str | None:
     """'[0.55, 0.88]': the 95% interval of a validation score on `val_n` examples (as
     `run`'s summary and Curves give it); None when not measured."""
@@ -47,7 +60,8 @@ def after_interval(score: float, val_n: int) -> str | None:
 def timeline(edits: pd.DataFrame, flips: pd.DataFrame, val_n: int = 0) -> pd.DataFrame:
     counts = flips.groupby(["step", "flipped"]).size().unstack(fill_value=0) \
         if not flips.empty else pd.DataFrame()
-    several = {"candidate": [candidate_label(e) for e in edits.to_dict("records")]} \
+    several = {"candidate": [candidate_label(e) for e in edits.to_dict("records")],
+               "blame probes": ["this edit" if b else "" for b in blame_probed(edits)]} \
         if (edits["candidates"] > 1).any() else {}
     return pd.DataFrame({
         "step": edits["step"], **several, "version": edits["version"],
@@ -63,7 +77,7 @@ def timeline(edits: pd.DataFrame, flips: pd.DataFrame, val_n: int = 0) -> pd.Dat
 
 
 def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool,
-              val_n: int = 0) -> None:
+              val_n: int = 0, probed: bool = False) -> None:
     kind = verdict(edit)
     color = {"accepted": "green", "rejected": "red"}.get(kind, "gray")
     label = candidate_label(edit)
@@ -73,7 +87,9 @@ def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, 
     with st.expander(title, expanded=kind != "unchanged"):
         st.markdown(f":{color}-badge[{kind}]" + (
             f" · edit alone on validation: **{fmt(edit['val_alone'])}**"
-            if pd.notna(edit.get("val_alone")) else ""))
+            if pd.notna(edit.get("val_alone")) else "") + (
+            " · of this step's candidates, the edit blame's edit probes run"
+            if probed and label else ""))
         reason = edit.get("reject_reason")
         if isinstance(reason, str) and reason:
             caveat = any(w in reason.lower() for w in COPY_WORDS)
@@ -167,11 +183,14 @@ st.dataframe(timeline(edits, flips, val_n), hide_index=True, column_config={
     "after 95%": st.column_config.TextColumn(
         help=f"95% interval of the validation score after, on {plural(val_n, 'example')}"),
     "edit alone": st.column_config.NumberColumn(
-        format="%.3f", help="validation score with only this node's edit applied")})
+        format="%.3f", help="validation score with only this node's edit applied"),
+    "blame probes": st.column_config.TextColumn(
+        help="of a step's candidate prompt sets, the one whose edit of this node blame's "
+             "edit probes run: the kept candidate's, else the best-scored that changed it")})
 c1, c2 = st.columns(2)
 links.page_option("inline", False, [True, False], cast=links.flag)
 inline = c1.toggle("inline diff", key="inline", help="one column instead of before | after")
 links.page_option("only", False, [True, False], cast=links.flag)
 only = c2.toggle("show only what changed", key="only")
-for edit in reversed(edits.to_dict("records")):
-    edit_card(sel, node, edit, flips, inline=inline, only=only, val_n=val_n)
+for edit, probed in reversed(list(zip(edits.to_dict("records"), blame_probed(edits)))):
+    edit_card(sel, node, edit, flips, inline=inline, only=only, val_n=val_n, probed=probed)
