@@ -262,6 +262,20 @@ class LlamaServer:
         self.stop()
 
 
+DIED_WAIT_S = 3.0  # how long check_server waits for a server that dropped its request to exit
+
+
+def _exit_status(process: subprocess.Popen | None, within: float) -> int | None:
+    """The process's exit status once it has ended, waiting up to `within` seconds; None
+    while it still runs (or when there is none)."""
+    if process is None:
+        return None
+    try:
+        return process.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def check_server(model_path: str | Path, binary: str | Path | None = None,
                  timeout: float = 120.0) -> str | None:
     """Serve `model_path` with `binary` and ask for a few tokens: None when a reply came
@@ -283,8 +297,9 @@ def check_server(model_path: str | Path, binary: str | Path | None = None,
     except LLMError as exc:
         return str(exc)
     except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
-        process = server.process
-        status = process.poll() if process is not None else None
+        # a server that crashes closes the connection a moment before its exit can be
+        # reaped: wait for it briefly, so a busy machine does not hide the crash
+        status = _exit_status(server.process, within=DIED_WAIT_S)
         if status is not None:
             return (f"llama-server died on its first request (exit status {status}): "
                     f"{server.log_reason()}")

@@ -7,7 +7,8 @@ as JSON lines, to $FAKE_LLAMA_LOG.
 
 $FAKE_LLAMA_MODE plays a failing server: `fail` prints llama-server's load error and exits
 1; `never-ready` answers /health with 503 for ever; `crash` is healthy but dies of SIGSEGV
-on its first completion (as a build for instructions a VM does not allow).
+on its first completion, half a second after dropping the connection (as a build for
+instructions a VM does not allow).
 $FAKE_LLAMA_LATENCY (seconds) delays each completion, as a busy model's work does.
 
     tests/support/fake_llama_server.py --model M.gguf --host 127.0.0.1 --port 8080 ...
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -71,6 +73,10 @@ class Handler(BaseHTTPRequestHandler):
         log({"request": body})
         if MODE == "crash":
             print("ggml: about to compute the first batch", flush=True)
+            # the client sees its connection drop a moment before the process ends (a real
+            # server's crash handler first prints a backtrace)
+            self.connection.shutdown(socket.SHUT_RDWR)
+            time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGSEGV)
         prompt = "".join(m["content"] for m in body["messages"])
         text = default_responder(body)
