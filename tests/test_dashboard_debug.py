@@ -340,6 +340,13 @@ def test_history_labels_each_of_a_steps_candidates(log, tmp_path):
     assert any(t.startswith("step 1 · candidate 2 of 2 · rejected") for t in titles)
     assert any(t.startswith("step 1 · candidate 1 of 2 · accepted") for t in titles)
     assert any(t.startswith("step 2 · ") and "candidate" not in t for t in titles)
+    # flips follow the kept candidate's edit only: a rejected one never ran
+    from engine.runlog.debug import node_history
+
+    flips = node_history(db, log.semantic, "hint_a")["flips"]
+    fixed = list(timeline["fixed after"])
+    assert fixed[0] == ((flips["step"] == 1) & (flips["flipped"] == "fixed")).sum() > 0
+    assert all(v is None or v != v for v in fixed[1:]), fixed
     # blame's edit probes test the kept candidate's edit (and a lone step's only one)
     assert list(timeline["blame probes"]) == ["this edit", "", "this edit"]
     probed = "of this step's candidates, the edit blame's edit probes run"

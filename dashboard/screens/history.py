@@ -57,9 +57,17 @@ def after_interval(score: float, val_n: int) -> str | None:
     return bracketed(bounds) if bounds else None
 
 
+def flip_counts(edits: pd.DataFrame, flips: pd.DataFrame, kind: str) -> list[int | None]:
+    """Per row: how many examples the next step `kind` ('fixed' or 'broke') after the
+    row's edit was accepted; None for an edit that was not (it never ran, and under
+    --proposals the step's flips belong to the candidate that was kept)."""
+    counts = flips[flips["flipped"] == kind].groupby("step").size() if not flips.empty \
+        else pd.Series(dtype=int)
+    return [int(counts.get(s, 0)) if bool(a) else None
+            for s, a in zip(edits["step"], edits["accepted"].fillna(False))]
+
+
 def timeline(edits: pd.DataFrame, flips: pd.DataFrame, val_n: int = 0) -> pd.DataFrame:
-    counts = flips.groupby(["step", "flipped"]).size().unstack(fill_value=0) \
-        if not flips.empty else pd.DataFrame()
     several = {"candidate": [candidate_label(e) for e in edits.to_dict("records")],
                "blame probes": ["this edit" if b else "" for b in blame_probed(edits)]} \
         if (edits["candidates"] > 1).any() else {}
@@ -69,10 +77,8 @@ def timeline(edits: pd.DataFrame, flips: pd.DataFrame, val_n: int = 0) -> pd.Dat
         "validation before": edits["val_before"], "validation after": edits["val_after"],
         "after 95%": [after_interval(v, val_n) for v in edits["val_after"]],
         "edit alone": edits["val_alone"],
-        "fixed after": [int(counts.get("fixed", {}).get(s, 0)) if not counts.empty else 0
-                        for s in edits["step"]],
-        "broke after": [int(counts.get("broke", {}).get(s, 0)) if not counts.empty else 0
-                        for s in edits["step"]],
+        "fixed after": flip_counts(edits, flips, "fixed"),
+        "broke after": flip_counts(edits, flips, "broke"),
         "reason": edits["reject_reason"]})
 
 
