@@ -11,8 +11,14 @@ The rule, on lower-cased words (punctuation ignored):
   sampled examples' inputs (their field values) or targets; or
 - the proposal contains a whole input or target of at least `WHOLE_WORDS` (4) words:
   one-sentence examples are shorter than any span threshold, and pasting one entire is
-  still copying, while a one-word target ("Yes") never counts.
-A run that the current prompt already contains is not counted: only new text can copy.
+  still copying, while a one-word target ("Yes") never counts; or
+- the proposal retells a short example (under `2 * SPAN_WORDS` words): it holds at least
+  `WHOLE_WORDS` of the example's words, in any order, and at least `MOST_OF` (three
+  quarters) of the example's distinct words. A retelling with the number left out or the
+  words moved ("Write one word about the number of buttons that Oskar lost from his coat."
+  for "Oskar lost 4 buttons from his coat.") names one example as surely as a paste does.
+Text (a run, or a word) that the current prompt already contains is not counted: only new
+text can copy.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Iterable
 
 SPAN_WORDS = 8
 WHOLE_WORDS = 4
+MOST_OF = 0.75
 COPY_REASON = "copies training examples"
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
@@ -59,6 +66,23 @@ def copied_span(proposal: str, examples: Iterable[str], current: str = "",
                 run = tuple(said[i:i + span_words])
                 if run in theirs and run not in old:
                     return " ".join(run)
+        if whole_words <= len(ex) < 2 * span_words:
+            retold = _retold(said, ex, before, whole_words)
+            if retold:
+                return retold
+    return None
+
+
+def _retold(said: list[str], example: list[str], before: list[str], whole_words: int
+            ) -> str | None:
+    """The example's words the proposal holds (in the example's order), when they are at
+    least `whole_words` and `MOST_OF` of its distinct words; words the current prompt has
+    count for neither side."""
+    known = set(before)
+    theirs = [w for w in dict.fromkeys(example) if w not in known]
+    shared = [w for w in theirs if w in set(said)]
+    if len(shared) >= whole_words and len(shared) >= MOST_OF * len(theirs):
+        return " ".join(shared)
     return None
 
 
