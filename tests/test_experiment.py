@@ -446,3 +446,28 @@ def test_zero_candidates_is_a_plan_error(tmp_path, monkeypatch):
     plan.write_text(DEMO_ENTRY + "    proposals: 0\n", encoding="utf-8")
     with pytest.raises(PlanError, match="entry 'd': 'proposals' .* at least 1"):
         load_plan(plan)
+
+
+def test_the_plan_estimate_is_each_runs_own_estimate_summed(tmp_path, monkeypatch):
+    """One fact, one number: the plan's tokens, calls and cost are the `at most` figures of
+    the estimate `run` prints for each of its runs (its tokens from the prompts that run
+    will send), not fixed averages per call (those said 3.0M tokens for the embedded plan's
+    12 demo runs, whose runs then used about 30k each)."""
+    from engine.experiment import estimate_table
+    from engine.runs.estimate import FORWARD_TOKENS, OPTIMIZER_TOKENS, estimate_for
+
+    monkeypatch.chdir(ROOT)
+    plan = tmp_path / "demo.yaml"
+    plan.write_text(DEMO_ENTRY.replace("methods: [semantic]", "methods: [semantic, textgrad]"),
+                    encoding="utf-8")
+    cells = expand(load_plan(plan), str(DATA))
+    prepare(cells, RunConfig(graph="", backend="scripted", db=str(tmp_path / "r.duckdb")))
+    _, total = estimate_table(cells, cells)
+    each = [estimate_for(c.config, load_graph(c.config.graph), c.splits) for c in cells]
+    assert total.runs == len(cells) == 2
+    assert total.tokens == sum(e.tokens(upper=True) for e in each) > 0
+    assert total.forward_calls == sum(e.calls("forward", upper=True) for e in each)
+    assert total.optimizer_calls == sum(e.calls("optimizer", upper=True) for e in each)
+    fixed = (total.forward_calls * sum(FORWARD_TOKENS)
+             + total.optimizer_calls * sum(OPTIMIZER_TOKENS))
+    assert total.tokens < fixed / 2  # the demo's calls are a fraction of those averages

@@ -123,9 +123,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     table, total = estimate_table(cells, pending)
     out.print(table)
     out.print(f"{len(cells)} runs in plan '{plan.name}': {len(cells) - len(pending)} already "
-              f"finished or filtered out, {len(pending)} to run. Tokens assume "
-              f"{sum(FORWARD_TOKENS)} per forward call and {sum(OPTIMIZER_TOKENS)} per "
-              f"optimizer call.", markup=False, highlight=False)
+              f"finished or filtered out, {len(pending)} to run. Each run's figures are "
+              f"the 'at most' ones `run` would print for it, its tokens from the prompts "
+              f"it will send.", markup=False, highlight=False)
     if not confirm(total, args.yes, sys.stdin, console):
         console.print("not started", markup=False)
         return 1

@@ -1,5 +1,7 @@
 """The estimate shown before an experiment starts: an upper bound on each run's calls,
-tokens and cost, per entry and in total, and the confirmation to go ahead."""
+tokens and cost, per entry and in total, and the confirmation to go ahead. Each run's
+figures are the `at most` ones of the estimate `run` prints for it (engine/runs/estimate.py),
+its tokens from the prompts that run will send (engine/runs/call_sizes.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from rich.table import Table
 from engine.core.graph import GraphSpec, load_graph
 from engine.experiment.cells import Cell, resolved_models
 from engine.experiment.plan import PlanError
+from engine.runs.call_sizes import CallSizes, measure_sizes
 from engine.runs.estimate import (
     FORWARD_TOKENS,
     OPTIMIZER_TOKENS,
@@ -34,28 +37,28 @@ class Estimate:
     forward_calls: int = 0
     optimizer_calls: int = 0
     cost: float | None = 0.0
-
-    @property
-    def tokens(self) -> int:
-        return self.forward_calls * sum(FORWARD_TOKENS) + \
-            self.optimizer_calls * sum(OPTIMIZER_TOKENS)
+    tokens: int = 0
 
     def add(self, other: Estimate) -> None:
         self.runs += other.runs
         self.forward_calls += other.forward_calls
         self.optimizer_calls += other.optimizer_calls
+        self.tokens += other.tokens
         self.cost = None if self.cost is None or other.cost is None else self.cost + other.cost
 
 
 def estimate_run(graph: GraphSpec, config: RunConfig, n_train: int, n_val: int, n_test: int,
-                 models: tuple[str, str], prices: dict) -> Estimate:
+                 models: tuple[str, str], prices: dict, sizes: CallSizes | None = None
+                 ) -> Estimate:
     """Upper bound on one run's calls, from the estimate every `run` prints: every
     evaluated example runs every LLM node, k failing examples are back-propagated (a repair
     call each), each trainable node (one, in update mode 'one') gets an update call per
-    step, the per-node gates where the mode allows them; the reply cache is ignored."""
-    est = estimate_calls(graph, config, n_train, n_val, n_test, models, prices)
+    step, the per-node gates where the mode allows them; the reply cache is ignored.
+    Tokens per call from `sizes` (engine/runs/call_sizes.py), else the fixed averages
+    `FORWARD_TOKENS` and `OPTIMIZER_TOKENS`."""
+    est = estimate_calls(graph, config, n_train, n_val, n_test, models, prices, sizes=sizes)
     return Estimate(1, est.calls("forward", upper=True), est.calls("optimizer", upper=True),
-                    est.cost(upper=True))
+                    est.cost(upper=True), est.tokens(upper=True))
 
 
 def estimate_table(cells: list[Cell], pending: list[Cell]) -> tuple[Table, Estimate]:
@@ -66,8 +69,11 @@ def estimate_table(cells: list[Cell], pending: list[Cell]) -> tuple[Table, Estim
     for cell in pending:
         graph = load_graph(cell.config.graph)
         s = cell.splits
+        models = resolved_models(cell.config)
+        # sized as `run` sizes this run's calls: its own prompts, rendered on its examples
+        sizes = measure_sizes(graph, cell.config, s, *models)
         est = estimate_run(graph, cell.config, len(s.train), len(s.val), len(s.test),
-                           resolved_models(cell.config), prices)
+                           models, prices, sizes)
         per_entry.setdefault(cell.entry.name, Estimate()).add(est)
     table = Table("entry", "to run", "done", "forward calls", "optimizer calls", "tokens",
                   "cost $", title="Estimate (upper bound; cached replies cost nothing)")
