@@ -67,9 +67,11 @@ def flip_counts(edits: pd.DataFrame, flips: pd.DataFrame, kind: str) -> list[int
             for s, a in zip(edits["step"], edits["accepted"].fillna(False))]
 
 
-def timeline(edits: pd.DataFrame, flips: pd.DataFrame, val_n: int = 0) -> pd.DataFrame:
+def timeline(edits: pd.DataFrame, flips: pd.DataFrame, probed: list[bool], val_n: int = 0
+             ) -> pd.DataFrame:
+    """The page's table; `probed` is blame_probed(edits)."""
     several = {"candidate": [candidate_label(e) for e in edits.to_dict("records")],
-               "blame probes": ["this edit" if b else "" for b in blame_probed(edits)]} \
+               "blame probes": ["this edit" if b else "" for b in probed]} \
         if (edits["candidates"] > 1).any() else {}
     return pd.DataFrame({
         "step": edits["step"], **several, "version": edits["version"],
@@ -183,7 +185,8 @@ if edits.empty:
     show_text("prompt", dict(graph.prompts).get(node), expanded=True)
     st.stop()
 val_n = data.split_sizes(sel.db, sel.run).get("val", 0)
-st.dataframe(timeline(edits, flips, val_n), hide_index=True, column_config={
+probed = blame_probed(edits)
+st.dataframe(timeline(edits, flips, probed, val_n), hide_index=True, column_config={
     "validation before": st.column_config.NumberColumn(format="%.3f"),
     "validation after": st.column_config.NumberColumn(format="%.3f"),
     "after 95%": st.column_config.TextColumn(
@@ -198,5 +201,5 @@ links.page_option("inline", False, [True, False], cast=links.flag)
 inline = c1.toggle("inline diff", key="inline", help="one column instead of before | after")
 links.page_option("only", False, [True, False], cast=links.flag)
 only = c2.toggle("show only what changed", key="only")
-for edit, probed in reversed(list(zip(edits.to_dict("records"), blame_probed(edits)))):
-    edit_card(sel, node, edit, flips, inline=inline, only=only, val_n=val_n, probed=probed)
+for edit, tested in reversed(list(zip(edits.to_dict("records"), probed))):
+    edit_card(sel, node, edit, flips, inline=inline, only=only, val_n=val_n, probed=tested)

@@ -78,9 +78,9 @@ def _retold(said: list[str], example: list[str], before: list[str], whole_words:
     """The example's words the proposal holds (in the example's order), when they are at
     least `whole_words` and `MOST_OF` of its distinct words; words the current prompt has
     count for neither side."""
-    known = set(before)
+    known, held = set(before), set(said)
     theirs = [w for w in dict.fromkeys(example) if w not in known]
-    shared = [w for w in theirs if w in set(said)]
+    shared = [w for w in theirs if w in held]
     if len(shared) >= whole_words and len(shared) >= MOST_OF * len(theirs):
         return " ".join(shared)
     return None
