@@ -68,7 +68,7 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                   base_url: str | None = None, model: str | None = None,
                   run_id: str | None = None, concurrency: int | None = None,
                   timeout: float | None = None, optimizer_max_tokens: int | None = None,
-                  val: int = 0) -> ImportResult:
+                  val: int = 0, spans: list | None = None) -> ImportResult:
     """Read the spans, infer the pipeline, and write it as a run. Every check comes before
     the first write: bad input raises TraceError (or RunLogError) and writes nothing.
 
@@ -81,8 +81,11 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
     graded and replayed like the rest, never back-propagated. `backprop` then gates its
     proposals on them (re-running them through the user's model), and `blame --examples val`
     probes them with edits whose update call never saw them, which is the only way an
-    edit probe counts on an import (every training trace feeds the proposal)."""
-    pipeline = infer_pipeline(read_spans(path), node_key)
+    edit probe counts on an import (every training trace feeds the proposal).
+
+    `spans`: the spans to import, in place of reading `path` (spans `collect` received);
+    `path` then only names the run's graph."""
+    pipeline = infer_pipeline(read_spans(path) if spans is None else spans, node_key)
     target_of = read_targets(targets, pipeline.traces) if targets else {}
     graph = pipeline_graph(pipeline, metric, Path(path).stem)
     examples = [example_of(t, target_of.get(t.example_id)) for t in pipeline.traces]

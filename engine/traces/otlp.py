@@ -85,7 +85,7 @@ def read_spans(path: str | Path) -> list[Span]:
             raise TraceError(f"{path}:{number}: not OTLP JSON (no resourceSpans: expected an "
                              "ExportTraceServiceRequest a line)")
         try:
-            spans.extend(_spans_of(resources))
+            spans.extend(spans_of(resources))
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             raise TraceError(f"{path}:{number}: not OTLP JSON ({exc.__class__.__name__}: "
                              f"{exc})") from None
@@ -101,7 +101,9 @@ def _get(mapping: dict, *keys: str) -> Any:
     return None
 
 
-def _spans_of(resources: list[dict]) -> list[Span]:
+def spans_of(resources: list[dict]) -> list[Span]:
+    """The spans of an ExportTraceServiceRequest's `resourceSpans` (OTLP JSON, or protobuf's
+    JSON mapping: ids in hex or base64). Raises TypeError/ValueError/KeyError on a bad shape."""
     out = []
     for resource in resources:
         for scope in _get(resource, "scopeSpans", "scope_spans") or []:
