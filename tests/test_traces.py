@@ -80,7 +80,7 @@ def test_the_recorded_messages_are_the_nodes_forward_messages(tmp_path, capsys):
     with duckdb.connect(str(db), read_only=True) as con:
         calls = con.execute("SELECT node_id, messages, response, backend, model FROM llm_calls "
                             "WHERE run_id = ? AND example_id = ? ORDER BY node_id",
-                            [got["run_id"], hex_id("trace-0", 32)[:16]]).fetchall()
+                            [got["run_id"], hex_id("trace-0", 32)]).fetchall()
         splits = con.execute("SELECT DISTINCT split FROM examples WHERE run_id = ?",
                              [got["run_id"]]).fetchall()
         # the pipeline read each reply whole: no output-tag fallback is reported
@@ -95,20 +95,49 @@ def test_the_recorded_messages_are_the_nodes_forward_messages(tmp_path, capsys):
     assert fallbacks == [(0,)]
 
 
-def test_a_node_key_attribute_names_the_call_sites(tmp_path, capsys):
+def _keyed_spans(template: bool) -> list[dict]:
     spans = []
     for i, (sentence, n) in enumerate(SENTENCES[:2]):
         trace = f"k{i}"
         for j, (site, system, user, out) in enumerate([
                 ("counter", f"Count for request {i}.", sentence, f"The number is {n}."),
                 ("final", f"Answer for request {i}.", f"Note: The number is {n}.", n)]):
-            spans.append(llm_span(trace, "chat", system, user, out, j + 1,
-                                  extra={"app.step": site}))
-    traces = write_lines(tmp_path / "t.jsonl", spans)
-    got = run_json(capsys, "import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"),
+            extra = {"app.step": site}
+            if template:  # OpenInference's using_prompt_template records these
+                extra.update({"llm.prompt_template.template": system.replace(str(i), "{request}"),
+                              "llm.prompt_template.variables": json.dumps({"request": str(i)})})
+            spans.append(llm_span(trace, "chat", system, user, out, j + 1, extra=extra))
+    return spans
+
+
+def test_a_system_message_that_varies_without_a_template_is_refused_not_frozen(
+        tmp_path, existing_log, capsys):
+    """Each trace sends its own system message ("...request 0.", "...request 1."): taking
+    the first trace's as the node's prompt would send request 0's text for every trace."""
+    traces = write_lines(tmp_path / "t.jsonl", _keyed_spans(template=False))
+    out = _refused(capsys, existing_log, str(traces), "--node-key", "app.step")
+    assert "call 'counter': its prompt differs across traces" in out
+    assert "using_prompt_template" in out
+
+
+def test_a_node_key_attribute_names_the_call_sites_and_a_template_is_the_prompt(
+        tmp_path, capsys):
+    traces = write_lines(tmp_path / "t.jsonl", _keyed_spans(template=True))
+    db = tmp_path / "r.duckdb"
+    got = run_json(capsys, "import-traces", str(traces), "--db", str(db),
                    "--node-key", "app.step")
     assert [n["id"] for n in got["nodes"]] == ["counter", "final"]
     assert got["edges"] == [["counter", "final"]]
+    assert [n["prompt"] for n in got["nodes"]] == ["Count for request {request}.",
+                                                   "Answer for request {request}."]
+    # each trace's call is sent again with its own variables, never trace 0's
+    with duckdb.connect(str(db), read_only=True) as con:
+        sent = con.execute("SELECT example_id, messages FROM llm_calls WHERE run_id = ? AND "
+                           "node_id = 'counter' ORDER BY example_id",
+                           [got["run_id"]]).fetchall()
+    systems = {e: json.loads(m)[0]["content"] for e, m in sent}
+    assert systems == {hex_id("k0", 32): "Count for request 0.",
+                       hex_id("k1", 32): "Count for request 1."}
 
 
 def test_ambiguous_flows_are_reported_not_guessed(tmp_path, capsys):
@@ -246,7 +275,7 @@ def test_a_trace_whose_content_flows_in_a_cycle_is_refused(tmp_path, existing_lo
                       "Boats float on rivers too.", 3)]
     path = write_lines(tmp_path / "x.jsonl", spans)
     out = _refused(capsys, existing_log, str(path))
-    assert "trace " + hex_id("cy", 32) in out and "called twice" in out
+    assert "trace " + hex_id("cy", 32) in out and "is called again after 'edit'" in out
 
 
 def test_content_flowing_both_ways_across_traces_is_a_cycle(tmp_path, existing_log, capsys):

@@ -20,7 +20,13 @@ from engine.data.examples import Example
 from engine.events import Activation
 from engine.llm.client import LLMClient
 from engine.prompts import templates as P
-from engine.prompts.recorded import RECORDED_FIELD, marked_read, recorded_messages
+from engine.prompts.recorded import (
+    RECORDED_FIELD,
+    marked_read,
+    recorded_messages,
+    recorded_output,
+    recorded_tools,
+)
 
 
 @dataclass(frozen=True)
@@ -190,9 +196,11 @@ async def _shared_call(ctx: RunContext, prompts: Prompts, example: Example, node
 async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: Node,
                      values: dict[str, str], split: str, records: list | None = None
                      ) -> Activation:
+    tools = None
     if node.recorded:  # a call imported from traces: the pipeline's own messages
-        messages = recorded_messages(prompts.text[node.id],
-                                     example.fields.get(RECORDED_FIELD, ""), node.id, values)
+        recorded = example.fields.get(RECORDED_FIELD, "")
+        messages = recorded_messages(prompts.text[node.id], recorded, node.id, values)
+        tools = recorded_tools(recorded, node.id)
     else:
         answer_format = ctx.graph.answer_format if node.output else ""
         messages = ctx.prompt_set.forward(prompts.text[node.id], values, answer_format,
@@ -201,7 +209,7 @@ async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: N
         "forward", messages, max_tokens=node.max_tokens or ctx.max_tokens,
         stop=() if node.recorded else ctx.prompt_set.forward_stop,
         meta={"role": "forward", "node": node.id, "output_node": node.output,
-              "inputs": list(node.inputs)})
+              "inputs": list(node.inputs)}, tools=tools)
     record = await ctx.client.call(request, step=ctx.step, node_id=node.id,
                                    example_id=example.id)
     if records is not None:
@@ -209,8 +217,10 @@ async def call_node(ctx: RunContext, prompts: Prompts, example: Example, node: N
     if record.error:
         return _activation(ctx, split, example, node, prompts, values, error=record.error,
                            call_id=record.call_id)
-    # the pipeline read a recorded call's reply as it came: no output tags to look for
-    output, problem = (record.response, None) if node.recorded else P.parse_output(
+    # a recorded call's reply is read as the pipeline read it (as it came, or the fields
+    # its framework parsed out): no output tags to look for
+    output, problem = recorded_output(example.fields.get(RECORDED_FIELD, ""), node.id,
+                                      record.response) if node.recorded else P.parse_output(
         record.response, stopped=bool(request.stop) and record.finish_reason != "length")
     return _activation(ctx, split, example, node, prompts, values, output=output,
                        raw=record.response, parse_error=problem, call_id=record.call_id)

@@ -40,6 +40,9 @@ class LLMRequest:
     # The SHA-256 of the model file (local models): two files of the same name never share
     # cached replies. None for provider models, whose name is all there is to know.
     model_sha256: str | None = None
+    # The tools a call imported from traces offered, as the pipeline sent them:
+    # {"tools": [OpenAI tool definitions], "tool_choice": ...}; None for a plain call.
+    tools: dict[str, Any] | None = field(default=None, hash=False)
 
     def key_fields(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,7 @@ class LLMRequest:
             # only when set, so that text requests keep the keys they always had
             **({"schema": self.schema} if self.schema is not None else {}),
             **({"model_sha256": self.model_sha256} if self.model_sha256 else {}),
+            **({"tools": self.tools} if self.tools else {}),
         }
 
     def cache_key(self) -> str:
@@ -129,6 +133,22 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def tool_call_text(content: str, calls: list[tuple[str, str]]) -> str:
+    """A reply as text when it asks for tools: its content (if any), then one line
+    `<tool_call name="NAME">ARGUMENTS</tool_call>` a call, the arguments as canonical JSON.
+    Both a recorded reply (engine/traces) and a live one (openai_backend) read this way, so
+    a tool call is an output like any other."""
+    lines = [content] if content else []
+    for name, arguments in calls:
+        try:
+            arguments = json.dumps(json.loads(arguments or "{}"), ensure_ascii=False,
+                                   sort_keys=True)
+        except (json.JSONDecodeError, TypeError):
+            pass
+        lines.append(f'<tool_call name="{name}">{arguments}</tool_call>')
+    return "\n".join(lines)
 
 
 def estimate_tokens(text: str) -> int:

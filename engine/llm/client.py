@@ -121,8 +121,8 @@ class LLMClient:
 
     def request(self, purpose: str, messages: list[tuple[str, str]], *, max_tokens: int = 512,
                 temperature: float | None = None, sample_index: int = 0,
-                meta: dict[str, Any] | None = None, stop: tuple[str, ...] = ()
-                ) -> LLMRequest:
+                meta: dict[str, Any] | None = None, stop: tuple[str, ...] = (),
+                tools: dict[str, Any] | None = None) -> LLMRequest:
         backend, model = self.backend_for(purpose)
         schema = None
         if meta and self.structure is not None and self.structured_for(backend):
@@ -133,7 +133,7 @@ class LLMClient:
             temperature=self.temperature if temperature is None else temperature,
             max_tokens=max_tokens, seed=self.seed, sample_index=sample_index, stop=tuple(stop),
             backend=backend.name, meta=dict(meta or {}), schema=schema,
-            model_sha256=getattr(backend, "model_sha256", None),
+            model_sha256=getattr(backend, "model_sha256", None), tools=tools or None,
         )
 
     def structured_for(self, backend: Backend) -> bool:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import email.utils
 import itertools
 import os
+import re
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,7 +26,39 @@ from engine.llm.base import (
     SchemaRefused,
     TransientLLMError,
     estimate_tokens,
+    tool_call_text,
 )
+
+TOOL_CALL_LINE = re.compile(r'^<tool_call name="([^"]+)">(.*)</tool_call>$')
+
+
+def wire_messages(messages: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Chat messages as the API takes them. A tool loop imported from traces holds an
+    assistant turn as text with `<tool_call …>` lines (engine.llm.base.tool_call_text) and
+    each tool's result as a `tool` message: these go out as the API's own assistant
+    `tool_calls` and `tool` messages, joined by ids in order."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for role, content in messages:
+        if role == "assistant" and "<tool_call " in content:
+            text, calls = [], []
+            for line in content.split("\n"):
+                match = TOOL_CALL_LINE.match(line)
+                if match:
+                    calls.append({"id": f"call_{len(out)}_{len(calls)}", "type": "function",
+                                  "function": {"name": match[1], "arguments": match[2]}})
+                else:
+                    text.append(line)
+            pending = [c["id"] for c in calls]
+            out.append({"role": "assistant", "content": "\n".join(text) or None,
+                        "tool_calls": calls})
+        elif role == "tool":
+            out.append({"role": "tool", "content": content,
+                        "tool_call_id": pending.pop(0) if pending else "call_0"})
+        else:
+            out.append({"role": role, "content": content})
+    return out
+
 
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers ignore the key
 MISSING_CREDENTIALS = (
@@ -87,7 +121,7 @@ class OpenAIBackend:
         """The JSON body of the chat-completions request `request` becomes."""
         kwargs: dict[str, Any] = {
             "model": request.model,
-            "messages": [{"role": role, "content": content} for role, content in request.messages],
+            "messages": wire_messages(request.messages),
             "temperature": request.temperature,
             "max_tokens": request.max_tokens,
         }
@@ -99,6 +133,8 @@ class OpenAIBackend:
             kwargs["stop"] = list(request.stop)
         if request.schema is not None:
             kwargs["response_format"] = response_format(request)
+        if request.tools:
+            kwargs.update({k: v for k, v in request.tools.items() if v is not None})
         return kwargs
 
     async def complete(self, request: LLMRequest) -> LLMReply:
@@ -132,6 +168,10 @@ class OpenAIBackend:
             finish_reason = getattr(choices[0], "finish_reason", None)
         if choices and choices[0].message is not None:
             text = choices[0].message.content or ""
+            calls = getattr(choices[0].message, "tool_calls", None) or []
+            if calls:
+                text = tool_call_text(text, [(c.function.name, c.function.arguments)
+                                             for c in calls if getattr(c, "function", None)])
         usage = getattr(response, "usage", None)
         prompt_tokens = getattr(usage, "prompt_tokens", None)
         completion_tokens = getattr(usage, "completion_tokens", None)

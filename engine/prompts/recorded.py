@@ -17,6 +17,7 @@ gradient is asked for marked where they sit.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -47,19 +48,100 @@ def cut_slots(text: str, slots: Mapping[str, str]) -> list[Any]:
     return parts
 
 
-def slots_used(template: list[dict[str, Any]]) -> list[str]:
-    """The slot names a template fills, in order of first use."""
+def slots_used(template: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
+    """The slot names a template fills (its messages', then its system variables'), in
+    order of first use."""
+    spec = _spec(template)
     found: dict[str, None] = {}
-    for message in template:
+    for message in spec["messages"]:
         for part in message["parts"]:
             if isinstance(part, dict):
                 found.setdefault(part["slot"], None)
+    for value in (spec.get("system") or {}).get("variables", {}).values():
+        if isinstance(value, dict):
+            found.setdefault(value["slot"], None)
     return list(found)
 
 
 def make_template(messages: list[tuple[str, str]], slots: Mapping[str, str]
                   ) -> list[dict[str, Any]]:
     return [{"role": role, "parts": cut_slots(content, slots)} for role, content in messages]
+
+
+# A node's template is either the list of its non-system messages (the prompt is the
+# whole system message), or a call spec, a dict:
+#   "messages": that list;
+#   "system":   how the prompt becomes the system message, when it is not all of it:
+#               {"variables": {name: text or {"slot": input}}}: the prompt is a template
+#               (OpenInference's llm.prompt_template.template) and each `{name}` in it is
+#               this trace's variable; or {"before": ..., "indent": ..., "after": ...}:
+#               the prompt is the part of a framework's system message the user wrote
+#               (DSPy's signature instructions), each of its lines after `indent`;
+#   "reply":    how the pipeline read the reply: {"format": "fields", "field": NAME}
+#               (DSPy's `[[ ## NAME ## ]]` sections: the value is that field's; "fields":
+#               [...] when it read several, as a JSON object), or {"format": "strip"};
+#   "tools":    the tools the call offered ({"tools": [...], "tool_choice": ...}).
+def _spec(template: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
+    return template if isinstance(template, dict) else {"messages": template}
+
+
+def node_spec(template_json: str, node_id: str) -> dict[str, Any] | None:
+    """A recorded node's call spec in one example (see above), or None."""
+    templates = json.loads(template_json or "{}")
+    return _spec(templates[node_id]) if node_id in templates else None
+
+
+def render_prompt(prompt: str, system: Mapping[str, Any] | None,
+                  values: Mapping[str, str]) -> str:
+    """The system message a recorded call sends with `prompt` as its trainable part."""
+    if not system:
+        return prompt
+    if "variables" in system:
+        text = prompt
+        for name, value in system["variables"].items():
+            if isinstance(value, dict):
+                value = values.get(value["slot"], "")
+            text = text.replace("{" + name + "}", str(value))
+        return text
+    indent = system.get("indent", "")
+    body = "".join("\n" + indent + line for line in prompt.splitlines()) if indent \
+        else prompt
+    return system.get("before", "") + body + system.get("after", "")
+
+
+FIELD_HEADER = re.compile(r"\[\[ ## (\w+) ## \]\]")
+
+
+def reply_fields(reply: str) -> dict[str, str]:
+    """DSPy's ChatAdapter format: `[[ ## name ## ]]` sections, each its field's value."""
+    pieces = FIELD_HEADER.split(reply)
+    return {pieces[i]: pieces[i + 1].strip() for i in range(1, len(pieces) - 1, 2)
+            if pieces[i] != "completed"}
+
+
+def recorded_output(template_json: str, node_id: str, reply: str) -> tuple[str, str | None]:
+    """A recorded call's output as the pipeline read its reply: the reply itself, or the
+    field(s) its framework parsed out of it; (output, problem) where problem names a reply
+    that lacks the field."""
+    spec = node_spec(template_json, node_id) or {}
+    how = spec.get("reply") or {}
+    if how.get("format") == "strip":
+        return reply.strip(), None
+    if how.get("format") != "fields":
+        return reply, None
+    found = reply_fields(reply)
+    if "fields" in how:
+        missing = [f for f in how["fields"] if f not in found]
+        value = json.dumps({f: found.get(f, "") for f in how["fields"]}, ensure_ascii=False)
+    else:
+        missing = [] if how["field"] in found else [how["field"]]
+        value = found.get(how["field"], "")
+    return value, (f"the reply has no field {', '.join(missing)}" if missing else None)
+
+
+def recorded_tools(template_json: str, node_id: str) -> dict[str, Any] | None:
+    spec = node_spec(template_json, node_id) or {}
+    return spec.get("tools") or None
 
 
 READ_MESSAGE = '<message role="{role}">\n{text}\n</message>'
@@ -73,11 +155,11 @@ def marked_read(template_json: str, node_id: str, values: Mapping[str, str],
     `<input name="...">value</input>`; a slot whose input is not in `shown` (a sibling a
     sibling-blind method must not see) reads "(not shown)". "" when the example holds no
     template for the node."""
-    templates = json.loads(template_json or "{}")
-    if node_id not in templates:
+    spec = node_spec(template_json, node_id)
+    if spec is None:
         return ""
     blocks = []
-    for message in templates[node_id]:
+    for message in spec["messages"]:
         text = "".join(
             part if isinstance(part, str) else
             (READ_INPUT if shown is None or part["slot"] in shown else READ_HIDDEN).format(
@@ -92,11 +174,12 @@ def recorded_messages(prompt: str, template_json: str, node_id: str,
     """A recorded node's forward messages: its prompt as the system message (none when the
     prompt is empty, as the pipeline had none), then the template with `values` in its
     slots. Raises ValueError when the example holds no template for the node."""
-    templates = json.loads(template_json or "{}")
-    if node_id not in templates:
+    spec = node_spec(template_json, node_id)
+    if spec is None:
         raise ValueError(f"no recorded call of node '{node_id}' in this example")
-    messages = [("system", prompt)] if prompt else []
-    for message in templates[node_id]:
+    system = render_prompt(prompt, spec.get("system"), values) if prompt else ""
+    messages = [("system", system)] if system else []
+    for message in spec["messages"]:
         text = "".join(part if isinstance(part, str) else values.get(part["slot"], "")
                        for part in message["parts"])
         messages.append((message["role"], text))

@@ -30,7 +30,7 @@ from engine.data.examples import Example
 from engine.events import EventBus, PromptVersion, StepFinished
 from engine.llm.base import LLMError, LLMReply, LLMRequest, estimate_tokens
 from engine.llm.cache import Cache
-from engine.prompts.recorded import RECORDED_FIELD, recorded_messages
+from engine.prompts.recorded import RECORDED_FIELD, recorded_messages, recorded_tools
 from engine.prompts.sets import prompt_set
 from engine.runlog.schema import RunLogError
 from engine.runlog.state import run_exists
@@ -86,6 +86,7 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
     `spans`: the spans to import, in place of reading `path` (spans `collect` received);
     `path` then only names the run's graph."""
     pipeline = infer_pipeline(read_spans(path) if spans is None else spans, node_key)
+    check_distinct_examples(pipeline.traces)
     target_of = read_targets(targets, pipeline.traces) if targets else {}
     graph = pipeline_graph(pipeline, metric, Path(path).stem)
     examples = [example_of(t, target_of.get(t.example_id)) for t in pipeline.traces]
@@ -122,6 +123,10 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                         sum(1 for x in losses if x.score < 1.0), len(held))
 
 
+def messages_key(messages, tools) -> list:
+    return [[list(m) for m in messages], tools or None]
+
+
 class Replay:
     """A backend named `openai` that answers each request with the reply its trace
     recorded, so that the run's cache keys are those a later call to the user's
@@ -135,14 +140,16 @@ class Replay:
         self._replies: dict[str, Any] = {}
         for trace, example in zip(traces, examples):
             for n in graph.nodes:
-                values = {name: trace.calls[name].output if name in trace.calls
+                values = {name: trace.values[name] if name in trace.values
                           else example.fields.get(name, "") for name in n.inputs}
                 messages = recorded_messages(n.prompt, example.fields[RECORDED_FIELD], n.id,
                                              values)
-                self._replies.setdefault(json.dumps(messages), trace.calls[n.id])
+                tools = recorded_tools(example.fields[RECORDED_FIELD], n.id)
+                self._replies.setdefault(json.dumps(messages_key(messages, tools)),
+                                         trace.calls[n.id])
 
     async def complete(self, request: LLMRequest) -> LLMReply:
-        call = self._replies.get(json.dumps([list(m) for m in request.messages]))
+        call = self._replies.get(json.dumps(messages_key(request.messages, request.tools)))
         if call is None:
             raise LLMError("import-traces: a replayed call differs from every recorded one")
         prompt_tokens, completion_tokens = call.tokens
@@ -192,6 +199,20 @@ async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
         raise
     writer.finish("finished")
     return losses + val_losses
+
+
+def check_distinct_examples(traces: list[Trace]) -> None:
+    """One example per trace, under its whole id (this project's own export: per example id
+    its forward calls name): two traces that would make one example are refused, never
+    merged into one graded against one target."""
+    seen: dict[str, Trace] = {}
+    for t in traces:
+        other = seen.setdefault(t.example_id, t)
+        if other is not t:
+            where = (f"trace {t.trace_id}" if other.trace_id == t.trace_id else
+                     f"traces {other.trace_id} and {t.trace_id}")
+            raise TraceError(f"{where}: two passes through the pipeline are both example "
+                             f"'{t.example_id}', and one example is one pass")
 
 
 def example_of(trace: Trace, target: str | None) -> Example:

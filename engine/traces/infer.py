@@ -1,12 +1,27 @@
-"""The pipeline's graph, found in its traces.
+"""The pipeline's graph, found in its traces, read through OpenInference's conventions
+(docs/traces.md, "How the importer reads a framework"):
 
-- Nodes are call sites: LLM calls grouped across traces by span name and system message
-  (or by the span attribute `node_key` names); a node's prompt is its system message.
-- Edges are content flow: an earlier call's reply (or the text between its <output>
-  tags) that appears in a later call's non-system messages, in the same trace. A text
-  shorter than MIN_EVIDENCE characters, the same text from two calls, or a reply that
-  repeats the pipeline's input (the later call may have it from there) is reported in
-  `ambiguous`, never taken as an edge.
+- Nodes are the named units that own an LLM call: the highest span above the call, below
+  the trace's root, that holds no other call site (DSPy's `Predict(Signature).forward`,
+  a LangChain step's run name, a function the user traced), named by the signature in its
+  name or by its own name when that is not a framework's generic one (FRAMEWORK_NAMES).
+  A call with no such unit is named by its span name and its prompt (or by the span
+  attribute `node_key` names). A call site called again in one trace (a tool loop) is
+  one node: its last call, whose messages hold the loop's earlier turns and tool results.
+- A node's prompt is what the user wrote: the call's prompt template
+  (`llm.prompt_template.template`, re-rendered with each trace's own variables), the part
+  of a framework's system message after its instructions marker (PROMPT_MARKERS: DSPy's
+  signature instructions), else the system message, which must then be the same in every
+  trace (a system message that varies without a template is refused, never frozen).
+- A node's output is the value its unit returned (`output.value`; DSPy's parsed field,
+  not its wire format), read again from each re-run's reply the same way; a tool call is
+  part of the reply.
+- Edges are flows: a value an earlier unit returned that a later unit received
+  (`input.value`'s fields: structural, taken even when short or also in the pipeline's
+  input, unless two sources gave the same text), else an earlier call's reply that
+  appears in a later call's non-system messages (content: a text shorter than
+  MIN_EVIDENCE characters, the same text from two calls, or a reply that repeats the
+  pipeline's input is reported in `ambiguous`, never taken as an edge).
 - Each trace is one example: its input is the root span's `input.value`, else the first
   call's last user message.
 
@@ -24,13 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.prompts import templates as P
-from engine.prompts.recorded import make_template, slots_used
+from engine.prompts.recorded import make_template, reply_fields, slots_used
 from engine.traces import TraceError
 from engine.traces.otlp import Call, Span, is_llm_span, llm_call
 
 MIN_EVIDENCE = 8  # characters: a shorter text in a later call is no evidence of flow
 INPUT = "input"  # the example field holding the pipeline's input
 OWN_NODE_KEY = "semback.node_id"
+OWN_PROMPT = "semback.prompt"  # the node's own prompt, which its messages render inside
 
 
 @dataclass
@@ -40,12 +56,16 @@ class Trace:
     trace_id: str
     example_id: str
     root_input: str
-    calls: dict[str, Call]  # node id -> its call
-    templates: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    calls: dict[str, Call]  # node id -> its call (a loop's last)
+    templates: dict[str, Any] = field(default_factory=dict)  # engine/prompts/recorded.py
     edges: set[tuple[str, str]] = field(default_factory=set)
+    values: dict[str, str] = field(default_factory=dict)  # node id -> the value it returned
+    units: dict[str, Span] = field(default_factory=dict)  # node id -> the span that owns it
+    prompts: dict[str, str] = field(default_factory=dict)  # node id -> its prompt here
+    loops: dict[str, int] = field(default_factory=dict)  # node id -> its calls, when > 1
 
     def final_output(self, node_id: str) -> str:
-        return self.calls[node_id].output
+        return self.values.get(node_id, self.calls[node_id].output)
 
 
 @dataclass
@@ -68,6 +88,29 @@ class Pipeline:
     max_tokens: int | None = None  # the largest reply limit the calls asked for
 
 
+# Framework facts (docs/traces.md): span names that are a framework's own machinery, never
+# the name of a user's unit, and the markers after which a framework's system message
+# holds the user's instructions (each line after the marker indented so).
+FRAMEWORK_NAMES = re.compile(
+    r"^(?:Runnable\w*(?:<.*>)?|\w*PromptTemplate|\w*OutputParser|Chat\w+|"  # LangChain
+    r"\w*Adapter\.(?:__call__|acall)|\w*LM\.(?:__call__|acall)|Module\.(?:__call__|acall)|"
+    r"(?:Predict|ChainOfThought|ReAct|ProgramOfThought|BestOfN|Refine)"
+    r"(?:\(StringSignature\))?\.(?:forward|aforward)|"  # DSPy
+    r"ChatCompletion|Completion|completion|acompletion|chat|Response)$")
+SIGNATURE_NAME = re.compile(r"^\w+\((\w+)\)\.a?forward$")
+PROMPT_MARKERS = (("In adhering to this structure, your objective is: ", " " * 8),)
+UNIT_KINDS = ("CHAIN", "AGENT", "")  # span kinds a unit may have ("" when unrecorded)
+
+
+@dataclass
+class Site:
+    """Where one LLM call sits: its unit (the span that owns it) and its raw site key."""
+
+    key: tuple
+    name: str  # the readable name, before it is made unique
+    unit: Span | None
+
+
 def infer_pipeline(spans: list[Span], node_key: str | None = None) -> Pipeline:
     """The graph of the pipeline whose spans these are; TraceError when there is none."""
     groups = _call_groups(spans)
@@ -76,11 +119,14 @@ def infer_pipeline(spans: list[Span], node_key: str | None = None) -> Pipeline:
                          "or gen_ai.operation.name chat)")
     own = any(OWN_NODE_KEY in c.span.attributes for calls in groups.values() for _, c in calls)
     key = node_key or (OWN_NODE_KEY if own else None)
-    ids = _node_ids([c for calls in groups.values() for _, c in calls], key)
+    tree = _Tree(spans, {c.span.span_id: _raw_key(c) for calls in groups.values()
+                         for _, c in calls})
+    sites = {c.span.span_id: _site(c, key, tree) for calls in groups.values() for _, c in calls}
+    ids = _node_ids(list(sites.values()))
     roots = _roots(spans)
     traces, ambiguous = [], []
     for group, calls in groups.items():
-        traces.append(_trace(group, calls, ids, key, roots.get(calls[0][1].span.trace_id),
+        traces.append(_trace(group, calls, ids, sites, roots.get(calls[0][1].span.trace_id),
                              own, ambiguous))
     _check_one_pipeline(traces)
     edges = sorted({e for t in traces for e in t.edges})
@@ -114,6 +160,66 @@ def _call_groups(spans: list[Span]) -> dict[tuple, list[tuple[str, Call]]]:
     return dict(groups)
 
 
+class _Tree:
+    """The spans of each trace by id, each with the LLM calls under it."""
+
+    def __init__(self, spans: list[Span], keys: dict[str, tuple]) -> None:
+        self.keys = keys  # LLM span id -> its raw site key
+        self.by_id = {(s.trace_id, s.span_id): s for s in spans}
+        self.below: dict[tuple[str, str], list[Span]] = defaultdict(list)
+        for s in spans:
+            if not is_llm_span(s):
+                continue
+            for up in self.ancestors(s):
+                self.below[(up.trace_id, up.span_id)].append(s)
+
+    def ancestors(self, span: Span) -> list[Span]:
+        """The span's ancestors, nearest first, the trace's root excluded."""
+        out, seen = [], set()
+        parent = self.by_id.get((span.trace_id, span.parent_id))
+        while parent is not None and parent.parent_id and parent.span_id not in seen:
+            seen.add(parent.span_id)
+            out.append(parent)
+            parent = self.by_id.get((parent.trace_id, parent.parent_id))
+        return out
+
+
+def _raw_key(call: Call) -> tuple:
+    """A call site without a unit: its span name and its prompt as written."""
+    return (call.span.name, call.template if call.template is not None else call.system)
+
+
+def _site(call: Call, key: str | None, tree: _Tree) -> Site:
+    if key:
+        if key not in call.span.attributes:
+            raise TraceError(f"--node-key {key}: LLM span '{call.span.name}' (trace "
+                             f"{call.span.trace_id}) has no attribute '{key}'")
+        value = str(call.span.attributes[key])
+        return Site((value,), value, None)
+    mine = _raw_key(call)
+    units = []  # the ancestors that hold no other call site, nearest first
+    for up in tree.ancestors(call.span):
+        kind = str(up.attributes.get("openinference.span.kind") or "").upper()
+        below = tree.below[(up.trace_id, up.span_id)]
+        if kind not in UNIT_KINDS or any(tree.keys.get(s.span_id, mine) != mine
+                                         for s in below):
+            break
+        units.append(up)
+    if not units:
+        return Site(mine, mine[0], None)
+    named = next((SIGNATURE_NAME.match(u.name)[1] for u in units
+                  if SIGNATURE_NAME.match(u.name) and not FRAMEWORK_NAMES.match(u.name)),
+                 None) or next((u.name for u in units if not FRAMEWORK_NAMES.match(u.name)),
+                               None)
+    # the unit whose values are the node's: the named one, else the highest with values
+    unit = next((u for u in units if named and (u.name == named or SIGNATURE_NAME.match(
+        u.name) and SIGNATURE_NAME.match(u.name)[1] == named)), None) or next(
+        (u for u in reversed(units) if "output.value" in u.attributes), units[-1])
+    if named is None:
+        return Site(mine, mine[0], unit)
+    return Site(("unit", named), named, unit)
+
+
 def _roots(spans: list[Span]) -> dict[str, str]:
     """trace id -> its root span's input.value (when the root is not itself a call)."""
     out = {}
@@ -139,34 +245,30 @@ def _plain_input(value: str) -> str:
 
 
 def _slug(text: str) -> str:
+    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", text)  # ExtractFacts -> extract_facts
     words = re.findall(r"[A-Za-z0-9]+", text.lower())
     return "_".join(words)[:40].strip("_") or "call"
 
 
-def _node_ids(calls: list[Call], key: str | None) -> dict[tuple, str]:
-    """(span name, system message) or (attribute value,) -> a readable, unique node id."""
-    sites: dict[tuple, None] = {}
-    for c in calls:
-        if key:
-            if key not in c.span.attributes:
-                raise TraceError(f"--node-key {key}: LLM span '{c.span.name}' (trace "
-                                 f"{c.span.trace_id}) has no attribute '{key}'")
-            sites.setdefault((str(c.span.attributes[key]),), None)
-        else:
-            sites.setdefault((c.span.name, c.system), None)
-    names = Counter(_slug(site[0]) for site in sites)
+def _node_ids(sites: list[Site]) -> dict[tuple, str]:
+    """site key -> a readable, unique node id: the unit's name, else the span name, told
+    apart (when several sites share it) by the first words of their prompts."""
+    unique: dict[tuple, Site] = {}
+    for site in sites:
+        unique.setdefault(site.key, site)
+    names = Counter(_slug(site.name) for site in unique.values())
     ids: dict[tuple, str] = {}
     taken: set[str] = set()
-    for site in sites:
-        base = _slug(site[0])
-        if names[base] > 1 and len(site) > 1:  # the same span name: the system message says
-            base = _distinct_words(site[1], [s[1] for s in sites if _slug(s[0]) == base]) \
-                or base
+    for key, site in unique.items():
+        base = _slug(site.name)
+        if names[base] > 1 and len(key) > 1 and key[0] != "unit":
+            base = _distinct_words(key[1], [k[1] for k, s in unique.items()
+                                            if _slug(s.name) == base and len(k) > 1]) or base
         node_id, n = base, 2
         while node_id in taken or node_id == INPUT:
             node_id, n = f"{base}_{n}", n + 1
         taken.add(node_id)
-        ids[site] = node_id
+        ids[key] = node_id
     return ids
 
 
@@ -180,57 +282,190 @@ def _distinct_words(text: str, others: list[str], most: int = 6) -> str:
     return "_".join(words[:most])
 
 
-def site_of(call: Call, key: str | None) -> tuple:
-    return (str(call.span.attributes[key]),) if key else (call.span.name, call.system)
-
-
 def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
-           key: str | None, root_input: str | None, own: bool, ambiguous: list[dict]
+           sites: dict[str, Site], root_input: str | None, own: bool, ambiguous: list[dict]
            ) -> Trace:
     trace_id, _, example = group
     by_node: dict[str, Call] = {}
+    units: dict[str, Span] = {}
+    loops: Counter = Counter()
+    last = ""
     for _, call in calls:
-        node = ids[site_of(call, key)]
-        if node in by_node:
-            raise TraceError(f"trace {trace_id}: the call site '{node}' is called twice in "
-                             "one trace, so its content flow has a cycle or a loop; one trace "
-                             "must be one pass through the pipeline (--node-key ATTR can tell "
-                             "call sites apart)")
+        site = sites[call.span.span_id]
+        node = ids[site.key]
+        if node in by_node and node != last:
+            raise TraceError(f"trace {trace_id}: the call site '{node}' is called again after "
+                             f"'{last}', so its content flow has a cycle; a call site called "
+                             "again right after itself (a tool loop) is one node, but one "
+                             "trace must be one pass through the pipeline (--node-key ATTR "
+                             "can tell call sites apart)")
+        loops[node] += 1
+        by_node.pop(node, None)  # a loop: the node is its last call, ordered as that call
         by_node[node] = call
+        last = node
+        if site.unit is not None:
+            units[node] = site.unit
     first = calls[0][1]
     users = [c for r, c in first.messages if r == "user"]
     source = root_input if (root_input and not own) else (users[-1] if users else "")
-    trace = Trace(trace_id, example or trace_id[:16], source, by_node)
+    trace = Trace(trace_id, example or trace_id, source, by_node, units=units,
+                  loops={n: k for n, k in loops.items() if k > 1})
     order = list(by_node)
-    for j, node in enumerate(order):
+    for node in order:
         call = by_node[node]
-        slots = _evidence(trace, order[:j], node, ambiguous)
+        system, prompt, problem = _system_spec(call)
+        reply, value = _reply_spec(call, units.get(node))
+        trace.values[node] = value
+        trace.prompts[node] = str(call.span.attributes.get(OWN_PROMPT, prompt))
+        if problem:
+            ambiguous.append({"trace_id": trace_id, "from": [node], "to": node,
+                              "text": "", "reason": problem})
+        slots = _evidence(trace, order[:order.index(node)], node, ambiguous)
         if trace.root_input.strip():
             slots.setdefault(INPUT, trace.root_input)
-        template = make_template(call.non_system(), slots)
-        trace.templates[node] = template
-        trace.edges.update((up, node) for up in slots_used(template) if up != INPUT)
+        spec: dict[str, Any] = {"messages": make_template(call.non_system(), slots)}
+        if system is not None:
+            if "variables" in system:  # a variable that received an upstream value: a slot
+                system["variables"] = {
+                    name: next(({"slot": up} for up, text in slots.items()
+                                if up != INPUT and text == value), value)
+                    for name, value in system["variables"].items()}
+            spec["system"] = system
+        if reply is not None:
+            spec["reply"] = reply
+        if call.tools:
+            spec["tools"] = call.tools
+        trace.templates[node] = spec if len(spec) > 1 else spec["messages"]
+        trace.edges.update((up, node) for up in slots_used(spec) if up != INPUT)
     return trace
+
+
+def _system_spec(call: Call) -> tuple[dict[str, Any] | None, str, str | None]:
+    """How the call's prompt (what the user wrote) sits in its system message: (the spec
+    of engine/prompts/recorded.py or None when the prompt is the whole message, the
+    prompt, a problem to report)."""
+    system = call.system
+    if call.template is not None:
+        rendered = call.template
+        for name, value in call.variables.items():
+            rendered = rendered.replace("{" + name + "}", value)
+        problem = None
+        if system and rendered != system:
+            problem = ("the recorded prompt template, rendered with its variables, is not "
+                       "the system message the call sent; re-runs send the rendered template")
+        return {"variables": dict(call.variables)}, call.template, problem
+    for marker, indent in PROMPT_MARKERS:
+        at = system.find(marker)
+        if at < 0:
+            continue
+        rest = system[at + len(marker):]
+        lines = rest.split("\n")
+        if lines[0] == "" and all(line.startswith(indent) or not line.strip()
+                                  for line in lines[1:]):
+            prompt = "\n".join(line[len(indent):] for line in lines[1:])
+            return {"before": system[:at + len(marker)], "indent": indent, "after": ""}, \
+                prompt, None
+    return None, system, None
+
+
+def _reply_spec(call: Call, unit: Span | None) -> tuple[dict[str, Any] | None, str]:
+    """How the pipeline read the call's reply, and the value it read: the unit's returned
+    value (`output.value`) when the reply holds it, else the reply."""
+    reply = call.output
+    returned = unit.attributes.get("output.value") if unit is not None else None
+    if not isinstance(returned, str):
+        return None, reply
+    parsed = _json(returned)
+    fields = reply_fields(reply)
+    if isinstance(parsed, dict) and fields:
+        wanted = [k for k in parsed if k in fields]
+        main = [k for k in wanted if k != "reasoning"] or wanted
+        if len(main) == 1:
+            return {"format": "fields", "field": main[0]}, fields[main[0]]
+        if main:
+            return {"format": "fields", "fields": main}, json.dumps(
+                {k: fields[k] for k in main}, ensure_ascii=False)
+    text = parsed if isinstance(parsed, str) else returned
+    if text == reply:
+        return None, reply
+    if text == reply.strip():
+        return {"format": "strip"}, text
+    return None, reply
+
+
+def _json(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return None
+
+
+def _received(unit: Span | None) -> list[tuple[str, str]]:
+    """The values a unit received: (field, text) of its `input.value` (a JSON object's
+    string fields, or the whole text)."""
+    if unit is None:
+        return []
+    value = unit.attributes.get("input.value")
+    if not isinstance(value, str):
+        return []
+    parsed = _json(value)
+    if isinstance(parsed, dict):
+        out = []
+        for name, v in parsed.items():
+            if isinstance(v, str):
+                out.append((name, v))
+            elif isinstance(v, dict):  # DSPy and LangChain nest keyword arguments
+                out.extend((k, x) for k, x in v.items() if isinstance(x, str))
+        return out
+    return [("", parsed if isinstance(parsed, str) else value)]
 
 
 def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
               ) -> dict[str, str]:
-    """upstream node -> the text of its reply found in `node`'s messages."""
+    """upstream node -> the text of its value found in `node`'s messages: structural
+    (the node's unit received it) or by content."""
     call = trace.calls[node]
     body = "\n".join(c for _, c in call.non_system())
+    system_text = call.system if call.template is not None else ""
+    slots: dict[str, str] = {}
+    received = _received(trace.units.get(node))
+    structural: dict[str, str] = {}
+    for name, text in received:
+        text = text.strip()
+        if not text:
+            continue
+        sources = [up for up in earlier if trace.values[up].strip() == text]
+        if len(sources) > 1:
+            named = [up for up in sources if up == _slug(name)]
+            sources = named or sources
+        if len(sources) > 1:
+            ambiguous.append({"trace_id": trace.trace_id, "from": sources, "to": node,
+                              "text": text[:80], "reason": f"the value of '{name}' came "
+                              f"from {len(sources)} calls"})
+        elif sources and (text != trace.root_input.strip() or _slug(name) == sources[0]):
+            # a value the unit received from an earlier one: a flow however short, unless
+            # it is the pipeline's whole input and the field does not name its source
+            if text in body or text in system_text:
+                structural[sources[0]] = text
+            else:
+                ambiguous.append({"trace_id": trace.trace_id, "from": sources, "to": node,
+                                  "text": text[:80], "reason": f"'{node}' received the "
+                                  f"value as '{name}' but its call's messages do not hold it"})
+    slots.update(structural)
     found: dict[str, str] = {}
     for up in earlier:
+        if up in structural:
+            continue
         upstream = trace.calls[up]
         if upstream.span.end > call.span.start and upstream.span.end and call.span.start:
             continue  # still running when this call began: its reply cannot be in it
-        for text in _texts(upstream.output):
-            if text in body:
+        for text in _texts(trace.values[up]):
+            if text in body or text in system_text:
                 found[up] = text
                 break
     by_text: dict[str, list[str]] = defaultdict(list)
     for up, text in found.items():
         by_text[text].append(up)
-    slots = {}
     for text, ups in by_text.items():
         if len(ups) > 1:
             ambiguous.append({"trace_id": trace.trace_id, "from": ups, "to": node,
@@ -269,9 +504,13 @@ def _check_one_pipeline(traces: list[Trace]) -> None:
         parts = [p for p in parts if p not in joined] + [merged]
     if len(parts) > 1:
         shown = "; ".join(", ".join(sorted(p)) for p in parts)
+        split = all(len(t.calls) == 1 for t in traces)
         raise TraceError(f"spans of several unrelated pipelines are mixed (call sites "
                          f"{shown} never share a trace): import one pipeline's traces at "
-                         "a time")
+                         "a time" + ("; every trace holds a single call, as when two "
+                                     "instrumentors (say LangChain's and OpenAI's) each start "
+                                     "their own trace: instrument the pipeline with one, or "
+                                     "run each pass under one parent span" if split else ""))
     every = set().union(*sets)
     for t in traces:
         if set(t.calls) != every:
@@ -322,12 +561,27 @@ def _output_node(traces: list[Trace], edges: list[tuple[str, str]],
 
 
 def _nodes(traces: list[Trace], edges: list[tuple[str, str]]) -> dict[str, NodeInfo]:
+    """Each node's prompt (the same in every trace, or refused) and inputs."""
     nodes = {}
     for node in traces[0].calls:
-        prompts = Counter(t.calls[node].system for t in traces)
-        uses_input = any(any(isinstance(p, dict) and p["slot"] == INPUT
-                             for m in t.templates[node] for p in m["parts"]) for t in traces)
+        prompts = Counter(t.prompts[node] for t in traces)
+        if len(prompts) > 1:
+            (one, n1), (other, _) = prompts.most_common(2)
+            at = [t.trace_id for t in traces if t.prompts[node] == other][0]
+            raise TraceError(
+                f"call '{node}': its prompt differs across traces ({n1} traces send "
+                f"{_short(one)}, trace {at} sends {_short(other)}) and no prompt template "
+                "was recorded, so no one text is its prompt: record the template with "
+                "OpenInference's using_prompt_template(template=..., variables=...) so each "
+                "trace's own variables are sent again (docs/traces.md), or --node-key ATTR "
+                "to tell call sites apart")
+        uses_input = any(INPUT in slots_used(t.templates[node]) for t in traces)
         ups = [a for a, b in edges if b == node]
         inputs = ([INPUT] if uses_input or not ups else []) + ups
-        nodes[node] = NodeInfo(node, prompts.most_common(1)[0][0], len(traces), inputs)
+        nodes[node] = NodeInfo(node, next(iter(prompts)), len(traces), inputs)
     return nodes
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= 60 else text[:57] + "...")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.llm.base import tool_call_text
 from engine.traces import TraceError
 
 SYSTEM_ROLES = ("system", "developer")
@@ -44,6 +45,12 @@ class Call:
     tokens: tuple[int, int] = (0, 0)
     max_tokens: int | None = None  # the reply's token limit the call asked for
     extra: dict[str, Any] = field(default_factory=dict)
+    # OpenInference's prompt template of the call (`llm.prompt_template.*`): the text the
+    # user wrote and this call's variables, when the pipeline recorded them
+    template: str | None = None
+    variables: dict[str, str] = field(default_factory=dict)
+    # the tools the call offered ({"tools": [...], "tool_choice": ...}), else None
+    tools: dict[str, Any] | None = None
 
     @property
     def system(self) -> str:
@@ -167,6 +174,14 @@ def is_llm_span(span: Span) -> bool:
 def llm_call(span: Span) -> Call:
     a = span.attributes
     params = _json(a.get("llm.invocation_parameters"))
+    template = a.get("llm.prompt_template.template")
+    variables = _json(a.get("llm.prompt_template.variables"))
+    tools = [t for t in (_json(v) for k, v in sorted(
+        a.items(), key=lambda item: _index_key(item[0]))
+        if k.startswith("llm.tools.") and k.endswith(".tool.json_schema")) if isinstance(t, dict)]
+    if not tools and isinstance(params, dict) and isinstance(params.get("tools"), list):
+        tools = [t for t in params["tools"] if isinstance(t, dict)]
+    choice = params.get("tool_choice") if isinstance(params, dict) else None
     temperature = a.get("gen_ai.request.temperature")
     if temperature is None and isinstance(params, dict):
         temperature = params.get("temperature")
@@ -180,7 +195,16 @@ def llm_call(span: Span) -> Call:
                 (int(a.get("llm.token_count.prompt") or a.get("gen_ai.usage.input_tokens") or 0),
                  int(a.get("llm.token_count.completion")
                      or a.get("gen_ai.usage.output_tokens") or 0)),
-                int(limit) if isinstance(limit, (int, float)) and limit > 0 else None)
+                int(limit) if isinstance(limit, (int, float)) and limit > 0 else None,
+                template=template if isinstance(template, str) and template.strip() else None,
+                variables={str(k): v if isinstance(v, str) else json.dumps(v)
+                           for k, v in variables.items()} if isinstance(variables, dict)
+                else {},
+                tools={"tools": tools, "tool_choice": choice} if tools else None)
+
+
+def _index_key(key: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in key.split("."))
 
 
 def input_messages(a: dict[str, Any]) -> list[tuple[str, str]]:
@@ -200,9 +224,19 @@ def input_messages(a: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def output_text(a: dict[str, Any]) -> str:
+    """The reply as text; a tool call is part of it (engine.llm.base.tool_call_text)."""
     flat = _flattened(a, "llm.output_messages")
     if flat:
         return flat[0][1]
+    calls = _json(a.get("gen_ai.output.messages"))
+    if isinstance(calls, list) and calls and isinstance(calls[0], dict):
+        tool_parts = [p for p in calls[0].get("parts") or [] if isinstance(p, dict)
+                      and p.get("type") == "tool_call"]
+        if tool_parts:
+            return tool_call_text(_parts_text(calls[0]), [
+                (str(p.get("name") or ""), p.get("arguments") if isinstance(
+                    p.get("arguments"), str) else json.dumps(p.get("arguments") or {}))
+                for p in tool_parts])
     parts = _json(a.get("gen_ai.output.messages"))
     if isinstance(parts, list) and parts and isinstance(parts[0], dict):
         return _parts_text(parts[0])
@@ -230,12 +264,23 @@ def _flattened(a: dict[str, Any], prefix: str) -> list[tuple[str, str]]:
             message["content"] = value
         elif rest.startswith("message.contents.") and rest.endswith(".message_content.text"):
             message["parts"][int(rest.split(".")[2])] = value
+        elif rest.startswith("message.tool_calls."):
+            number, _, what = rest[len("message.tool_calls."):].partition(".")
+            if number.isdigit() and what in ("tool_call.function.name",
+                                             "tool_call.function.arguments"):
+                message.setdefault("calls", {}).setdefault(int(number), {})[
+                    what.rpartition(".")[2]] = value
     out = []
     for index in sorted(found):
         m = found[index]
         text = m.get("content")
         if text is None:
             text = "".join(str(m["parts"][i]) for i in sorted(m["parts"]))
+        calls = m.get("calls") or {}
+        if calls:
+            text = tool_call_text(str(text), [(str(calls[i].get("name") or ""),
+                                               str(calls[i].get("arguments") or "{}"))
+                                              for i in sorted(calls)])
         out.append((str(m.get("role") or "user"), str(text)))
     return out
 
