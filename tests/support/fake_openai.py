@@ -10,6 +10,10 @@ so slow requests overlap as they would against a real server::
 
 Routes: POST /v1/chat/completions and GET /v1/models.
 
+A responder returns the reply's text, or a dict {"content": text or None, "tool_calls":
+[...]} (OpenAI's format) for an assistant message that calls tools (finish_reason
+"tool_calls").
+
 Faults are consumed in order, one per chat request, before the normal reply:
   ("status", code)              reply with HTTP `code` and an OpenAI-style error body
   ("status", 429, seconds)      the same, with a `Retry-After: seconds` header
@@ -37,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
 Fault = tuple[Any, ...]
-Responder = Callable[[dict], str]
+Responder = Callable[[dict], str | dict]
 
 
 def default_responder(body: dict) -> str:
@@ -241,8 +245,15 @@ class FakeOpenAIServer:
             self._prefixes.update(hashes)
         return low
 
-    def _completion(self, body: dict, text: str) -> dict:
+    def _completion(self, body: dict, text: str | dict) -> dict:
         prompt = "".join(m.get("content") or "" for m in body.get("messages", []))
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish_reason = self.finish_reason
+        if isinstance(text, dict):  # a message that calls tools
+            message = {"role": "assistant", "content": text.get("content"),
+                       "tool_calls": text.get("tool_calls") or []}
+            finish_reason = "tool_calls" if message["tool_calls"] else finish_reason
+            text = (text.get("content") or "") + json.dumps(message["tool_calls"])
         prompt_tokens, completion_tokens = _count_tokens(prompt), _count_tokens(text)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}
@@ -253,8 +264,7 @@ class FakeOpenAIServer:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.reply_model or body.get("model", "fake"),
-            "choices": [{"index": 0, "finish_reason": self.finish_reason,
-                         "message": {"role": "assistant", "content": text}}],
+            "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}],
             "usage": usage,
         }
 

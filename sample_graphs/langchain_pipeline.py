@@ -1,0 +1,146 @@
+"""A LangChain chain of three steps, traced with OpenInference's LangChain instrumentor, for
+`python -m engine import-traces` (docs/traces.md).
+
+Each sentence names a city ("After a month in Asia we flew home to Toronto."); the chain
+answers the continent it lies in, in one word (America), one step feeding the next:
+
+- `city` reads the sentence and names the city (Toronto);
+- `country` should name the city's country (Canada), but its prompt is plainly at fault:
+  it asks for the language people speak there (English);
+- `continent` names the continent of what it is given (Europe, for English).
+
+Each step is ChatPromptTemplate | ChatOpenAI | StrOutputParser with its own run_name, and
+the whole chain is one run (`pipeline`), so one trace a sentence. Run it against any
+OpenAI-compatible server on 127.0.0.1 (the embedded model served by llama.cpp, or the
+scripted server of the tests):
+
+    python sample_graphs/langchain_pipeline.py --base-url http://127.0.0.1:8080/v1 \\
+        --model qwen --out traces.jsonl --limit 12
+
+It writes the spans as OTLP JSON lines (one ExportTraceServiceRequest a line, the
+OpenTelemetry Collector's file format) to --out, and each sentence's expected continent to
+--targets (default: targets.jsonl beside --out). With OTEL_EXPORTER_OTLP_ENDPOINT set and no
+--out, the spans go to that OTLP/HTTP endpoint instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from google.protobuf import json_format
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import Runnable
+from langchain_openai import ChatOpenAI
+from openinference.instrumentation.langchain import LangChainInstrumentor
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+DATA = Path(__file__).parent / "data" / "langchain_cities.jsonl"
+PROMPTS = {
+    "city": "City: name the city the sentence mentions. Reply with one word.",
+    # the planted fault: it should name the country the city is in
+    "country": "Country: name the language people speak in this city. Reply with one word.",
+    "continent": "Continent: name the continent this country lies in. Reply with one word: "
+                 "Africa, America, Asia, Europe or Oceania.",
+}
+# each step's user message; {text} is the chain's input (city) or the step before's reply
+MESSAGES = {"city": "Sentence: {text}", "country": "City: {text}", "continent": "Country: {text}"}
+
+
+class OTLPJsonLinesExporter(SpanExporter):
+    """Spans as OTLP JSON lines, ids in hex, as the Collector's file exporter writes them."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = json_format.MessageToDict(encode_spans(spans))
+        for resource in line.get("resourceSpans", []):
+            for scope in resource.get("scopeSpans", []):
+                for span in scope.get("spans", []):
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if span.get(key):  # protobuf's JSON writes bytes as base64
+                            span[key] = base64.b64decode(span[key]).hex()
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def tracer_provider(out: str | Path | None, service: str) -> TracerProvider:
+    """Spans to the file `out`, or (out None) to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP."""
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    if out is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(OTLPJsonLinesExporter(out)))
+    return provider
+
+
+def build_chain(llm: ChatOpenAI, prompts: dict[str, str]) -> Runnable:
+    """city | country | continent, each step a prompt, the model and a string parser."""
+    steps = [(ChatPromptTemplate.from_messages([("system", prompts[name]),
+                                                ("human", MESSAGES[name])])
+              | llm | StrOutputParser()).with_config(run_name=name)
+             for name in ("city", "country", "continent")]
+    return (steps[0] | steps[1] | steps[2]).with_config(run_name="pipeline")
+
+
+def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: str | Path,
+        prompts: dict[str, str] | None = None) -> list[str]:
+    """Run the chain on the first `limit` sentences, tracing every step to `out`."""
+    provider = tracer_provider(out, "langchain_pipeline")
+    LangChainInstrumentor().instrument(tracer_provider=provider)
+    llm = ChatOpenAI(model=model, base_url=base_url, api_key="not-needed", temperature=0,
+                     max_tokens=16)
+    chain = build_chain(llm, {**PROMPTS, **(prompts or {})})
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()][:limit]
+    answers = []
+    try:
+        with open(targets, "w", encoding="utf-8") as fh:
+            for row in rows:
+                answers.append(chain.invoke(row["text"]).strip())
+                fh.write(json.dumps({"input": row["text"], "target": row["answer"]}) + "\n")
+    finally:
+        LangChainInstrumentor().uninstrument()
+        provider.shutdown()
+    return answers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", required=True, help="an OpenAI-compatible server")
+    parser.add_argument("--model", default="local", help="the model name to ask for")
+    parser.add_argument("--out", help="the OTLP JSON lines file (default: traces.jsonl, or "
+                                      "OTEL_EXPORTER_OTLP_ENDPOINT when that is set)")
+    parser.add_argument("--targets", help="expected continents (default: targets.jsonl "
+                                          "beside --out)")
+    parser.add_argument("--limit", type=int, default=12, help="sentences to run")
+    args = parser.parse_args()
+    out = args.out
+    if out is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        out = "traces.jsonl"
+    targets = args.targets or Path(out or "traces.jsonl").with_name("targets.jsonl")
+    for answer in run(args.base_url, args.model, out, args.limit, targets):
+        print(answer)
+
+
+if __name__ == "__main__":
+    main()

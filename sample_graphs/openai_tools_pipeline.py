@@ -1,0 +1,223 @@
+"""A plain-Python pipeline of `openai` SDK calls with tools, traced with OpenInference, for
+`python -m engine import-traces` (docs/traces.md).
+
+Each request is a customer's message to a grocer ("I have 2 bags of rice left, please
+send 5 more."); the pipeline answers what the order costs (12.50):
+
+- `order` is told, in a templated system message ("You are the order assistant of
+  {shop}. The customer today is {customer}. ..."), to record the order, and answers with
+  a forced call of the tool record_order(item, quantity). Its prompt is plainly at fault:
+  it asks, as quantity, for how many the customer still has at home (2), not how many
+  they order (5). The template, its variables and its version are recorded on the span
+  with openinference's `using_prompt_template`;
+- `cashier` is given the recorded order and runs a tool loop: it asks for
+  lookup_price(item), the script runs the tool (a TOOL span), hands the model the price,
+  and the model replies with the total (quantity times unit price) in text.
+
+Each request is one trace: a `pipeline` span (kind CHAIN, its input.value the customer's
+message) over the ChatCompletion spans of openinference-instrumentation-openai and the
+tool's span. Run it against any OpenAI-compatible server with tool calls on 127.0.0.1 (the
+embedded model served by llama.cpp with --jinja, or the scripted server of the tests):
+
+    python sample_graphs/openai_tools_pipeline.py --base-url http://127.0.0.1:8080/v1 \\
+        --model qwen --out traces.jsonl --limit 12
+
+It writes the spans as OTLP JSON lines (one ExportTraceServiceRequest a line, the
+OpenTelemetry Collector's file format) to --out, and each message's expected total to
+--targets (default: targets.jsonl beside --out). With OTEL_EXPORTER_OTLP_ENDPOINT set and no
+--out, the spans go to that OTLP/HTTP endpoint instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from google.protobuf import json_format
+from openai import OpenAI
+from openinference.instrumentation import using_prompt_template
+from openinference.instrumentation.openai import OpenAIInstrumentor
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+DATA = Path(__file__).parent / "data" / "openai_orders.jsonl"
+PROMPTS = {
+    # the planted fault: the quantity should be how many the customer asks to be sent
+    "order": "You are the order assistant of {shop}. The customer today is {customer}. "
+             "Record the order with record_order: the item the customer asks for and, as "
+             "quantity, how many they still have at home.",
+    "cashier": "You are the cashier of the shop. Look up the item's unit price with "
+               "lookup_price, then reply with the order's total price (the quantity times "
+               "the unit price) as a number only.",
+}
+TEMPLATE_VERSION = "order-v1"
+PRICES = {"rice": 2.5, "honey": 6.0, "olive oil": 8.5, "coffee": 4.25, "tea": 3.0,
+          "bread": 2.75, "flour": 1.5, "milk": 1.25, "jam": 3.5, "chocolate": 2.0,
+          "pasta": 1.75, "lentils": 2.25, "tomatoes": 1.0, "vinegar": 2.5}
+RECORD_ORDER = {"type": "function", "function": {
+    "name": "record_order", "description": "Record the customer's order.",
+    "parameters": {"type": "object", "properties": {
+        "item": {"type": "string", "description": "what the customer orders"},
+        "quantity": {"type": "integer", "description": "how many"}},
+        "required": ["item", "quantity"]}}}
+LOOKUP_PRICE = {"type": "function", "function": {
+    "name": "lookup_price", "description": "The unit price of an item, in euros.",
+    "parameters": {"type": "object", "properties": {
+        "item": {"type": "string", "description": "the item"}}, "required": ["item"]}}}
+
+
+class OTLPJsonLinesExporter(SpanExporter):
+    """Spans as OTLP JSON lines, ids in hex, as the Collector's file exporter writes them."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = json_format.MessageToDict(encode_spans(spans))
+        for resource in line.get("resourceSpans", []):
+            for scope in resource.get("scopeSpans", []):
+                for span in scope.get("spans", []):
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if span.get(key):  # protobuf's JSON writes bytes as base64
+                            span[key] = base64.b64decode(span[key]).hex()
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def tracer_provider(out: str | Path | None, service: str) -> TracerProvider:
+    """Spans to the file `out`, or (out None) to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP."""
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    if out is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(OTLPJsonLinesExporter(out)))
+    return provider
+
+
+def lookup_price(item: str) -> str:
+    """The tool: an item's unit price in euros, or "unknown"."""
+    price = PRICES.get(item.strip().lower())
+    return "unknown" if price is None else f"{price:.2f}"
+
+
+def record(client: OpenAI, model: str, template: str, variables: dict[str, str],
+           message: str) -> dict:
+    """The `order` stage: a templated system message and a forced record_order call."""
+    with using_prompt_template(template=template, variables=variables,
+                               version=TEMPLATE_VERSION):
+        reply = client.chat.completions.create(
+            model=model, temperature=0, max_tokens=128, tools=[RECORD_ORDER],
+            tool_choice={"type": "function", "function": {"name": "record_order"}},
+            messages=[{"role": "system", "content": template.format(**variables)},
+                      {"role": "user", "content": message}])
+    calls = reply.choices[0].message.tool_calls or []
+    if not calls:
+        return {}
+    try:
+        return json.loads(calls[0].function.arguments or "{}")
+    except json.JSONDecodeError:
+        return {}
+
+
+def cashier(client: OpenAI, model: str, system: str, order: dict, tracer: trace.Tracer,
+            rounds: int = 4) -> str:
+    """The `cashier` stage: a tool loop with lookup_price until the model replies in text."""
+    messages: list[dict] = [{"role": "system", "content": system},
+                            {"role": "user", "content": f"Order: {json.dumps(order)}"}]
+    for _ in range(rounds):
+        reply = client.chat.completions.create(
+            model=model, temperature=0, max_tokens=128, tools=[LOOKUP_PRICE],
+            messages=messages)
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            return (message.content or "").strip()
+        messages.append({"role": "assistant", "content": message.content, "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}
+            for call in message.tool_calls]})
+        for call in message.tool_calls:
+            with tracer.start_as_current_span(call.function.name, attributes={
+                    "openinference.span.kind": "TOOL", "tool.name": call.function.name,
+                    "input.value": call.function.arguments,
+                    "input.mime_type": "application/json"}) as span:
+                try:
+                    item = str(json.loads(call.function.arguments or "{}").get("item", ""))
+                except (json.JSONDecodeError, AttributeError):
+                    item = ""
+                result = (lookup_price(item) if call.function.name == "lookup_price"
+                          else f"no tool named {call.function.name}")
+                span.set_attribute("output.value", result)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return ""
+
+
+def pipeline(client: OpenAI, model: str, row: dict, prompts: dict[str, str],
+             tracer: trace.Tracer) -> str:
+    with tracer.start_as_current_span("pipeline", attributes={
+            "openinference.span.kind": "CHAIN", "input.value": row["text"]}) as span:
+        order = record(client, model, prompts["order"],
+                       {"shop": row["shop"], "customer": row["customer"]}, row["text"])
+        answer = cashier(client, model, prompts["cashier"], order, tracer)
+        span.set_attribute("output.value", answer)
+    return answer
+
+
+def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: str | Path,
+        prompts: dict[str, str] | None = None) -> list[str]:
+    """Run the pipeline on the first `limit` messages, tracing every call to `out`."""
+    provider = tracer_provider(out, "openai_tools_pipeline")
+    tracer = provider.get_tracer("openai_tools_pipeline")
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    client = OpenAI(base_url=base_url, api_key="not-needed")
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()][:limit]
+    answers = []
+    try:
+        with open(targets, "w", encoding="utf-8") as fh:
+            for row in rows:
+                answers.append(pipeline(client, model, row, {**PROMPTS, **(prompts or {})},
+                                        tracer))
+                fh.write(json.dumps({"input": row["text"], "target": row["answer"]}) + "\n")
+    finally:
+        OpenAIInstrumentor().uninstrument()
+        provider.shutdown()
+    return answers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", required=True, help="an OpenAI-compatible server")
+    parser.add_argument("--model", default="local", help="the model name to ask for")
+    parser.add_argument("--out", help="the OTLP JSON lines file (default: traces.jsonl, or "
+                                      "OTEL_EXPORTER_OTLP_ENDPOINT when that is set)")
+    parser.add_argument("--targets", help="expected totals (default: targets.jsonl beside "
+                                          "--out)")
+    parser.add_argument("--limit", type=int, default=12, help="messages to run")
+    args = parser.parse_args()
+    out = args.out
+    if out is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        out = "traces.jsonl"
+    targets = args.targets or Path(out or "traces.jsonl").with_name("targets.jsonl")
+    for answer in run(args.base_url, args.model, out, args.limit, targets):
+        print(answer)
+
+
+if __name__ == "__main__":
+    main()
