@@ -137,14 +137,14 @@ class Backend(Protocol):
 
 def tool_call_text(content: str, calls: list[tuple[str, str]]) -> str:
     """A reply as text when it asks for tools: its content (if any), then one line
-    `<tool_call name="NAME">ARGUMENTS</tool_call>` a call, the arguments as canonical JSON.
+    `<tool_call name="NAME">ARGUMENTS</tool_call>` a call, the arguments as JSON in
+    Python's default spacing (as most pipelines pass them on).
     Both a recorded reply (engine/traces) and a live one (openai_backend) read this way, so
     a tool call is an output like any other."""
     lines = [content] if content else []
     for name, arguments in calls:
         try:
-            arguments = json.dumps(json.loads(arguments or "{}"), ensure_ascii=False,
-                                   sort_keys=True)
+            arguments = json.dumps(json.loads(arguments or "{}"), ensure_ascii=False)
         except (json.JSONDecodeError, TypeError):
             pass
         lines.append(f'<tool_call name="{name}">{arguments}</tool_call>')

@@ -79,7 +79,8 @@ def make_template(messages: list[tuple[str, str]], slots: Mapping[str, str]
 #               (DSPy's signature instructions), each of its lines after `indent`;
 #   "reply":    how the pipeline read the reply: {"format": "fields", "field": NAME}
 #               (DSPy's `[[ ## NAME ## ]]` sections: the value is that field's; "fields":
-#               [...] when it read several, as a JSON object), or {"format": "strip"};
+#               [...] when it read several, as a JSON object), {"format": "strip"}, or
+#               {"format": "tool_arguments"} (a forced tool call: its arguments' JSON);
 #   "tools":    the tools the call offered ({"tools": [...], "tool_choice": ...}).
 def _spec(template: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
     return template if isinstance(template, dict) else {"messages": template}
@@ -109,6 +110,7 @@ def render_prompt(prompt: str, system: Mapping[str, Any] | None,
     return system.get("before", "") + body + system.get("after", "")
 
 
+TOOL_ARGUMENTS = re.compile(r'<tool_call name="[^"]*">(.*)</tool_call>')
 FIELD_HEADER = re.compile(r"\[\[ ## (\w+) ## \]\]")
 
 
@@ -127,6 +129,9 @@ def recorded_output(template_json: str, node_id: str, reply: str) -> tuple[str, 
     how = spec.get("reply") or {}
     if how.get("format") == "strip":
         return reply.strip(), None
+    if how.get("format") == "tool_arguments":
+        match = TOOL_ARGUMENTS.search(reply)
+        return (match[1], None) if match else (reply, "the reply calls no tool")
     if how.get("format") != "fields":
         return reply, None
     found = reply_fields(reply)

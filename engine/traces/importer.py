@@ -38,7 +38,7 @@ from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
 from engine.runs.execute import default_max_tokens, make_client
 from engine.runs.settings import RunConfig
 from engine.traces import TraceError
-from engine.traces.infer import INPUT, Pipeline, Trace, infer_pipeline
+from engine.traces.infer import INPUT, Pipeline, Trace, infer_pipeline, plain_input
 from engine.traces.otlp import read_spans
 
 TARGET = "target"
@@ -233,7 +233,7 @@ def read_targets(path: str | Path, traces: list[Trace]) -> dict[str, str]:
     by_trace = {}
     for t in traces:
         by_trace.setdefault(t.trace_id, []).append(t)
-    by_input = {}
+    by_input: dict[str, list[Trace]] = {}
     for t in traces:
         by_input.setdefault(t.root_input.strip(), []).append(t)
     found: dict[str, str] = {}
@@ -249,7 +249,7 @@ def read_targets(path: str | Path, traces: list[Trace]) -> dict[str, str]:
             raise TraceError(f"{path}:{number}: expected a JSON object with 'target' and "
                              "'trace_id' (32 hex digits) or 'input' (the trace's root input)")
         matched = by_trace.get(row["trace_id"].lower(), []) if "trace_id" in row else \
-            by_input.get(row["input"].strip(), [])
+            by_input.get(plain_input(row["input"]).strip(), [])
         for t in matched:
             found[t.example_id] = row[TARGET]
     if not found:

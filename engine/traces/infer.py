@@ -97,6 +97,7 @@ FRAMEWORK_NAMES = re.compile(
     r"(?:Predict|ChainOfThought|ReAct|ProgramOfThought|BestOfN|Refine)"
     r"(?:\(StringSignature\))?\.(?:forward|aforward)|"  # DSPy
     r"ChatCompletion|Completion|completion|acompletion|chat|Response)$")
+TOOL_CALL = re.compile(r'<tool_call name="[^"]*">(.*)</tool_call>')
 SIGNATURE_NAME = re.compile(r"^\w+\((\w+)\)\.a?forward$")
 PROMPT_MARKERS = (("In adhering to this structure, your objective is: ", " " * 8),)
 UNIT_KINDS = ("CHAIN", "AGENT", "")  # span kinds a unit may have ("" when unrecorded)
@@ -215,8 +216,12 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
     unit = next((u for u in units if named and (u.name == named or SIGNATURE_NAME.match(
         u.name) and SIGNATURE_NAME.match(u.name)[1] == named)), None) or next(
         (u for u in reversed(units) if "output.value" in u.attributes), units[-1])
-    if named is None:
-        return Site(mine, mine[0], unit)
+    if named is None:  # a framework's unit: named by what it returns (DSPy's output fields)
+        returned = _json(str(unit.attributes.get("output.value") or ""))
+        fields = [k for k in returned if k != "reasoning"] if isinstance(returned, dict) else []
+        if not fields:
+            return Site(mine, mine[0], unit)
+        named = "_".join(fields)
     return Site(("unit", named), named, unit)
 
 
@@ -227,11 +232,11 @@ def _roots(spans: list[Span]) -> dict[str, str]:
         if not s.parent_id and not is_llm_span(s) and "semback.run_id" not in s.attributes:
             value = s.attributes.get("input.value")
             if isinstance(value, str) and value.strip():
-                out[s.trace_id] = _plain_input(value)
+                out[s.trace_id] = plain_input(value)
     return out
 
 
-def _plain_input(value: str) -> str:
+def plain_input(value: str) -> str:
     """A chain span's input.value: a JSON object of one text argument is that text."""
     try:
         parsed = json.loads(value)
@@ -372,6 +377,9 @@ def _reply_spec(call: Call, unit: Span | None) -> tuple[dict[str, Any] | None, s
     """How the pipeline read the call's reply, and the value it read: the unit's returned
     value (`output.value`) when the reply holds it, else the reply."""
     reply = call.output
+    calls = TOOL_CALL.findall(reply)
+    if len(calls) == 1 and reply.startswith("<tool_call ") and "\n" not in reply:
+        return {"format": "tool_arguments"}, calls[0]  # what a forced tool call passes on
     returned = unit.attributes.get("output.value") if unit is not None else None
     if not isinstance(returned, str):
         return None, reply
