@@ -105,6 +105,18 @@ class _CallSpans:
                             for row in tables[name] if row["call_id"] in self.joint}
         config = json.loads(tables["runs"][0]["config"] or "{}")
         self.server = _server(config.get("base_url"))
+        # The node's own prompt in each call that runs a node: the prompt set renders it
+        # inside its messages (the default set's shared system message is not it), so a
+        # reader of the spans (import-traces) can tell the trainable text from the frame
+        versions = {(v["node_id"], v["version"]): v["prompt"]
+                    for v in tables["prompt_versions"]}
+        self.prompt_of = {o["call_id"]: versions[(o["node_id"], o["prompt_version"])]
+                          for o in tables["node_outputs"]
+                          if o["call_id"] and (o["node_id"], o["prompt_version"]) in versions}
+        self.prompts: dict[str, list[str]] = defaultdict(list)  # longest first
+        for (node, _), prompt in sorted(versions.items(), key=lambda kv: -len(kv[1] or "")):
+            if prompt and prompt not in self.prompts[node]:
+                self.prompts[node].append(prompt)
 
     def in_step(self, call: dict[str, Any]) -> Span:
         step, phase = call["step"], self.phase(call)
@@ -152,10 +164,25 @@ class _CallSpans:
                       **_openinference(call),
                       **(_content(call) if self.content else {}),
                       **_semback(call, phase)}
+        if self.content:
+            attributes["semback.prompt"] = self.node_prompt(call)
         return make_span(self.tree.trace_id, self.tree.call_span_id(call["call_id"]), parent, name,
                      Span.SPAN_KIND_CLIENT, start, end, attributes,
                      Status.STATUS_CODE_ERROR if call["error"] else Status.STATUS_CODE_OK,
                      call["error"])
+
+    def node_prompt(self, call: dict[str, Any]) -> str | None:
+        """The prompt of the node a forward, probe or diff call ran: the version its logged
+        activation names, else (a per-node gate's or a probe's call, which log no
+        activation) the longest of the node's versions that the messages hold; None for a
+        call that runs no node (backward, update, a judge) or a prompt no version has."""
+        if call["purpose"] not in ("forward", "probe", "diff") or not call["node_id"]:
+            return None
+        if call["call_id"] in self.prompt_of:
+            return self.prompt_of[call["call_id"]]
+        sent = "\n".join(str(m.get("content") or "")
+                         for m in json.loads(call["messages"] or "[]"))
+        return next((p for p in self.prompts[call["node_id"]] if p in sent), None)
 
 
 def _usage(call: dict[str, Any]) -> tuple[int, int]:
