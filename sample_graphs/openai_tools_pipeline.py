@@ -15,8 +15,9 @@ send 5 more."); the pipeline answers what the order costs (12.50):
   and the model replies with the total (quantity times unit price) in text.
 
 Each request is one trace: a `pipeline` span (kind CHAIN, its input.value the customer's
-message) over the ChatCompletion spans of openinference-instrumentation-openai and the
-tool's span. Run it against any OpenAI-compatible server with tool calls on 127.0.0.1 (the
+message) over one CHAIN span per stage (`order`, `cashier`: the names the importer gives
+the nodes), each over the ChatCompletion spans of openinference-instrumentation-openai and
+the tool's span. Run it against any OpenAI-compatible server with tool calls on 127.0.0.1 (the
 embedded model served by llama.cpp with --jinja, or the scripted server of the tests):
 
     python sample_graphs/openai_tools_pipeline.py --base-url http://127.0.0.1:8080/v1 \\
@@ -173,9 +174,16 @@ def pipeline(client: OpenAI, model: str, row: dict, prompts: dict[str, str],
              tracer: trace.Tracer) -> str:
     with tracer.start_as_current_span("pipeline", attributes={
             "openinference.span.kind": "CHAIN", "input.value": row["text"]}) as span:
-        order = record(client, model, prompts["order"],
-                       {"shop": row["shop"], "customer": row["customer"]}, row["text"])
-        answer = cashier(client, model, prompts["cashier"], order, tracer)
+        # each stage under a span of its own name: the importer names the node by it
+        with tracer.start_as_current_span("order", attributes={
+                "openinference.span.kind": "CHAIN", "input.value": row["text"]}) as stage:
+            order = record(client, model, prompts["order"],
+                           {"shop": row["shop"], "customer": row["customer"]}, row["text"])
+            stage.set_attribute("output.value", json.dumps(order))
+        with tracer.start_as_current_span("cashier", attributes={
+                "openinference.span.kind": "CHAIN", "input.value": json.dumps(order)}) as stage:
+            answer = cashier(client, model, prompts["cashier"], order, tracer)
+            stage.set_attribute("output.value", answer)
         span.set_attribute("output.value", answer)
     return answer
 

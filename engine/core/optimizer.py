@@ -38,7 +38,9 @@ from engine.events import (
     PromptVersion,
     Proposal,
     StepFinished,
+    same_prompt,
 )
+from engine.prompts.recorded import DROPPED_REASON, dropped_variables
 
 REJECTED_SHOWN = 3
 # the sampling temperature of candidates after the first (--proposals)
@@ -171,9 +173,13 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
         # a proposal that pastes the sampled examples in is recorded as rejected, never tried
         c.copies = {} if config.allow_copies else find_copies(
             {n: (p.new_prompt, prompts.text[n]) for n, p in zip(nodes, c.proposals)}, examples)
+        # an imported call's prompt template keeps its variables, or each trace's own text
+        # (its customer, its shop) would no longer be sent: such a proposal is refused
+        c.dropped = {n: lost for n, p in zip(nodes, c.proposals) if ctx.graph.node(n).recorded
+                     and (lost := dropped_variables(prompts.text[n], p.new_prompt))}
         edits = {n: p.new_prompt for n, p in zip(nodes, c.proposals)
-                 if n not in c.copies and p.new_prompt.strip()
-                 and p.new_prompt.strip() != prompts.text[n].strip()}
+                 if n not in c.copies and n not in c.dropped
+                 and not same_prompt(prompts.text[n], p.new_prompt)}
         # a candidate that repeats an earlier one's edits is that candidate: not scored again
         c.same_as = next((e for e in candidates[:c.index] if e.same_as is None and edits
                           and {n: v[1] for n, v in e.changes.items()} == edits), None)
@@ -222,12 +228,14 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
             changed = n in c.changes
             repeated = same is not None and n in same.changes
             problem = p.error or p.parse_error or (
-                None if changed or repeated or n in c.copies
+                None if changed or repeated or n in c.copies or n in c.dropped
                 else "proposal left the prompt unchanged")
             ctx.emit(Proposal(ctx.run_id, step, n, prompts.text[n], p.new_prompt,
                               won and changed, val_before, (same or c).score, p.call_id,
                               problem, p.reasoning, val_alone.get(n) if c is best else None,
                               COPY_REASON if n in c.copies else
+                              DROPPED_REASON.format(", ".join(
+                                  "{" + v + "}" for v in c.dropped[n])) if n in c.dropped else
                               f"the same edits as candidate {same.index + 1}" if repeated else
                               candidate_reason(c, best, accepted, val_before,
                                                val_alone.get(n)) if changed else None,
@@ -272,6 +280,7 @@ class Candidate:
     proposals: list
     changes: dict[str, tuple[int, str]] = field(default_factory=dict)
     copies: dict = field(default_factory=dict)
+    dropped: dict = field(default_factory=dict)  # node -> template variables it lost
     score: float | None = None
     same_as: Candidate | None = None  # an earlier candidate with the same edits
 

@@ -111,6 +111,17 @@ def render_prompt(prompt: str, system: Mapping[str, Any] | None,
 
 
 TOOL_ARGUMENTS = re.compile(r'<tool_call name="[^"]*">(.*)</tool_call>')
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+DROPPED_REASON = "drops the template variables {}"
+
+
+def dropped_variables(old: str, new: str) -> list[str]:
+    """The `{name}` placeholders of an imported call's prompt template that a proposal
+    lost (each trace fills them with its own text)."""
+    kept = set(PLACEHOLDER.findall(new))
+    return [v for v in dict.fromkeys(PLACEHOLDER.findall(old)) if v not in kept]
+
+
 FIELD_HEADER = re.compile(r"\[\[ ## (\w+) ## \]\]")
 
 
