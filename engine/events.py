@@ -116,6 +116,19 @@ class Proposal:
     reject_reason: str | None = None  # this node's own outcome when the step was rejected
     candidate: int = 0  # which of the step's candidate prompt sets (--proposals) it belongs to
 
+    @property
+    def unchanged(self) -> bool:
+        """The proposal leaves the prompt as it was (or proposes nothing): no edit."""
+        return same_prompt(self.old_prompt, self.new_prompt)
+
+
+def same_prompt(old: str | None, new: str | None) -> bool:
+    """Whether `new` leaves prompt `old` as it was: equal once runs of whitespace are one
+    space (an empty proposal changes nothing either). The one rule of what an unchanged
+    proposal is, for the optimizer, the commands and the pages."""
+    words = " ".join(str(new or "").split())
+    return not words or words == " ".join(str(old or "").split())
+
 
 @dataclass
 class PromptVersion:
