@@ -252,3 +252,26 @@ def _sent_with_example(db: Path, node: str) -> list[tuple[list[dict], str]]:
         rows = con.execute("SELECT messages, example_id FROM llm_calls WHERE run_id = 'imp' "
                            "AND node_id = ? AND purpose = 'forward'", [node]).fetchall()
     return [(json.loads(m), e) for m, e in rows]
+
+
+@pytest.mark.parametrize("name,responder", [
+    ("dspy_pipeline", dspy_responder), ("langchain_pipeline", langchain_responder),
+    ("openai_tools_pipeline", openai_tools_responder)])
+def test_backprop_and_blame_run_on_each_framework_pipeline(tmp_path, capsys, name, responder):
+    """Gradients reach every node of each imported pipeline, and blame probes every node
+    (the scripted model writes no useful rewrites: which node it names is the embedded
+    model's to show, benchmarks/traces_blame.py)."""
+    server, traces, targets = traced(tmp_path, name, responder)
+    with server:
+        db, got = imported(capsys, tmp_path, traces, targets, server, "--val", "3")
+        assert main(["backprop", "imp", "--db", str(db)]) == 0
+        capsys.readouterr()
+        assert main(["blame", "imp", "--db", str(db), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+    nodes = {n["id"] for n in got["nodes"]}
+    with duckdb.connect(str(db), read_only=True) as con:
+        graded = {n for (n,) in con.execute("SELECT DISTINCT node_id FROM gradients WHERE "
+                                            "run_id = 'imp'").fetchall()}
+    assert graded == nodes
+    probed = json.dumps(report)
+    assert all(f'"{n}"' in probed for n in nodes)
