@@ -1,5 +1,5 @@
 """The pipeline's graph, found in its traces, read through OpenInference's conventions
-(docs/traces.md, "How the importer reads a framework"):
+(docs/traces.md, "What the importer finds"):
 
 - Nodes are the named units that own an LLM call: the highest span above the call, below
   the trace's root, that holds no other call site (DSPy's `Predict(Signature).forward`,
