@@ -399,3 +399,13 @@ def test_a_python_metric_grades_the_final_output(tmp_path, capsys):
     with duckdb.connect(str(tmp_path / "r.duckdb"), read_only=True) as con:
         config = json.loads(con.execute("SELECT config FROM runs").fetchall()[0][0])
     assert config["code"]["metric"]["qualname"] == "twice"
+
+
+def test_traces_of_one_call_each_are_named_as_two_instrumentors_splitting_a_pipeline(
+        tmp_path, existing_log, capsys):
+    """LangChain's and OpenAI's instrumentors on one pipeline start a trace per call: the
+    refusal says so instead of only blaming unrelated pipelines."""
+    spans = [llm_span(f"s{i}", "chat", system, f"Text {i}", f"Reply {i} is long enough.", 1)
+             for i, system in enumerate(["Count.", "Answer.", "Count.", "Answer."])]
+    out = _refused(capsys, existing_log, str(write_lines(tmp_path / "x.jsonl", spans)))
+    assert "several unrelated pipelines" in out and "two instrumentors" in out
