@@ -298,8 +298,8 @@ def test_backprop_proposals_draws_candidates_and_needs_held_out_traces(tmp_path,
         assert main(["backprop", "plain", "--db", db, "--proposals", "2"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == ["error: run 'plain' has no validation examples to choose among 2 "
-                       "candidate prompt sets (import the traces with --val N, or leave "
-                       "--proposals out)"]
+                       "candidate prompt sets (import the traces again with import-traces "
+                       "--val N, or leave --proposals out)"]
         server.requests.clear()
         assert main(["backprop", "held", "--db", db, "--proposals", "2"]) == 0
         out = capsys.readouterr().out

@@ -12,13 +12,14 @@ from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.text import fmt, md, plural, show_side_by_side, show_text
 from engine.data.stats import bracketed, score_interval
+from engine.events import same_prompt
 from engine.probes.blame import chosen_updates
 
 COPY_WORDS = ("copies", "copy", "training example", "leak")
 
 
 def verdict(edit: dict) -> str:
-    changed = (edit.get("new_prompt") or "") != (edit.get("old_prompt") or "")
+    changed = not same_prompt(edit.get("old_prompt"), edit.get("new_prompt"))
     if edit.get("accepted"):
         return "accepted"
     return "rejected" if changed else "unchanged"

@@ -16,6 +16,7 @@ from dashboard.views.quality import mark
 from dashboard.views.text import code, fmt, md, plural, show_messages, show_text
 from dashboard.views.validation import fork_validation
 from dashboard.views.whatif import flip_label, prompt_after
+from engine.events import same_prompt
 from engine.methods import METHODS
 
 STAGES = ["The graph", "Forward pass", "Loss", "Semantic gradient", "Without siblings",
@@ -221,7 +222,8 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
 def _proposals(db: str, run: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A run's changed proposals: (accepted, rejected)."""
     updates = probe_data.all_updates(db, run)
-    changed = updates[updates["new_prompt"].fillna("") != updates["old_prompt"].fillna("")]
+    changed = updates[[not same_prompt(o, n) for o, n in
+                       zip(updates["old_prompt"].fillna(""), updates["new_prompt"].fillna(""))]]
     kept = changed["accepted"].fillna(False).astype(bool)
     return changed[kept], changed[~kept]
 

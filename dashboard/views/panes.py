@@ -8,6 +8,7 @@ import streamlit as st
 
 from dashboard.views.quality import mark
 from dashboard.views.text import fmt, md, show_diff, show_messages, show_text
+from engine.events import same_prompt
 
 
 def _first(frame: pd.DataFrame) -> dict | None:
@@ -172,7 +173,7 @@ def update_pane(update: dict, *, node: str | None = None, show_call: bool = True
     """The proposed edit as a word-level diff, its fate and the validation scores;
     `copies`: the training examples it pastes into the prompt (a caveat is shown);
     `candidates`: how many candidate sets the step wrote (each pane then names its own)."""
-    changed = (update.get("new_prompt") or "") != (update.get("old_prompt") or "")
+    changed = not same_prompt(update.get("old_prompt"), update.get("new_prompt"))
     verdict = ("accepted" if update.get("accepted") else
                "rejected by the validation gate" if changed else "no change proposed")
     color = "green" if update.get("accepted") else ("red" if changed else "gray")

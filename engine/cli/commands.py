@@ -1,7 +1,8 @@
 """Command line: python -m engine {validate,run,resume,runs,export,import,experiment,models}.
 
 Bad input (a graph, a dataset, a database, a run id) prints one line starting with
-"error:" and exits with status 2; nothing already written is lost.
+"error:" and exits with status 2; nothing already written is lost. Under --json the same
+message is also printed on standard output as {"error": "..."}.
 """
 
 from __future__ import annotations
@@ -546,13 +547,45 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
 
 
+def _error(message: str, as_json: bool) -> None:
+    """An error: one `error:` line on standard error, and under --json the same message as
+    one JSON object, {"error": "..."}, on standard output, where the command's result
+    would have been (a script reads one or the other, never a traceback)."""
+    console.print(f"error: {message}", markup=False, highlight=False)
+    if as_json:
+        print(json.dumps({"error": message}, ensure_ascii=False))
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """argparse's own refusals (an unknown flag, a bad value: its usage and an error line,
+    status 2) also come as JSON on standard output when the command line has --json."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    if "--json" not in words:
+        return parser.parse_args(argv)
+    import contextlib
+    import io
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return parser.parse_args(argv)
+    except SystemExit as exc:
+        sys.stderr.write(said.getvalue())
+        if exc.code:
+            lines = [ln for ln in said.getvalue().splitlines() if ": error: " in ln]
+            message = lines[-1].split(": error: ", 1)[1] if lines else "bad arguments"
+            print(json.dumps({"error": message}, ensure_ascii=False))
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
+    as_json = bool(getattr(args, "json", False))
     try:
         return args.func(args)
     except _bad_input_errors() as exc:
-        console.print(f"error: {_one_line(exc)}", markup=False, highlight=False)
+        _error(_one_line(exc) + _hint(parser, args, exc), as_json)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         console.print("interrupted", markup=False)
@@ -560,9 +593,34 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
         if os.environ.get("SEMBACK_DEBUG"):
             traceback.print_exc()
-        console.print(f"error: unexpected {exc.__class__.__name__}: {_one_line(exc)} "
-                      "(set SEMBACK_DEBUG=1 for the traceback)", markup=False, highlight=False)
+        _error(f"unexpected {exc.__class__.__name__}: {_one_line(exc)} "
+               "(set SEMBACK_DEBUG=1 for the traceback)", as_json)
         return 1
+
+
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The subcommand's own parser (its flags), e.g. for `backprop`."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
+def flags_of(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+
+
+def _hint(parser: argparse.ArgumentParser, args: argparse.Namespace,
+          exc: BaseException) -> str:
+    """What the command itself offers against missing model credentials: the flags it
+    takes, never another command's (the model layer cannot know which command runs)."""
+    from engine.llm.base import MissingCredentials
+
+    if not isinstance(exc, MissingCredentials) or not getattr(args, "command", None):
+        return ""
+    flags = flags_of(command_parser(parser, args.command))
+    offers = [text for flag, text in (
+        ("--base-url", "give --base-url URL (an OpenAI-compatible server)"),
+        ("--backend", "use --backend local (the embedded model)")) if flag in flags]
+    return f"; or {', or '.join(offers)}" if offers else ""
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
     python -m engine backprop RUN_ID --db DB [--method M] [--base-url URL] [--model NAME]
                               [--optimizer-backend KIND] [--optimizer-model NAME]
                               [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
-                              [--proposals N]
+                              [--proposals N] [--json]
 """
 
 from __future__ import annotations
@@ -87,6 +87,10 @@ def register_cli(sub: Any) -> None:
                         "gradients, the best on the held-out traces kept (needs import-traces "
                         "--val; default: the run's, 1)")
     add_call_settings(p)
+    p.add_argument("--json", action="store_true",
+                   help="print run_id, step, status, gradients, failing_examples, proposals "
+                        "(the count of changed ones), unchanged and each node's proposal "
+                        "as one JSON object")
     p.set_defaults(func=cmd_backprop)
 
 
@@ -127,21 +131,42 @@ def cmd_backprop(args: argparse.Namespace) -> int:
                                   optimizer_model=args.optimizer_model,
                                   proposals=args.proposals))
     if result.status != "finished":  # a step is recorded whole or not at all
-        print(f"run '{args.run_id}': backprop {result.status}"
-              f"{': ' + result.reason if result.reason else ''}; step "
-              f"{result.state.step + 1 if result.state else 1} was not recorded")
+        line = (f"run '{args.run_id}': backprop {result.status}"
+                f"{': ' + result.reason if result.reason else ''}; step "
+                f"{result.state.step + 1 if result.state else 1} was not recorded")
+        print(json.dumps({"error": line, "status": result.status}, ensure_ascii=False)
+              if args.json else line)
         return 1
     gradients = result.events.of(Gradient)
     proposals = result.events.of(Proposal)
     step = result.state.step
+    # a proposal that leaves the prompt as it was is no proposal: marked, never counted
+    changed = [p for p in proposals if not p.unchanged]
+    several = len({p.candidate for p in proposals}) > 1
+    if args.json:
+        print(json.dumps({
+            "run_id": args.run_id, "step": step, "status": result.status,
+            "gradients": len(gradients),
+            "failing_examples": len({g.example_id for g in gradients}),
+            "proposals": len(changed), "unchanged": len(proposals) - len(changed),
+            "nodes": [{"node_id": p.node_id, "candidate": p.candidate, "kept": p.accepted,
+                       "unchanged": p.unchanged, "prompt": p.new_prompt,
+                       "reason": p.reject_reason or p.parse_error} for p in proposals],
+            "next": f"python -m engine blame {args.run_id} --db {args.db} --step {step}"},
+            ensure_ascii=False, indent=1))
+        return 0
+    unchanged = len(proposals) - len(changed)
     print(f"run '{args.run_id}' step {step}: {len(gradients)} gradients on "
           f"{len({g.example_id for g in gradients})} failing examples, "
-          f"{len(proposals)} proposals (status {result.status})")
-    several = len({p.candidate for p in proposals}) > 1
+          f"{len(changed)} proposals{f' ({unchanged} unchanged)' if unchanged else ''} "
+          f"(status {result.status})")
     for proposal in proposals:
-        print(f"  {proposal.node_id}"
-              f"{f' (candidate {proposal.candidate + 1})' if several else ''}"
-              f"{' kept' if proposal.accepted else ''}: "
+        head = (f"  {proposal.node_id}"
+                f"{f' (candidate {proposal.candidate + 1})' if several else ''}")
+        if proposal.unchanged:
+            print(f"{head}: unchanged (the prompt as it was)")
+            continue
+        print(f"{head}{' kept' if proposal.accepted else ''}: "
               f"{' '.join(proposal.new_prompt.split())[:100]}")
     print(f"next: python -m engine blame {args.run_id} --db {args.db} --step {step}")
     return 0

@@ -96,6 +96,12 @@ class LLMError(Exception):
     """A call that cannot succeed (bad key, unknown model, bad request). Not retried."""
 
 
+class MissingCredentials(LLMError):
+    """No key and no server to call. The message names no flag: which one helps depends on
+    the command (run takes --backend, backprop --base-url), so the command line adds the
+    flags of the command that ran (engine/cli/commands.py)."""
+
+
 class SchemaRefused(LLMError):
     """The server rejected the request's `response_format` (a JSON schema). `LLMClient`
     falls back to text formats under `--structured auto`."""

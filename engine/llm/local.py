@@ -101,8 +101,8 @@ def check_gguf(path: Path) -> None:
     except OSError as exc:
         raise LLMError(f"cannot read the local model file {path}: {exc.strerror}") from None
     if head != GGUF_MAGIC:
-        raise LLMError(f"{path} is not a GGUF model file; --backend local --model needs a "
-                       ".gguf file (llama.cpp's format)")
+        raise LLMError(f"{path} is not a GGUF model file; a local model is a .gguf file "
+                       "(llama.cpp's format)")
 
 
 def state_bytes(state: Any) -> int:

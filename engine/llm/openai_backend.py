@@ -23,6 +23,7 @@ from engine.llm.base import (
     LLMError,
     LLMReply,
     LLMRequest,
+    MissingCredentials,
     SchemaRefused,
     TransientLLMError,
     estimate_tokens,
@@ -63,7 +64,7 @@ def wire_messages(messages: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers ignore the key
 MISSING_CREDENTIALS = (
     "no OpenAI credentials: set OPENAI_API_KEY (or OPENAI_BASE_URL for a local "
-    "OpenAI-compatible server), or use --backend local"
+    "OpenAI-compatible server)"
 )
 _MAX_MESSAGE_CHARS = 300
 POOLS = 8  # SDK clients (connection pools) a backend spreads its requests over
@@ -85,7 +86,7 @@ class OpenAIBackend:
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
         if not api_key and not base_url:
-            raise LLMError(MISSING_CREDENTIALS)
+            raise MissingCredentials(MISSING_CREDENTIALS)
         try:
             import openai
         except ImportError:

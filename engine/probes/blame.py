@@ -38,7 +38,7 @@ from typing import Any
 from engine.core.claims import gradient_claim
 from engine.core.copies import COPY_REASON
 from engine.data.stats import wilson
-from engine.events import Gradient
+from engine.events import Gradient, same_prompt
 from engine.llm.base import Backend
 from engine.probes.probe import (
     KINDS,
@@ -124,7 +124,7 @@ def proposal_kind(row: tuple[str, str, str] | None) -> str:
     "unchanged" (no update, or the prompt left as it was) or "proposed"."""
     if row is not None and row[2] == COPY_REASON:
         return "copied"
-    if row is None or not row[1].strip() or row[1].strip() == row[0].strip():
+    if row is None or same_prompt(row[0], row[1]):
         return "unchanged"
     return "proposed"
 
@@ -380,7 +380,7 @@ def chosen_updates(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def order(u: dict[str, Any]) -> tuple:
         kept = known(u.get("accepted")) and bool(u.get("accepted"))
-        changed = str(u.get("new_prompt") or "") != str(u.get("old_prompt") or "")
+        changed = not same_prompt(u.get("old_prompt"), u.get("new_prompt"))
         score = u.get("val_after")
         candidate = u.get("candidate")
         return (not kept, not changed, not known(score),

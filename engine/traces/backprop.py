@@ -45,11 +45,11 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
     if failing == 0:
         raise RunLogError(f"run '{run_id}' has no failing training example at step "
                           f"{point.state.step}: nothing to back-propagate (import the "
-                          "traces with --targets to grade them)")
+                          "traces again with import-traces --targets to grade them)")
     if proposals is not None and proposals > 1 and not examples_of(point.examples, "val"):
         raise RunLogError(f"run '{run_id}' has no validation examples to choose among "
-                          f"{proposals} candidate prompt sets (import the traces with "
-                          "--val N, or leave --proposals out)")
+                          f"{proposals} candidate prompt sets (import the traces again "
+                          "with import-traces --val N, or leave --proposals out)")
     config = RunConfig.from_json(point.config)
     config.db, config.run_id = db, run_id
     config.method = method or config.method
