@@ -151,10 +151,18 @@ def test_ambiguous_flows_are_reported_not_guessed(tmp_path, capsys):
                   llm_span(trace, "chat", "Final.", f"Notes: {same} / ok", n, 4)]
     traces = write_lines(tmp_path / "t.jsonl", spans)
     code = main(["import-traces", str(traces), "--db", str(tmp_path / "r.duckdb"), "--json"])
-    out = capsys.readouterr().err
-    # with both flows refused, three calls feed nothing: no final call can be named
+    said = capsys.readouterr()
+    out = said.err
+    # with both flows refused, three calls feed nothing: no final call can be named; the
+    # error itself says why each flow was not taken, and its JSON lists them
     assert code == 2 and out.startswith("error:")
-    assert "first, second, short" in out and "ambiguous flows from" in out
+    assert "first, second, short" in out and "ambiguous flows, not taken" in out
+    assert "the same text came from 2 calls" in out
+    assert "a text shorter than 8 characters is no evidence of flow" in out
+    error = json.loads(said.out)
+    assert error["error"] in out and {a["reason"] for a in error["ambiguous"]} == {
+        "the same text came from 2 calls",
+        "a text shorter than 8 characters is no evidence of flow"}
 
 
 def test_an_ambiguous_flow_beside_clear_ones_is_listed_in_the_json(tmp_path, capsys):

@@ -440,9 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_runs)
 
     from engine import experiment
+    from engine.cli import collect as collect_cli
     from engine.cli import diff as diff_cli
     from engine.cli import models as models_cli
     from engine.cli import probes as probe_cli
+    from engine.cli import prompts as prompts_cli
     from engine.cli import traces as traces_cli
 
     _register_export(sub)
@@ -451,6 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
     diff_cli.register_cli(sub)
     models_cli.register_cli(sub)
     traces_cli.register_cli(sub)
+    prompts_cli.register_cli(sub)
+    collect_cli.register_cli(sub)
     return parser
 
 
@@ -547,13 +551,13 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
 
 
-def _error(message: str, as_json: bool) -> None:
+def _error(message: str, as_json: bool, details: dict | None = None) -> None:
     """An error: one `error:` line on standard error, and under --json the same message as
-    one JSON object, {"error": "..."}, on standard output, where the command's result
-    would have been (a script reads one or the other, never a traceback)."""
+    one JSON object, {"error": "...", ...details}, on standard output, where the command's
+    result would have been (a script reads one or the other, never a traceback)."""
     console.print(f"error: {message}", markup=False, highlight=False)
     if as_json:
-        print(json.dumps({"error": message}, ensure_ascii=False))
+        print(json.dumps({"error": message, **(details or {})}, ensure_ascii=False))
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -585,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except _bad_input_errors() as exc:
-        _error(_one_line(exc) + _hint(parser, args, exc), as_json)
+        _error(_one_line(exc) + _hint(parser, args, exc), as_json,
+               getattr(exc, "details", None))
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         console.print("interrupted", markup=False)

@@ -12,4 +12,9 @@ from __future__ import annotations
 
 class TraceError(ValueError):
     """Traces this importer cannot read or cannot make one pipeline of (bad input: one
-    `error:` line, status 2, nothing written)."""
+    `error:` line, status 2, nothing written). `details` go into the error's JSON (--json),
+    e.g. the ambiguous flows that left a call feeding nothing."""
+
+    def __init__(self, message: str, details: dict | None = None) -> None:
+        super().__init__(message)
+        self.details = details or {}

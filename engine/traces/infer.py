@@ -562,10 +562,13 @@ def _output_node(traces: list[Trace], edges: list[tuple[str, str]],
     sinks = [n for n in nodes if not any(a == n for a, _ in edges)]
     if len(sinks) == 1:
         return sinks[0]
-    unsure = sorted({u for a in ambiguous for u in a["from"]} & set(sinks))
-    note = f" (ambiguous flows from {', '.join(unsure)}: see --json)" if unsure else ""
+    unsure = [a for a in ambiguous if set(a["from"]) & set(sinks)]
+    reasons = sorted({f"{', '.join(a['from'])} -> {a['to']}: {a['reason']}" for a in unsure})
+    note = (f" (ambiguous flows, not taken: {'; '.join(reasons[:3])}"
+            f"{f'; {len(reasons) - 3} more' if len(reasons) > 3 else ''})") if unsure else ""
     raise TraceError(f"the calls {', '.join(sinks)} feed no later call that the content "
-                     f"shows, so the pipeline's final call is not one{note}")
+                     f"shows, so the pipeline's final call is not one{note}",
+                     {"ambiguous": unsure})
 
 
 def _nodes(traces: list[Trace], edges: list[tuple[str, str]]) -> dict[str, NodeInfo]:
