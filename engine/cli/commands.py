@@ -440,11 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_runs)
 
     from engine import experiment
-    from engine.cli import collect as collect_cli
     from engine.cli import diff as diff_cli
     from engine.cli import models as models_cli
     from engine.cli import probes as probe_cli
-    from engine.cli import prompts as prompts_cli
     from engine.cli import traces as traces_cli
 
     _register_export(sub)
@@ -453,8 +451,6 @@ def build_parser() -> argparse.ArgumentParser:
     diff_cli.register_cli(sub)
     models_cli.register_cli(sub)
     traces_cli.register_cli(sub)
-    prompts_cli.register_cli(sub)
-    collect_cli.register_cli(sub)
     return parser
 
 
