@@ -417,3 +417,36 @@ def test_traces_of_one_call_each_are_named_as_two_instrumentors_splitting_a_pipe
              for i, system in enumerate(["Count.", "Answer.", "Count.", "Answer."])]
     out = _refused(capsys, existing_log, str(write_lines(tmp_path / "x.jsonl", spans)))
     assert "several unrelated pipelines" in out and "two instrumentors" in out
+
+
+def test_a_short_value_a_template_variable_received_is_a_flow(tmp_path, capsys):
+    """`name` replies one short word ("Chen", also in the customer's message); `greet`'s
+    template receives it as a variable: a flow however short, and a re-run of `greet` with
+    another upstream value renders that value into its system message."""
+    spans = []
+    for i, who in enumerate(["Chen", "Ruiz"]):
+        trace = f"v{i}"
+        template = "Greet {customer} warmly."
+        spans += [chain_span(trace, "pipeline", f"Hello, this is {who} calling."),
+                  llm_span(trace, "chat", "Name the caller.", f"Hello, this is {who} calling.",
+                           who, 1),
+                  llm_span(trace, "chat", f"Greet {who} warmly.", "Write the greeting.",
+                           f"Good morning, dear {who}!", 2,
+                           extra={"llm.prompt_template.template": template,
+                                  "llm.prompt_template.variables":
+                                      json.dumps({"customer": who})})]
+    db = tmp_path / "r.duckdb"
+    got = run_json(capsys, "import-traces", str(write_lines(tmp_path / "t.jsonl", spans)),
+                   "--db", str(db))
+    assert [n["id"] for n in got["nodes"]] == ["name", "greet"]
+    assert got["edges"] == [["name", "greet"]]
+    with duckdb.connect(str(db), read_only=True) as con:
+        fields = con.execute("SELECT fields FROM examples WHERE run_id = ? ORDER BY position",
+                             [got["run_id"]]).fetchall()
+    spec = json.loads(json.loads(fields[0][0])["recorded_calls"])["greet"]
+    assert spec["system"] == {"variables": {"customer": {"slot": "name"}}}
+    from engine.prompts.recorded import recorded_messages
+
+    messages = recorded_messages("Greet {customer} warmly.", json.loads(fields[0][0])[
+        "recorded_calls"], "greet", {"name": "Okafor"})
+    assert messages[0] == ("system", "Greet Okafor warmly.")

@@ -436,7 +436,8 @@ def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
     body = "\n".join(c for _, c in call.non_system())
     system_text = call.system if call.template is not None else ""
     slots: dict[str, str] = {}
-    received = _received(trace.units.get(node))
+    # what the unit received, and what the call's template variables received
+    received = _received(trace.units.get(node)) + list(call.variables.items())
     structural: dict[str, str] = {}
     for name, text in received:
         text = text.strip()
