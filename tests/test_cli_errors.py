@@ -34,6 +34,7 @@ SOURCES: dict[str, dict[str, set[str] | None]] = {
     "export": {"engine/runlog/otel.py": ALL, "engine/cli/commands.py": {"cmd_export", "_headers"}},
     "import": {"engine/runlog/export.py": {"import_json"}, "engine/cli/commands.py": {"cmd_import"}},
     "run": {"engine/cli/commands.py": {"cmd_run"}, "engine/cli/probes.py": {"cmd_fork"}},
+    "prompts": {"engine/runs/handback.py": ALL, "engine/cli/prompts.py": ALL},
 }
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 

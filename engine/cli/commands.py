@@ -443,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli import diff as diff_cli
     from engine.cli import models as models_cli
     from engine.cli import probes as probe_cli
+    from engine.cli import prompts as prompts_cli
     from engine.cli import traces as traces_cli
 
     _register_export(sub)
@@ -451,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff_cli.register_cli(sub)
     models_cli.register_cli(sub)
     traces_cli.register_cli(sub)
+    prompts_cli.register_cli(sub)
     return parser
 
 

@@ -459,6 +459,41 @@ def split_fields(db: str | Path, run_id: str, split: str) -> pd.DataFrame:
                  [run_id, split])
 
 
+def kept_prompt_rows(db: str | Path, run_id: str) -> list[dict]:
+    """Per node, the prompt the run keeps: its latest accepted version (by step, then
+    version) with the step that wrote it, the node's first version (`original`), and the
+    accepted update that proposed the kept prompt at that step, if one did (`val_before`,
+    `val_after`, `val_alone`; null for the starting prompt or one set by hand at a fork).
+    What `python -m engine prompts` hands back."""
+    return query(db, """
+        WITH ranked AS (
+            SELECT node_id, version, prompt, step, accepted,
+                   row_number() OVER (PARTITION BY node_id ORDER BY step, version) AS first,
+                   row_number() OVER (PARTITION BY node_id, accepted
+                                      ORDER BY step DESC, version DESC) AS latest
+            FROM prompt_versions WHERE run_id = $run),
+        updates_kept AS (
+            SELECT node_id, step, new_prompt, any_value(val_before) AS val_before,
+                   any_value(val_after) AS val_after, any_value(val_alone) AS val_alone
+            FROM updates WHERE run_id = $run AND accepted GROUP BY ALL)
+        SELECT k.node_id, k.prompt, k.version, k.step, o.prompt AS original,
+               o.version AS original_version, u.val_before, u.val_after, u.val_alone,
+               u.node_id IS NOT NULL AS proposed
+        FROM ranked k JOIN ranked o ON o.node_id = k.node_id AND o.first = 1
+        LEFT JOIN updates_kept u ON u.node_id = k.node_id AND u.step = k.step
+             AND u.new_prompt = k.prompt
+        WHERE k.accepted AND k.latest = 1 ORDER BY k.node_id""",
+                 {"run": run_id}).to_dict("records")
+
+
+def example_fields(db: str | Path, run_id: str) -> str | None:
+    """The fields (JSON) of the run's first example (training first): what an imported
+    run's nodes recorded of their calls (the `recorded_calls` field)."""
+    frame = query(db, """SELECT fields FROM examples WHERE run_id = ?
+                         ORDER BY split <> 'train', split, position LIMIT 1""", [run_id])
+    return None if frame.empty else str(frame.iloc[0]["fields"])
+
+
 def split_sizes(db: str | Path, run_id: str) -> dict[str, int]:
     """Examples per split of one run ({"train": 8, "val": 24, ...}; a split it lacks is
     absent): what `blame --examples failing|val` chooses its failing examples from."""
