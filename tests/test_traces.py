@@ -450,3 +450,58 @@ def test_a_short_value_a_template_variable_received_is_a_flow(tmp_path, capsys):
     messages = recorded_messages("Greet {customer} warmly.", json.loads(fields[0][0])[
         "recorded_calls"], "greet", {"name": "Okafor"})
     assert messages[0] == ("system", "Greet Okafor warmly.")
+
+
+def _unit(trace: str, name: str, parent: str | None, received: dict, returned: dict,
+          start: int) -> dict:
+    """A CHAIN span as DSPy's instrumentor records a predictor: its fields in and out."""
+    from tests.support.otlp_traces import _attrs
+
+    span = {"traceId": hex_id(trace, 32), "spanId": hex_id(f"{trace}/{name}", 16),
+            "name": name, "kind": 1, "startTimeUnixNano": str(start * 10**9),
+            "endTimeUnixNano": str(start * 10**9 + 9 * 10**8),
+            "attributes": _attrs({"openinference.span.kind": "CHAIN",
+                                  "input.value": json.dumps(received),
+                                  "output.value": json.dumps(returned)})}
+    if parent:
+        span["parentSpanId"] = hex_id(f"{trace}/{parent}", 16)
+    return span
+
+
+def test_two_units_that_return_the_same_text_each_flow_to_the_field_named_for_them(
+        tmp_path, capsys):
+    """A small model's two predictors echoed the same sentence: the third predictor received
+    it as `facts` and as `coupon`; each is a flow from the unit that returned that field,
+    and each occurrence in the message is its own slot, in the fields' order."""
+    spans = []
+    for i, (sentence, n) in enumerate(SENTENCES[:2]):
+        t = f"d{i}"
+        same = sentence if i == 0 else f"Case {i} has {n} things."
+        other = same if i == 0 else f"Nothing is taken off in case {i}."
+        spans.append(_unit(t, "Program.forward", None, {"sentence": sentence}, {"total": n}, 0))
+        for j, (unit, field, value) in enumerate([("Predict(First).forward", "facts", same),
+                                                  ("Predict(Second).forward", "coupon", other)]):
+            spans.append(_unit(t, unit, "Program.forward", {"sentence": sentence},
+                               {field: value}, j + 1))
+            spans.append(llm_span(t, "LM.__call__", f"Find the {field}.",
+                                  f"[[ ## sentence ## ]]\n{sentence}",
+                                  f"[[ ## {field} ## ]]\n{value}\n\n[[ ## completed ## ]]",
+                                  j + 1, parent=hex_id(f"{t}/{unit}", 16)))
+        spans.append(_unit(t, "Predict(Third).forward", "Program.forward",
+                           {"facts": same, "coupon": other}, {"total": n}, 3))
+        spans.append(llm_span(t, "LM.__call__", "Add them up.",
+                              f"[[ ## facts ## ]]\n{same}\n\n[[ ## coupon ## ]]\n{other}",
+                              f"[[ ## total ## ]]\n{n}\n\n[[ ## completed ## ]]", 3,
+                              parent=hex_id(f"{t}/Predict(Third).forward", 16)))
+    db = tmp_path / "r.duckdb"
+    got = run_json(capsys, "import-traces", str(write_lines(tmp_path / "t.jsonl", spans)),
+                   "--db", str(db))
+    assert [n["id"] for n in got["nodes"]] == ["first", "second", "third"]
+    assert got["edges"] == [["first", "third"], ["second", "third"]]
+    with duckdb.connect(str(db), read_only=True) as con:
+        fields = con.execute("SELECT fields FROM examples WHERE run_id = ? ORDER BY position",
+                             [got["run_id"]]).fetchall()
+    echoed = json.loads(json.loads(fields[0][0])["recorded_calls"])["third"]
+    slots = [p["slot"] for m in echoed["messages"] for p in m["parts"] if isinstance(p, dict)]
+    assert slots == ["first", "second"]
+    assert all("their input" not in a["reason"] for a in got["ambiguous"])

@@ -28,12 +28,17 @@ RECORDED_FIELD = "recorded_calls"
 def cut_slots(text: str, slots: Mapping[str, str]) -> list[Any]:
     """`text` as parts, each occurrence of a slot's value replaced by {"slot": name}.
     Longer values are cut first, so a value that only occurs inside a longer one is not
-    cut there."""
+    cut there. A value that several slots share (two calls that said the same) is cut in
+    turn: its first occurrence is the first of those slots (in `slots`' order), the next
+    the next, the last slot taking any further ones."""
+    by_value: dict[str, list[str]] = {}
+    for name, value in slots.items():
+        if value:
+            by_value.setdefault(value, []).append(name)
     parts: list[Any] = [text]
-    for name, value in sorted(slots.items(), key=lambda item: -len(item[1])):
-        if not value:
-            continue
+    for value, names in sorted(by_value.items(), key=lambda item: -len(item[0])):
         out: list[Any] = []
+        seen = 0
         for part in parts:
             if not isinstance(part, str):
                 out.append(part)
@@ -41,7 +46,8 @@ def cut_slots(text: str, slots: Mapping[str, str]) -> list[Any]:
             pieces = part.split(value)
             for i, piece in enumerate(pieces):
                 if i:
-                    out.append({"slot": name})
+                    out.append({"slot": names[min(seen, len(names) - 1)]})
+                    seen += 1
                 if piece:
                     out.append(piece)
         parts = out

@@ -63,6 +63,7 @@ class Trace:
     units: dict[str, Span] = field(default_factory=dict)  # node id -> the span that owns it
     prompts: dict[str, str] = field(default_factory=dict)  # node id -> its prompt here
     loops: dict[str, int] = field(default_factory=dict)  # node id -> its calls, when > 1
+    returns: dict[str, list[str]] = field(default_factory=dict)  # node -> its unit's fields
 
     def final_output(self, node_id: str) -> str:
         return self.values.get(node_id, self.calls[node_id].output)
@@ -321,6 +322,7 @@ def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
         system, prompt, problem = _system_spec(call)
         reply, value = _reply_spec(call, units.get(node))
         trace.values[node] = value
+        trace.returns[node] = _returned_fields(units.get(node))
         trace.prompts[node] = str(call.span.attributes.get(OWN_PROMPT, prompt))
         if problem:
             ambiguous.append({"trace_id": trace_id, "from": [node], "to": node,
@@ -408,6 +410,18 @@ def _json(value: str) -> Any:
         return None
 
 
+def _returned_fields(unit: Span | None) -> list[str]:
+    """The names of the fields a unit returned (its output.value's keys), if any."""
+    returned = _json(str(unit.attributes.get("output.value") or "")) if unit else None
+    return list(returned) if isinstance(returned, dict) else []
+
+
+def _names_source(field_name: str, up: str, trace: Trace) -> bool:
+    """Whether a received field's name says where it came from: the upstream node's id,
+    or a field the upstream unit returned (DSPy's `facts` from ExtractFacts)."""
+    return field_name != "" and (_slug(field_name) == up or field_name in trace.returns[up])
+
+
 def _received(unit: Span | None) -> list[tuple[str, str]]:
     """The values a unit received: (field, text) of its `input.value` (a JSON object's
     string fields, or the whole text)."""
@@ -445,13 +459,14 @@ def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
             continue
         sources = [up for up in earlier if trace.values[up].strip() == text]
         if len(sources) > 1:
-            named = [up for up in sources if up == _slug(name)]
+            named = [up for up in sources if _names_source(name, up, trace)]
             sources = named or sources
         if len(sources) > 1:
             ambiguous.append({"trace_id": trace.trace_id, "from": sources, "to": node,
                               "text": text[:80], "reason": f"the value of '{name}' came "
                               f"from {len(sources)} calls"})
-        elif sources and (text != trace.root_input.strip() or _slug(name) == sources[0]):
+        elif sources and (text != trace.root_input.strip()
+                          or _names_source(name, sources[0], trace)):
             # a value the unit received from an earlier one: a flow however short, unless
             # it is the pipeline's whole input and the field does not name its source
             if text in body or text in system_text:
