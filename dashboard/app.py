@@ -49,6 +49,7 @@ PAGES = [
     st.Page("screens/compare.py", title="Compare",
             url_path="compare"),
     st.Page("screens/learn.py", title="Learn", url_path="learn"),
+    st.Page("screens/traces.py", title="Traces", url_path="traces"),
     st.Page(runs_alias, title="Runs", url_path="runs", visibility="hidden"),
 ]
 

@@ -17,6 +17,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views import graph_model as gh
+from dashboard.views.collected import EMPTY as EMPTY_COLLECTED
+from dashboard.views.collected import Collected, collected_overview
 from engine.data.stats import Z95, score_interval
 from engine.runlog import debug, reader
 
@@ -449,3 +451,18 @@ def fixed_prompts(db: str, run_id: str) -> dict[str, str]:
     if not isinstance(found, dict):
         return {}
     return {str(k): str(v) for k, v in found.items() if isinstance(v, str | int)}
+
+
+@st.cache_data(**CACHE_OPTIONS)
+def _collected(db: str, version: Stamp) -> Collected:
+    from engine.runlog.collected import collected_heads
+
+    return collected_overview(collected_heads(db))
+
+
+def collected(db: str) -> Collected:
+    """The spans `engine collect` received into the run log, per service and per trace
+    (dashboard.views.collected); empty before the file exists."""
+    if not exists(db):
+        return EMPTY_COLLECTED
+    return _collected(db, stamp(db))

@@ -9,13 +9,17 @@ the jobs again.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import hashlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -78,7 +82,7 @@ class Job:
     returncode: int | None = None
     stopped: bool = False
     ended_at: float | None = None  # when the process ended (its log's last write)
-    kind: str = "run"  # run | probe | blame | fork (a fork is a run too)
+    kind: str = "run"  # run | probe | blame | fork (a fork is a run too) | compare | collect | import
 
     @property
     def seconds(self) -> float:
@@ -154,9 +158,12 @@ def start(spec: RunSpec) -> Job:
     return launch(build_command(spec), spec.run_id, spec.db, spec.steps, spec.run_id)
 
 
-def launch(cmd: list[str], run_id: str, db: str, steps: int, name: str, kind: str = "run"
-           ) -> Job:
-    """Start `cmd` in a new process group, its output in `<name>.log` in the jobs folder."""
+def launch(cmd: list[str], run_id: str, db: str, steps: int, name: str, kind: str = "run",
+           with_dashboard: bool = False) -> Job:
+    """Start `cmd` in a new process group, its output in `<name>.log` in the jobs folder.
+    `with_dashboard`: the process ends when this dashboard's process does (a run outlives
+    it, and a restarted dashboard finds it again; a service such as the trace receiver
+    does not)."""
     log_path = jobs_dir(db) / f"{name}.log"
     if kind in ("run", "fork"):  # the run's progress as typed events, for the live view
         cmd = [*cmd, "--progress-file", str(log_path.with_suffix(".progress.jsonl"))]
@@ -165,12 +172,67 @@ def launch(cmd: list[str], run_id: str, db: str, steps: int, name: str, kind: st
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        options = dict(cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                       stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = _spawn_tied(cmd, options) if with_dashboard else \
+            subprocess.Popen(cmd, **options)
     _PROCESSES[proc.pid] = proc
     job = Job(run_id, db, proc.pid, str(log_path), cmd, time.time(), steps, kind=kind)
     _save(job)
     return job
+
+
+_PR_SET_PDEATHSIG = 1
+_TIED: list[subprocess.Popen] = []  # processes that end with this one
+
+
+def _spawn_tied(cmd: list[str], options: dict[str, Any]) -> subprocess.Popen:
+    """Popen(cmd) for a child that gets SIGTERM when this process ends: from the kernel on
+    Linux (PR_SET_PDEATHSIG, even when this process is killed), else at exit. The kernel's
+    signal follows the thread that forks, and Streamlit's script threads end after every
+    rerun: the child is forked on a thread of its own that waits for it."""
+    made: queue.Queue = queue.Queue()
+
+    def keep() -> None:
+        try:
+            proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent(), **options)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            made.put(exc)
+            return
+        made.put(proc)
+        proc.wait()
+
+    threading.Thread(target=keep, name="job-keeper", daemon=True).start()
+    proc = made.get()
+    if isinstance(proc, BaseException):
+        raise proc
+    _TIED.append(proc)
+    return proc
+
+
+def _die_with_parent() -> Any:
+    """A preexec_fn asking the kernel for SIGTERM when the forking thread ends (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+@atexit.register
+def _stop_tied() -> None:
+    for proc in _TIED:
+        if proc.poll() is None:
+            proc.terminate()
 
 
 def _save(job: Job) -> None:
@@ -313,7 +375,8 @@ def _text_file(db: str, name: str, text: str) -> Path:
     return path
 
 
-def _job_name(kind: str, *parts: object) -> str:
+def job_name(kind: str, *parts: object) -> str:
+    """A new job's name: its kind and a digest of what it is for and when it started."""
     digest = hashlib.sha256(repr((parts, time.time())).encode()).hexdigest()[:10]
     return f"{kind}-{digest}"
 
@@ -344,7 +407,7 @@ def probe_command(spec: ProbeSpec, text_file: Path | None = None) -> list[str]:
 def start_probe(spec: ProbeSpec) -> Job:
     """Start a probe in the background; its rows land in the `probes` table."""
     spec.db = str(Path(spec.db).resolve())
-    name = _job_name("probe", spec.run_id, spec.step, spec.node, spec.example, spec.kind)
+    name = job_name("probe", spec.run_id, spec.step, spec.node, spec.example, spec.kind)
     needs_file = spec.kind == "output" or (spec.kind == "edit" and spec.text is not None)
     text_file = _text_file(spec.db, name, spec.text or "") if needs_file else None
     return launch(probe_command(spec, text_file), spec.run_id, spec.db, 0, name, "probe")
@@ -361,7 +424,7 @@ def start_blame(run_id: str, db: str, step: int, examples: str | None = None) ->
     """Follow the gradient at every LLM node for every failing example of the step."""
     db = str(Path(db).resolve())
     return launch(blame_command(run_id, db, step, examples), run_id, db, 0,
-                  _job_name("blame", run_id, step), "blame")
+                  job_name("blame", run_id, step), "blame")
 
 
 @dataclass
@@ -419,7 +482,7 @@ def start_compare(run_id: str, db: str, step: int) -> Job:
     """Compare the methods' gradients on the step's failing examples, in the background."""
     db = str(Path(db).resolve())
     return launch(compare_command(run_id, db, step), run_id, db, 0,
-                  _job_name("compare", run_id, step), "compare")
+                  job_name("compare", run_id, step), "compare")
 
 
 def compare_jobs(db: str | Path, run_id: str, step: int) -> list[Job]:

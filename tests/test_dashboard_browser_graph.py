@@ -139,7 +139,7 @@ def test_hovering_a_node_shows_the_payload_as_text(server, page):
 
 # "" is Runs, the default page, at the root; "runs" its name, which opens it too
 PAGES = ["", "runs", "graph", "step", "inspect", "examples", "history", "curves", "compare",
-         "learn"]
+         "learn", "traces"]
 
 
 @pytest.mark.parametrize("path", PAGES)

@@ -230,11 +230,20 @@ def _roots(spans: list[Span]) -> dict[str, str]:
     """trace id -> its root span's input.value (when the root is not itself a call)."""
     out = {}
     for s in spans:
-        if not s.parent_id and not is_llm_span(s) and "semback.run_id" not in s.attributes:
-            value = s.attributes.get("input.value")
-            if isinstance(value, str) and value.strip():
-                out[s.trace_id] = plain_input(value)
+        value = root_input(s)
+        if value is not None:
+            out[s.trace_id] = value
     return out
+
+
+def root_input(span: Span) -> str | None:
+    """The input of the trace this span is the root of, as examples are keyed and targets
+    matched (its input.value, plain); None when the span is no root, is itself a call, or
+    carries no input."""
+    if span.parent_id or is_llm_span(span) or "semback.run_id" in span.attributes:
+        return None
+    value = span.attributes.get("input.value")
+    return plain_input(value) if isinstance(value, str) and value.strip() else None
 
 
 def plain_input(value: str) -> str:
