@@ -82,7 +82,7 @@ class Job:
     returncode: int | None = None
     stopped: bool = False
     ended_at: float | None = None  # when the process ended (its log's last write)
-    kind: str = "run"  # run | probe | blame | fork (a fork is a run too) | compare | collect | import
+    kind: str = "run"  # run | fork (a run too) | probe | blame | compare | collect | import
 
     @property
     def seconds(self) -> float:
