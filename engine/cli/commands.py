@@ -440,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_runs)
 
     from engine import experiment
+    from engine.cli import collect as collect_cli
     from engine.cli import diff as diff_cli
     from engine.cli import models as models_cli
     from engine.cli import probes as probe_cli
@@ -453,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     models_cli.register_cli(sub)
     traces_cli.register_cli(sub)
     prompts_cli.register_cli(sub)
+    collect_cli.register_cli(sub)
     return parser
 
 

@@ -4,6 +4,7 @@
                                    [--metric NAME|FILE.py:NAME] [--base-url URL]
                                    [--val N] [--model NAME] [--run-id ID] [--json]
                                    [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
+    python -m engine import-traces --collected --db DB [--service NAME] [--since WHEN] ...
     python -m engine backprop RUN_ID --db DB [--method M] [--base-url URL] [--model NAME]
                               [--optimizer-backend KIND] [--optimizer-model NAME]
                               [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
@@ -36,8 +37,20 @@ def add_call_settings(p: argparse.ArgumentParser) -> None:
 def register_cli(sub: Any) -> None:
     p = sub.add_parser("import-traces", help="make a run of a pipeline's OpenTelemetry "
                                              "traces (OTLP JSON lines)")
-    p.add_argument("file", help="spans in the OTLP JSON encoding, one ExportTraceServiceRequest "
-                                "a line (the Collector's file exporter; export --format otel)")
+    p.add_argument("file", nargs="?",
+                   help="spans in the OTLP JSON encoding, one ExportTraceServiceRequest "
+                        "a line (the Collector's file exporter; export --format otel); not "
+                        "with --collected")
+    p.add_argument("--collected", action="store_true",
+                   help="the spans `python -m engine collect --db DB` received into the run "
+                        "log, in place of a file")
+    p.add_argument("--service", metavar="NAME",
+                   help="with --collected: only traces with a span of this service "
+                        "(service.name)")
+    p.add_argument("--since", metavar="WHEN",
+                   help="with --collected: only traces whose first span arrived since WHEN, "
+                        "a duration back from now (90s, 30m, 2h, 1d) or a date and time "
+                        "(2026-12-06T14:30)")
     p.add_argument("--db", default="runs.duckdb",
                    help="the run log, a DuckDB file (default: runs.duckdb)")
     p.add_argument("--node-key", metavar="ATTR",
@@ -95,13 +108,31 @@ def register_cli(sub: Any) -> None:
 
 
 def cmd_import_traces(args: argparse.Namespace) -> int:
+    from engine.traces import TraceError
     from engine.traces.importer import import_traces
 
-    result = import_traces(args.file, args.db, node_key=args.node_key, targets=args.targets,
-                           metric=args.metric, base_url=args.base_url, model=args.model,
-                           run_id=args.run_id, concurrency=args.concurrency,
-                           timeout=args.timeout,
-                           optimizer_max_tokens=args.optimizer_max_tokens, val=args.val)
+    spans = None
+    if args.collected == bool(args.file):
+        raise TraceError("import-traces takes a FILE of spans or --collected (the spans "
+                         "`collect` received into --db), one of the two")
+    if not args.collected and (args.service or args.since):
+        raise TraceError("--service and --since go with --collected")
+    if args.collected:
+        from engine.traces.collect import collected, since_time
+
+        spans = collected(args.db, args.service,
+                          since_time(args.since) if args.since else None)
+        if not spans:
+            chosen = " ".join(f"{flag} {value}" for flag, value in (
+                ("--service", args.service), ("--since", args.since)) if value)
+            raise TraceError(f"{args.db}: no collected spans{f' ({chosen})' if chosen else ''}"
+                             f" (python -m engine collect --db {args.db} receives them)")
+    result = import_traces(args.file or "collected", args.db, node_key=args.node_key,
+                           targets=args.targets, metric=args.metric, base_url=args.base_url,
+                           model=args.model, run_id=args.run_id,
+                           concurrency=args.concurrency, timeout=args.timeout,
+                           optimizer_max_tokens=args.optimizer_max_tokens, val=args.val,
+                           spans=spans)
     if args.json:
         print(json.dumps(result.as_json(), ensure_ascii=False, indent=1))
         return 0

@@ -65,6 +65,17 @@ TABLES: dict[str, str] = {
         prompt_tokens INTEGER, completion_tokens INTEGER, created_at DOUBLE""",
 }
 
+# Tables a feature creates when it first writes to a log (CREATE TABLE IF NOT EXISTS, as the
+# diffs' tables are), so that a log that never used it has none of them and needs no
+# upgrade, and older engines read a log that has them.
+ON_DEMAND_TABLES: dict[str, str] = {
+    # the spans `collect` received over OTLP/HTTP (engine/runlog/collected.py), one row per
+    # (trace_id, span_id), for `import-traces --collected`
+    "collected_spans": """trace_id VARCHAR, span_id VARCHAR, parent_id VARCHAR, name VARCHAR,
+        start_ns BIGINT, end_ns BIGINT, attributes JSON, service VARCHAR, received_at DOUBLE,
+        position INTEGER""",
+}
+
 # version -> list of statements that bring a database from version-1 to version.
 MIGRATIONS: dict[int, list[str]] = {
     # 2: probes and forks, notes and tags, per-node gates, constrained replies.
@@ -300,4 +311,5 @@ def check_writable(path: str | Path) -> None:
 
 
 def column_names(table: str) -> list[str]:
-    return [part.split()[0] for part in " ".join(TABLES[table].split()).split(", ")]
+    columns = TABLES[table] if table in TABLES else ON_DEMAND_TABLES[table]
+    return [part.split()[0] for part in " ".join(columns.split()).split(", ")]
