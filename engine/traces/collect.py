@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import socket
 import threading
 import time
 import zlib
@@ -213,7 +214,12 @@ def collected(db: str | Path, service: str | None = None, since: float | None = 
     if not Path(db).exists():
         raise TraceError(f"{db}: no such run log (start `python -m engine collect --db {db}` "
                          "and send it your pipeline's spans)")
-    return [span_of_row(r) for r in collected_spans(db, service, since)]
+    rows = collected_spans(db, service, since)
+    rows.reverse()
+    spans = []
+    while rows:  # each row let go as its span is made: the two lists never both whole
+        spans.append(span_of_row(rows.pop()))
+    return spans
 
 
 def since_time(text: str, now: float | None = None) -> float:
@@ -258,11 +264,12 @@ class Receiver:
         self.store = SpanStore(self.db, timeout=STORE_TIMEOUT)
         self._counts_lock = threading.Lock()
         try:
-            self.server = _Server((host, port), _Handler)
+            self.server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
         except OSError as exc:
-            why = "the port is in use" if exc.errno in (98, 48, 10048) else exc.strerror
-            raise TraceError(f"cannot listen on {host}:{port}: {why} (--port to choose "
-                             "another)") from None
+            in_use = exc.errno in (98, 48, 10048)  # EADDRINUSE: Linux, macOS, Windows
+            why = "the port is in use (--port to choose another)" if in_use else \
+                f"{exc.strerror or exc} (--host to choose another address)"
+            raise TraceError(f"cannot listen on {host}:{port}: {why}") from None
         self.server.receiver = self
         self.host, self.port = self.server.server_address[:2]
         self._serving = False
@@ -368,6 +375,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True  # a restart binds at once, past the old sockets' TIME_WAIT
     receiver: Receiver
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class _Handler(BaseHTTPRequestHandler):
