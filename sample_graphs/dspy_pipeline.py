@@ -38,24 +38,16 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("DSP_CACHEBOOL", "false")
 
 import argparse  # noqa: E402
-import base64  # noqa: E402
 import json  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import dspy  # noqa: E402
-from google.protobuf import json_format  # noqa: E402
 from openinference.instrumentation import safe_json_dumps  # noqa: E402
 from openinference.instrumentation.dspy import DSPyInstrumentor  # noqa: E402
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
-from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import (  # noqa: E402
-    BatchSpanProcessor,
-    SimpleSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
+
+sys.path.insert(0, str(Path(__file__).parent))  # the exporter beside this script
+from otlp_export import tracer_provider  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "dspy_coupons.jsonl"
 
@@ -111,40 +103,6 @@ class CouponPipeline(dspy.Module):
         facts = self.facts(sentence=sentence).facts
         coupon = self.coupon(sentence=sentence).coupon
         return self.total(facts=facts, coupon=coupon)
-
-
-class OTLPJsonLinesExporter(SpanExporter):
-    """Spans as OTLP JSON lines, ids in hex, as the Collector's file exporter writes them."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        line = json_format.MessageToDict(encode_spans(spans))
-        for resource in line.get("resourceSpans", []):
-            for scope in resource.get("scopeSpans", []):
-                for span in scope.get("spans", []):
-                    for key in ("traceId", "spanId", "parentSpanId"):
-                        if span.get(key):  # protobuf's JSON writes bytes as base64
-                            span[key] = base64.b64decode(span[key]).hex()
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
-
-
-def tracer_provider(out: str | Path | None, service: str) -> TracerProvider:
-    """Spans to the file `out`, or (out None) to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP."""
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    if out is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    else:
-        provider.add_span_processor(SimpleSpanProcessor(OTLPJsonLinesExporter(out)))
-    return provider
 
 
 def root_input(sentence: str) -> str:

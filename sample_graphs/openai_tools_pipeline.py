@@ -32,26 +32,18 @@ OpenTelemetry Collector's file format) to --out, and each message's expected tot
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
-from collections.abc import Sequence
+import sys
 from pathlib import Path
 
-from google.protobuf import json_format
 from openai import OpenAI
 from openinference.instrumentation import using_prompt_template
 from openinference.instrumentation.openai import OpenAIInstrumentor
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SimpleSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
+
+sys.path.insert(0, str(Path(__file__).parent))  # the exporter beside this script
+from otlp_export import tracer_provider  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "openai_orders.jsonl"
 PROMPTS = {
@@ -77,40 +69,6 @@ LOOKUP_PRICE = {"type": "function", "function": {
     "name": "lookup_price", "description": "The unit price of an item, in euros.",
     "parameters": {"type": "object", "properties": {
         "item": {"type": "string", "description": "the item"}}, "required": ["item"]}}}
-
-
-class OTLPJsonLinesExporter(SpanExporter):
-    """Spans as OTLP JSON lines, ids in hex, as the Collector's file exporter writes them."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        line = json_format.MessageToDict(encode_spans(spans))
-        for resource in line.get("resourceSpans", []):
-            for scope in resource.get("scopeSpans", []):
-                for span in scope.get("spans", []):
-                    for key in ("traceId", "spanId", "parentSpanId"):
-                        if span.get(key):  # protobuf's JSON writes bytes as base64
-                            span[key] = base64.b64decode(span[key]).hex()
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
-
-
-def tracer_provider(out: str | Path | None, service: str) -> TracerProvider:
-    """Spans to the file `out`, or (out None) to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP."""
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    if out is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    else:
-        provider.add_span_processor(SimpleSpanProcessor(OTLPJsonLinesExporter(out)))
-    return provider
 
 
 def lookup_price(item: str) -> str:

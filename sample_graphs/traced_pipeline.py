@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+import sys
 from pathlib import Path
 
-from google.protobuf import json_format
 from openai import OpenAI
 from openinference.instrumentation.openai import OpenAIInstrumentor
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+sys.path.insert(0, str(Path(__file__).parent))  # the exporter beside this script
+from otlp_export import tracer_provider  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "blame_fault.jsonl"
 PROMPTS = {
@@ -42,30 +41,6 @@ PROMPTS = {
     "total": "Total: add up the numbers you are given and reply with the sum, as digits "
              "only.",
 }
-
-
-class OTLPJsonLinesExporter(SpanExporter):
-    """Spans as OTLP JSON lines, ids in hex, as the Collector's file exporter writes them."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        line = json_format.MessageToDict(encode_spans(spans))
-        for resource in line.get("resourceSpans", []):
-            for scope in resource.get("scopeSpans", []):
-                for span in scope.get("spans", []):
-                    for key in ("traceId", "spanId", "parentSpanId"):
-                        if span.get(key):  # protobuf's JSON writes bytes as base64
-                            import base64
-
-                            span[key] = base64.b64decode(span[key]).hex()
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
 
 
 def ask(client: OpenAI, model: str, system: str, user: str) -> str:
@@ -89,8 +64,7 @@ def pipeline(client: OpenAI, model: str, sentence: str, prompts: dict[str, str],
 def run(base_url: str, model: str, out: str | Path, limit: int, targets: str | Path,
         prompts: dict[str, str] | None = None) -> list[str]:
     """Run the pipeline on the first `limit` sentences, tracing every call to `out`."""
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(OTLPJsonLinesExporter(out)))
+    provider = tracer_provider(out, "traced_pipeline")
     tracer = provider.get_tracer("traced_pipeline")
     OpenAIInstrumentor().instrument(tracer_provider=provider)
     client = OpenAI(base_url=base_url, api_key="not-needed")

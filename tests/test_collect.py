@@ -154,8 +154,10 @@ def run_traced_pipeline(base_url: str, out: Path, targets: Path, limit: int) -> 
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     pipeline = load_pipeline()
+    import otlp_export  # sample_graphs/otlp_export.py, on the path the pipeline put it on
+
     provider = TracerProvider(resource=Resource.create({"service.name": "traced-pipeline"}))
-    provider.add_span_processor(SimpleSpanProcessor(pipeline.OTLPJsonLinesExporter(out)))
+    provider.add_span_processor(SimpleSpanProcessor(otlp_export.OTLPJsonLinesExporter(out)))
     provider.add_span_processor(BatchSpanProcessor(http_exporter.OTLPSpanExporter()))
     tracer = provider.get_tracer("traced_pipeline")
     OpenAIInstrumentor().instrument(tracer_provider=provider)

@@ -161,13 +161,16 @@ def test_openai_tools_pipeline_traces_a_template_a_forced_call_and_a_tool_loop(t
         by_trace = check_traces(out, targets, 4, 3)
         spans = sorted(next(iter(by_trace.values())), key=lambda s: int(s["startTimeUnixNano"]))
         attrs = [attributes(s) for s in spans]
-        assert [a["openinference.span.kind"] for a in attrs] == ["CHAIN", "LLM", "LLM", "TOOL",
-                                                                 "LLM"]
-        assert attrs[1]["llm.prompt_template.template"] == pipeline.PROMPTS["order"]
-        assert json.loads(attrs[1]["llm.prompt_template.variables"]) == {
+        # the pipeline, then each stage under a span of its own name over its calls
+        assert [(s["name"], a["openinference.span.kind"]) for s, a in zip(spans, attrs)] == [
+            ("pipeline", "CHAIN"), ("order", "CHAIN"), ("ChatCompletion", "LLM"),
+            ("cashier", "CHAIN"), ("ChatCompletion", "LLM"), ("lookup_price", "TOOL"),
+            ("ChatCompletion", "LLM")]
+        assert attrs[2]["llm.prompt_template.template"] == pipeline.PROMPTS["order"]
+        assert json.loads(attrs[2]["llm.prompt_template.variables"]) == {
             "shop": "Green Basket", "customer": "Mrs. Alvarez"}
-        assert attrs[3]["tool.name"] == "lookup_price" and attrs[3]["output.value"] == "2.50"
-        assert attrs[4]["llm.input_messages.3.message.role"] == "tool"
+        assert attrs[5]["tool.name"] == "lookup_price" and attrs[5]["output.value"] == "2.50"
+        assert attrs[6]["llm.input_messages.3.message.role"] == "tool"
         fixed = pipeline.run(server.base_url, "fake-qwen", tmp_path / "fixed.jsonl", 4,
                              tmp_path / "fixed_targets.jsonl", FIXED["openai_tools"])
         assert fixed == targets_of(targets)
