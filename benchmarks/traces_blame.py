@@ -56,12 +56,14 @@ from engine.traces.backprop import backprop  # noqa: E402
 from engine.traces.importer import import_traces  # noqa: E402
 
 RUN_ID = "traces-blame"
+# --pipeline: the sample pipeline's script, the call whose prompt is at fault, the metric
+PIPELINES = {"openai": ("traced_pipeline", "numbers", "numeric"),
+             "dspy": ("dspy_pipeline", "find_coupon", "numeric")}
 FAULTY = "numbers"  # the call whose prompt is at fault (sample_graphs/traced_pipeline.py)
 
 
-def load_pipeline() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "traced_pipeline", REPO / "sample_graphs" / "traced_pipeline.py")
+def load_pipeline(name: str = "traced_pipeline") -> Any:
+    spec = importlib.util.spec_from_file_location(name, REPO / "sample_graphs" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -80,7 +82,8 @@ def embedded_server(model: str, slots: int) -> Iterator[str]:
 def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
                 concurrency: int, timeout: float, optimizer_max_tokens: int,
                 optimizer_model: str | None = None, val: int = 0,
-                proposals: int | None = None, say: Callable[[str], None] = print) -> Any:
+                proposals: int | None = None, say: Callable[[str], None] = print,
+                pipeline: str = "openai") -> Any:
     """Trace, import, back-propagate and blame; returns blame's report."""
     folder.mkdir(parents=True, exist_ok=True)
     traces, targets, db = (folder / "traces.jsonl", folder / "targets.jsonl",
@@ -95,9 +98,10 @@ def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
         say(f"{what} in {now - clock:.0f} s")
         clock = now
 
-    answers = load_pipeline().run(base_url, model, traces, sentences, targets)
+    script, _, metric = PIPELINES[pipeline]
+    answers = load_pipeline(script).run(base_url, model, traces, sentences, targets)
     lap(f"traced {len(answers)} runs of the pipeline ({3 * len(answers)} calls)")
-    imported = import_traces(traces, db, targets=targets, metric="numeric", base_url=base_url,
+    imported = import_traces(traces, db, targets=targets, metric=metric, base_url=base_url,
                              run_id=RUN_ID, concurrency=concurrency, timeout=timeout,
                              optimizer_max_tokens=optimizer_max_tokens, val=val)
     p = imported.pipeline
@@ -123,7 +127,7 @@ def walkthrough(base_url: str, folder: Path, *, model: str, sentences: int,
     return report
 
 
-def verdict_lines(report: Any) -> list[str]:
+def verdict_lines(report: Any, faulty: str = FAULTY) -> list[str]:
     """One line per call (gradient flips over counted probes, the 90% interval), then the
     verdict and whether it names the call at fault."""
     lines = []
@@ -133,7 +137,7 @@ def verdict_lines(report: Any) -> list[str]:
                      f"{high:.2f}]  leaks {row.leaks}  errors {row.errors}")
     node = report.verdict.node
     lines.append(f"verdict: {'blames ' + node if node else 'no node'} "
-                 f"({'right' if node == FAULTY else 'the fault is ' + FAULTY}): "
+                 f"({'right' if node == faulty else 'the fault is ' + faulty}): "
                  f"{report.verdict.reason}")
     return lines
 
@@ -163,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per call")
     parser.add_argument("--optimizer-max-tokens", type=int, default=256,
                         help="limit of backward, rewrite and update replies (default: 256)")
+    parser.add_argument("--pipeline", choices=sorted(PIPELINES), default="openai",
+                        help="openai: sample_graphs/traced_pipeline.py (default); dspy: "
+                             "sample_graphs/dspy_pipeline.py, a DSPy program traced by its "
+                             "OpenInference instrumentor")
     parser.add_argument("--dir", help="where the traces and the run log go (default: a new "
                                       "temporary folder, kept)")
     args = parser.parse_args(argv)
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                                  optimizer_model=optimizer,
                                  sentences=args.sentences, concurrency=args.slots,
                                  val=args.val, proposals=args.proposals,
-                                 timeout=args.timeout,
+                                 timeout=args.timeout, pipeline=args.pipeline,
                                  optimizer_max_tokens=args.optimizer_max_tokens)
     except (LLMError, TraceError) as exc:  # no model file, no llama-server, a server
         # that will not start; traces the importer refuses (the model's replies made no
@@ -203,11 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in blame_lines(report, out):  # the tables `python -m engine blame` prints
         out.print(line, markup=False, highlight=False)
     print("gradient probes per call (flips over counted probes; leaks never count):")
-    for line in verdict_lines(report):
+    faulty = PIPELINES[args.pipeline][1]
+    for line in verdict_lines(report, faulty):
         print(line)
     print(f"total {time.perf_counter() - started:.0f} s; the run: python -m engine blame "
           f"{RUN_ID} --db {folder / 'traces.duckdb'}")
-    return 0 if report.verdict.node == FAULTY else 1
+    return 0 if report.verdict.node == faulty else 1
 
 
 if __name__ == "__main__":
