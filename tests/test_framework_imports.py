@@ -118,15 +118,16 @@ def test_a_dspy_re_run_sends_what_dspys_adapter_sends_with_the_new_instructions(
     assert "find_coupon" in new
     re_runs = [r for r in server.requests if new["find_coupon"] in
                (r["messages"][0].get("content") or "")]
-    assert re_runs, "the proposal was never re-run on the user's model"
-    request = re_runs[0]["messages"]
-    sentence = json.loads(load("dspy_pipeline").root_input("x"))  # only its field name
-    fields = {name: request[1]["content"].split(f"[[ ## {name} ## ]]\n")[1].split("\n\n")[0]
-              for name in sentence}
-    expected = dspy.ChatAdapter().format(
-        program.FindCoupon.with_instructions(new["find_coupon"]), demos=[], inputs=fields)
-    assert [(m["role"], m["content"]) for m in request] == \
-        [(m["role"], m["content"]) for m in expected]
+    # the gate re-runs the held-out traces, each with its own sentence: exactly the
+    # messages DSPy's ChatAdapter writes for the signature with the new instructions
+    with duckdb.connect(str(db), read_only=True) as con:
+        held = [json.loads(f)["input"] for (f,) in con.execute(
+            "SELECT fields FROM examples WHERE run_id = 'imp' AND split = 'val'").fetchall()]
+    assert len(held) == 3 and len(re_runs) == 3
+    signature = program.FindCoupon.with_instructions(new["find_coupon"])
+    expected = sorted([(m["role"], m["content"]) for m in dspy.ChatAdapter().format(
+        signature, demos=[], inputs={"sentence": sentence})] for sentence in held)
+    assert sorted([(m["role"], m["content"]) for m in r["messages"]] for r in re_runs) == expected
 
 
 def test_a_langchain_chain_of_one_word_replies_imports_by_run_name(tmp_path, capsys):
