@@ -16,6 +16,7 @@ gradient is asked for marked where they sit.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Collection, Mapping
@@ -93,9 +94,17 @@ def _spec(template: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
 
 
 def node_spec(template_json: str, node_id: str) -> dict[str, Any] | None:
-    """A recorded node's call spec in one example (see above), or None."""
-    templates = json.loads(template_json or "{}")
+    """A recorded node's call spec in one example (see above), or None. Read-only: the
+    parsed templates are shared by every call that reads the same example's."""
+    templates = _templates(template_json or "{}")
     return _spec(templates[node_id]) if node_id in templates else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _templates(template_json: str) -> dict[str, Any]:
+    """An example's templates, parsed once for the four reads of each of its calls (its
+    messages, tools, output and what the optimizer is shown), not once a read."""
+    return json.loads(template_json)
 
 
 def render_prompt(prompt: str, system: Mapping[str, Any] | None,

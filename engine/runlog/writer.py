@@ -9,8 +9,10 @@ steps only, which is what `engine resume` relies on.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,20 @@ TABLE_OF = {
 }
 
 
+BATCH = 5000  # rows of a generator inserted at a time
+
+
+def batched(rows: Iterable[dict], size: int) -> Iterator[list[dict]]:
+    batch: list[dict] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def open_for_writing(path: str | Path) -> None:
     """Create the file and schema if needed (raises RunLogError on a bad file). Only an
     empty file or a run log is opened for writing, and only where it can be written: all
@@ -63,12 +79,24 @@ def insert_rows(con: Any, table: str, rows: list[dict], columns: list[str] | Non
     if not rows:
         return
     columns = columns or column_names(table)
-    frame = pd.DataFrame([{c: row.get(c) for c in columns} for row in rows], columns=columns)
+    # built column by column: the same frame as from the rows, without a dict per row
+    frame = pd.DataFrame({c: [row.get(c) for row in rows] for c in columns}, columns=columns)
     con.register("_rows", frame)
     try:
         con.execute(f"INSERT INTO {table} SELECT {', '.join(columns)} FROM _rows")
     finally:
         con.unregister("_rows")
+        del frame
+        _release_arrow()
+
+
+def _release_arrow() -> None:
+    """Give back what the frame's text columns took (pandas keeps text in Arrow, whose
+    allocator holds freed memory for reuse): a large insert would otherwise stay in the
+    process's resident memory after it is written."""
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
 
 
 class RunLogWriter:
@@ -78,18 +106,21 @@ class RunLogWriter:
         self.path, self.run_id, self.cache = str(path), run_id, cache
         self._buffer: dict[str, list[dict]] = defaultdict(list)
 
-    def start_run(self, run_row: dict, examples: list[dict]) -> None:
+    def start_run(self, run_row: dict, examples: Iterable[dict]) -> None:
+        """The run's row and its examples, in one transaction; `examples` may be a
+        generator (an import's thousands of traces), inserted BATCH rows at a time."""
         with connect(self.path) as con:
             ensure_schema(con, self.path)
             con.execute("BEGIN TRANSACTION")
             insert_rows(con, "runs", [run_row])
-            insert_rows(con, "examples", examples)
+            for batch in batched(examples, BATCH):
+                insert_rows(con, "examples", batch)
             con.execute("COMMIT")
 
     def __call__(self, event: Any) -> None:
         table = TABLE_OF.get(type(event))
         if table is not None:
-            self._buffer[table].append(asdict(event))
+            self._buffer[table].append(_row(event))
         elif isinstance(event, StepFinished):
             self.flush(event)
         elif isinstance(event, StructuredFallback):  # kept as a metric of its step
@@ -130,6 +161,18 @@ class RunLogWriter:
             with connect(self.path) as con:
                 insert_rows(con, "llm_cache", rows)
 
+    def discard(self, step: int) -> None:
+        """Drop the step's buffered records and delete those already flushed (a step
+        written in several flushes, as an import's, that failed part way): its cache
+        entries stay, they are replies the model gave."""
+        self._buffer = defaultdict(list)
+        with connect(self.path) as con:
+            con.execute("BEGIN TRANSACTION")
+            for table in (*TABLE_OF.values(), "metrics", "steps"):
+                con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step = ?",
+                            [self.run_id, step])
+            con.execute("COMMIT")
+
     def finish(self, status: str, error: str | None = None) -> None:
         with connect(self.path) as con:
             con.execute("UPDATE runs SET status = ?, ended_at = ?, error = ? WHERE run_id = ?",
@@ -139,6 +182,14 @@ class RunLogWriter:
         with connect(self.path) as con:
             con.execute("UPDATE runs SET status = ?, ended_at = NULL, error = NULL "
                         "WHERE run_id = ?", [status, self.run_id])
+
+
+def _row(event: Any) -> dict:
+    """An event's fields as a row. Their values are text, numbers and None, so a shallow
+    copy is the row (dataclasses.asdict deep-copies every value, a third of a large
+    import's time)."""
+    fields = getattr(event, "__dict__", None)
+    return dict(fields) if fields is not None else asdict(event)
 
 
 def run_row(run_id: str, graph: Any, config: dict, backend: str, model: str,

@@ -14,9 +14,12 @@ backend.
 from __future__ import annotations
 
 import asyncio
+import gc
+import hashlib
 import json
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ import yaml
 
 from engine.core.forward import Prompts, RunContext, forward_pass
 from engine.core.graph import METRICS, GraphError, GraphSpec, parse_graph
-from engine.core.loss import compute_losses, mean_score
+from engine.core.loss import compute_losses
 from engine.data.examples import Example
 from engine.events import EventBus, PromptVersion, StepFinished
 from engine.llm.base import LLMError, LLMReply, LLMRequest, estimate_tokens
@@ -39,10 +42,13 @@ from engine.runs.execute import default_max_tokens, make_client
 from engine.runs.settings import RunConfig
 from engine.traces import TraceError
 from engine.traces.infer import INPUT, Pipeline, Trace, infer_pipeline, plain_input
-from engine.traces.otlp import read_spans
+from engine.traces.otlp import Span, iter_spans
 
 TARGET = "target"
 UNSCORED = "unscored"  # the split of traces with no target: kept, never graded
+# traces replayed and written at a time: the step's records are flushed after each chunk,
+# so memory holds a chunk's calls and rows, never the whole import's
+CHUNK = 2000
 
 
 @dataclass
@@ -68,7 +74,7 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                   base_url: str | None = None, model: str | None = None,
                   run_id: str | None = None, concurrency: int | None = None,
                   timeout: float | None = None, optimizer_max_tokens: int | None = None,
-                  val: int = 0, spans: list | None = None) -> ImportResult:
+                  val: int = 0, spans: Iterable[Span] | None = None) -> ImportResult:
     """Read the spans, infer the pipeline, and write it as a run. Every check comes before
     the first write: bad input raises TraceError (or RunLogError) and writes nothing.
 
@@ -84,8 +90,33 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
     edit probe counts on an import (every training trace feeds the proposal).
 
     `spans`: the spans to import, in place of reading `path` (spans `collect` received);
-    `path` then only names the run's graph."""
-    pipeline = infer_pipeline(read_spans(path) if spans is None else spans, node_key)
+    `path` then only names the run's graph. Either is read once, as a stream: the file a
+    line at a time (engine.traces.otlp.iter_spans), and the replay writes its records a
+    chunk of traces at a time (CHUNK)."""
+    # The spans become hundreds of thousands of long-lived objects (calls, traces, their
+    # templates) with no cycles among them, which the cyclic collector would scan again
+    # and again (a third of a large import's time): it is off while they are built, and
+    # they are frozen out of its sight while the replay, whose tasks do make cycles, runs.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _import(path, db, node_key=node_key, targets=targets, metric=metric,
+                       base_url=base_url, model=model, run_id=run_id,
+                       concurrency=concurrency, timeout=timeout,
+                       optimizer_max_tokens=optimizer_max_tokens, val=val, spans=spans,
+                       collecting=collecting)
+    finally:
+        gc.unfreeze()
+        if collecting:
+            gc.enable()
+
+
+def _import(path: str | Path, db: str | Path, *, node_key: str | None,
+            targets: str | Path | None, metric: str, base_url: str | None,
+            model: str | None, run_id: str | None, concurrency: int | None,
+            timeout: float | None, optimizer_max_tokens: int | None, val: int,
+            spans: Iterable[Span] | None, collecting: bool) -> ImportResult:
+    pipeline = infer_pipeline(iter_spans(path) if spans is None else spans, node_key)
     check_distinct_examples(pipeline.traces)
     target_of = read_targets(targets, pipeline.traces) if targets else {}
     graph = pipeline_graph(pipeline, metric, Path(path).stem)
@@ -117,39 +148,57 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
         from engine.runs.code import code_origins
 
         config.code = code_origins(graph)
-    losses = asyncio.run(_write_run(config, graph, train, held, unscored,
-                                    Replay(graph, pipeline.traces, examples)))
+    gc.freeze()
+    if collecting:
+        gc.enable()
+    scores = asyncio.run(_write_run(config, graph, train, held, unscored,
+                                    Replay(graph, pipeline.traces)))
     return ImportResult(config.run_id, pipeline, len(scored),
-                        sum(1 for x in losses if x.score < 1.0), len(held))
+                        sum(1 for x in scores if x < 1.0), len(held))
 
 
 def messages_key(messages, tools) -> list:
     return [[list(m) for m in messages], tools or None]
 
 
+def _digest(messages, tools) -> bytes:
+    """A request's messages and tools as a short key (a replay keeps the digest, never a
+    second copy of every message)."""
+    return hashlib.sha256(json.dumps(messages_key(messages, tools), ensure_ascii=False)
+                          .encode("utf-8")).digest()
+
+
 class Replay:
     """A backend named `openai` that answers each request with the reply its trace
     recorded, so that the run's cache keys are those a later call to the user's
-    OpenAI-compatible server makes."""
+    OpenAI-compatible server makes. `load(examples)` readies the replies of the examples
+    about to be replayed (a chunk of them: the replies of the others are not held)."""
 
     name = "openai"
     supports_schema = False
+    # a reply is at hand, never waited for: no timeout to set (LLMClient then awaits the
+    # call itself instead of a task per call)
+    times_own_calls = True
 
-    def __init__(self, graph: GraphSpec, traces: list[Trace], examples: list[Example]
-                 ) -> None:
-        self._replies: dict[str, Any] = {}
-        for trace, example in zip(traces, examples):
-            for n in graph.nodes:
+    def __init__(self, graph: GraphSpec, traces: list[Trace]) -> None:
+        self._graph = graph
+        self._traces = {t.example_id: t for t in traces}
+        self._replies: dict[bytes, Any] = {}
+
+    def load(self, examples: list[Example]) -> None:
+        self._replies = {}
+        for example in examples:
+            trace = self._traces[example.id]
+            recorded = example.fields[RECORDED_FIELD]
+            for n in self._graph.nodes:
                 values = {name: trace.values[name] if name in trace.values
                           else example.fields.get(name, "") for name in n.inputs}
-                messages = recorded_messages(n.prompt, example.fields[RECORDED_FIELD], n.id,
-                                             values)
-                tools = recorded_tools(example.fields[RECORDED_FIELD], n.id)
-                self._replies.setdefault(json.dumps(messages_key(messages, tools)),
-                                         trace.calls[n.id])
+                messages = recorded_messages(n.prompt, recorded, n.id, values)
+                tools = recorded_tools(recorded, n.id)
+                self._replies.setdefault(_digest(messages, tools), trace.calls[n.id])
 
     async def complete(self, request: LLMRequest) -> LLMReply:
-        call = self._replies.get(json.dumps(messages_key(request.messages, request.tools)))
+        call = self._replies.get(_digest(request.messages, request.tools))
         if call is None:
             raise LLMError("import-traces: a replayed call differs from every recorded one")
         prompt_tokens, completion_tokens = call.tokens
@@ -162,43 +211,55 @@ class Replay:
 
 
 async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
-                     held: list[Example], unscored: list[Example], backend: Replay) -> list:
-    """Step 0 of the run: the training, validation (`held`) and unscored traces replayed;
-    the losses of the scored ones."""
+                     held: list[Example], unscored: list[Example], backend: Replay
+                     ) -> list[float]:
+    """Step 0 of the run: the training, validation (`held`) and unscored traces replayed,
+    CHUNK traces at a time, each chunk's records written before the next is replayed;
+    the scores of the scored ones."""
     cache = Cache("readwrite")
     client = make_client(config, cache, backend, backend)
     writer = RunLogWriter(config.db, config.run_id, cache)
     bus = EventBus([writer])
     client.on_call, client.on_event, client.run_id = bus.emit, bus.emit, config.run_id
-    rows = [{"run_id": config.run_id, "split": split, "example_id": e.id, "position": i,
+    rows = ({"run_id": config.run_id, "split": split, "example_id": e.id, "position": i,
              "fields": json.dumps(e.fields, ensure_ascii=False), "target": e.target}
             for split, part in (("train", scored), ("val", held), (UNSCORED, unscored))
-            for i, e in enumerate(part)]
+            for i, e in enumerate(part))
     writer.start_run(run_row(config.run_id, graph, config.to_json(), "openai",
                              client.forward_model, client.optimizer_model), rows)
     max_tokens, optimizer_max_tokens = default_max_tokens(config)
     ctx = RunContext(graph, client, bus.emit, config.run_id, 0, max_tokens,
                      optimizer_max_tokens, prompt_set(config.prompts))
     started, prompts = time.time(), Prompts.initial(graph)
+    scores: dict[str, list[float]] = {"train": [], "val": []}
+    flushed = False
     try:
         for node in graph.nodes:
             bus.emit(PromptVersion(config.run_id, node.id, 0, prompts.text[node.id], 0, True))
-        traces = await forward_pass(ctx, prompts, scored, "train")
-        losses = await compute_losses(ctx, traces, "train")
-        val_losses = []
-        if held:
-            val_losses = await compute_losses(
-                ctx, await forward_pass(ctx, prompts, held, "val"), "val")
-        await forward_pass(ctx, prompts, unscored, UNSCORED)
-        bus.emit(StepFinished(config.run_id, 0, mean_score(losses),
-                              mean_score(val_losses) if held else None, False, started,
+        for split, part in (("train", scored), ("val", held), (UNSCORED, unscored)):
+            for at in range(0, len(part), CHUNK):
+                chunk = part[at:at + CHUNK]
+                backend.load(chunk)
+                traces = await forward_pass(ctx, prompts, chunk, split)
+                if split in scores:
+                    scores[split] += [x.score for x in await compute_losses(ctx, traces,
+                                                                            split)]
+                del traces
+                writer.flush()
+                flushed = True
+        backend.load([])
+        train, val = scores["train"], scores["val"]
+        bus.emit(StepFinished(config.run_id, 0, sum(train) / len(train) if train else None,
+                              sum(val) / len(val) if held else None, False, started,
                               time.time(), metrics={"traces": float(
                                   len(scored) + len(held) + len(unscored))}))
     except BaseException as exc:
+        if flushed:  # the step's records written so far: a failed import has none
+            writer.discard(0)
         writer.finish("failed", f"{exc.__class__.__name__}: {exc}")
         raise
     writer.finish("finished")
-    return losses + val_losses
+    return scores["train"] + scores["val"]
 
 
 def check_distinct_examples(traces: list[Trace]) -> None:

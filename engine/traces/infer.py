@@ -35,13 +35,14 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.prompts import templates as P
 from engine.prompts.recorded import make_template, reply_fields, slots_used
 from engine.traces import TraceError
-from engine.traces.otlp import Call, Span, is_llm_span, llm_call
+from engine.traces.otlp import SYSTEM_ROLES, Call, Span, is_llm_span, llm_call
 
 MIN_EVIDENCE = 8  # characters: a shorter text in a later call is no evidence of flow
 INPUT = "input"  # the example field holding the pipeline's input
@@ -113,23 +114,51 @@ class Site:
     unit: Span | None
 
 
-def infer_pipeline(spans: list[Span], node_key: str | None = None) -> Pipeline:
-    """The graph of the pipeline whose spans these are; TraceError when there is none."""
-    groups = _call_groups(spans)
+def infer_pipeline(spans: Iterable[Span], node_key: str | None = None) -> Pipeline:
+    """The graph of the pipeline whose spans these are; TraceError when there is none.
+
+    `spans` is read once, in order (a generator streams a file): each LLM span is read
+    into its call as it comes, and of every span only what the inference reads is kept
+    (_kept), so memory holds the calls and the spans that may own them, never the file."""
+    tree_spans: list[Span] = []
+    calls: list[Call] = []
+    own_export = False
+    same: dict[str, str] = {}  # one copy of a text many spans repeat (ids, names, prompts)
+    for span in spans:
+        kept = _kept(span, node_key, same)
+        tree_spans.append(kept)
+        if not is_llm_span(span):
+            continue
+        a = span.attributes
+        if "semback.purpose" in a:
+            own_export = True
+            if a.get("semback.purpose") != "forward" or not a.get("semback.example_id"):
+                continue  # a run of this project's other calls: never an example's
+        call = llm_call(span)
+        call.span = kept
+        call.messages = [(same.setdefault(r, r), same.setdefault(c, c) if r in SYSTEM_ROLES
+                          else c) for r, c in call.messages]
+        calls.append(call)
+    del same
+    groups = _call_groups(calls, own_export)
     if not groups:
         raise TraceError("no LLM spans in the file (spans with openinference.span.kind LLM "
                          "or gen_ai.operation.name chat)")
     own = any(OWN_NODE_KEY in c.span.attributes for calls in groups.values() for _, c in calls)
     key = node_key or (OWN_NODE_KEY if own else None)
-    tree = _Tree(spans, {c.span.span_id: _raw_key(c) for calls in groups.values()
-                         for _, c in calls})
+    tree = _Tree(tree_spans, {c.span.span_id: _raw_key(c) for calls in groups.values()
+                              for _, c in calls})
     sites = {c.span.span_id: _site(c, key, tree) for calls in groups.values() for _, c in calls}
     ids = _node_ids(list(sites.values()))
-    roots = _roots(spans)
+    roots = _roots(tree_spans)
+    del tree, tree_spans
     traces, ambiguous = [], []
-    for group, calls in groups.items():
-        traces.append(_trace(group, calls, ids, sites, roots.get(calls[0][1].span.trace_id),
-                             own, ambiguous))
+    for group in list(groups):
+        calls = groups.pop(group)  # a trace's calls, read: they are let go as it is built
+        trace = _trace(group, calls, ids, sites, roots.get(calls[0][1].span.trace_id), own,
+                       ambiguous)
+        trace.calls = {node: call.settled() for node, call in trace.calls.items()}
+        traces.append(trace)
     _check_one_pipeline(traces)
     edges = sorted({e for t in traces for e in t.edges})
     _check_acyclic(traces, edges)
@@ -144,21 +173,46 @@ def infer_pipeline(spans: list[Span], node_key: str | None = None) -> Pipeline:
                     temps.pop() if len(temps) == 1 else None, max(limits, default=None))
 
 
-def _call_groups(spans: list[Span]) -> dict[tuple, list[tuple[str, Call]]]:
-    """LLM calls by example: a trace, or (own export) a trace's step, phase and example."""
-    llm = [s for s in spans if is_llm_span(s)]
-    own = [s for s in llm if "semback.purpose" in s.attributes]
+KIND = "openinference.span.kind"
+# what the inference reads of a span once its call (if it is one) has been read: its kind,
+# and of a span that may be a unit or a root, the values it received and returned
+_ALWAYS = (KIND, "gen_ai.operation.name")
+_VALUES = ("input.value", "output.value")
+
+
+def _kept(span: Span, node_key: str | None, same: dict[str, str]) -> Span:
+    """The span with only the attributes the inference reads after llm_call: its kind,
+    this project's own `semback.*`, the --node-key attribute, and input.value/output.value
+    of a span that may be a unit (UNIT_KINDS) or a trace's root. An LLM call's messages,
+    request and reply JSON are dropped (its Call holds what was read of them). `same`
+    gives one copy of its trace id, name and kind to all the spans that repeat them."""
+    a = span.attributes
+    kept = {k: same.setdefault(a[k], a[k]) if isinstance(a[k], str) else a[k]
+            for k in _ALWAYS if k in a}
+    if not span.parent_id or str(a.get(KIND) or "").upper() in UNIT_KINDS:
+        kept.update((k, a[k]) for k in _VALUES if k in a)
+    if node_key and node_key in a:
+        kept[node_key] = a[node_key]
+    kept.update((k, v) for k, v in a.items() if k.startswith("semback."))
+    return Span(same.setdefault(span.trace_id, span.trace_id), span.span_id, span.parent_id,
+                same.setdefault(span.name, span.name), span.start, span.end, kept)
+
+
+def _call_groups(calls: list[Call], own: bool) -> dict[tuple, list[tuple[str, Call]]]:
+    """LLM calls by example: a trace, or (own export) a trace's step, phase and example.
+    `calls` holds every call but a run of this project's non-forward ones; `own`: the spans
+    hold such a run (some LLM span has `semback.purpose`)."""
     if own:  # a run of this project: its forward calls at the first step that has them
-        forward = [s for s in own if s.attributes.get("semback.purpose") == "forward"
-                   and s.attributes.get("semback.example_id")]
-        first = min((s.attributes.get("semback.step") or 0 for s in forward), default=0)
-        llm = [s for s in forward if (s.attributes.get("semback.step") or 0) == first]
+        forward = [c for c in calls if "semback.purpose" in c.span.attributes]
+        first = min((c.span.attributes.get("semback.step") or 0 for c in forward), default=0)
+        calls = [c for c in forward if (c.span.attributes.get("semback.step") or 0) == first]
     groups: dict[tuple, list[tuple[str, Call]]] = defaultdict(list)
-    for span in sorted(llm, key=lambda s: (s.start, s.end, s.span_id)):
+    for call in sorted(calls, key=lambda c: (c.span.start, c.span.end, c.span.span_id)):
+        span = call.span
         a = span.attributes
         group = (span.trace_id, str(a.get("semback.phase") or ""),
                  str(a.get("semback.example_id") or ""))
-        groups[group].append((span.span_id, llm_call(span)))
+        groups[group].append((span.span_id, call))
     return dict(groups)
 
 

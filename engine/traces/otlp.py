@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from engine.traces import TraceError
 SYSTEM_ROLES = ("system", "developer")
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     trace_id: str
     span_id: str
@@ -33,7 +34,7 @@ class Span:
     attributes: dict[str, Any]
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One LLM call as a span recorded it."""
 
@@ -56,6 +57,14 @@ class Call:
     def system(self) -> str:
         return next((c for r, c in self.messages if r in SYSTEM_ROLES), "")
 
+    def settled(self) -> Call:
+        """The call as its trace keeps it once read: its span, reply, model and settings.
+        Its messages, template and tools are read into the trace (engine.traces.infer) and
+        not kept: an import holds a trace of every example, never every message of the
+        file."""
+        return Call(self.span, [], self.output, self.model, self.temperature, self.tokens,
+                    self.max_tokens)
+
     def non_system(self) -> list[tuple[str, str]]:
         """The messages after the first system message: what the node's template keeps."""
         out, dropped = [], False
@@ -70,35 +79,54 @@ class Call:
 def read_spans(path: str | Path) -> list[Span]:
     """Every span of an OTLP JSON lines file. TraceError (one line) when the file is not
     OTLP JSON."""
+    return list(iter_spans(path))
+
+
+def iter_spans(path: str | Path) -> Iterator[Span]:
+    """The spans of an OTLP JSON lines file, read a line at a time (memory holds one line,
+    never the file). TraceError (one line) when the file is not OTLP JSON, raised at the
+    line that is not."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        fh = Path(path).open(encoding="utf-8")
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise TraceError(f"{path}: cannot read the file ({exc.__class__.__name__})") from None
-    spans: list[Span] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            document = json.loads(line)
-        except json.JSONDecodeError:
-            raise TraceError(f"{path}:{number}: not OTLP JSON (each line must be one JSON "
-                             "ExportTraceServiceRequest, as the Collector's file exporter "
-                             "writes)") from None
-        resources = _get(document, "resourceSpans", "resource_spans") \
-            if isinstance(document, dict) else None
-        if not isinstance(resources, list):
-            raise TraceError(f"{path}:{number}: not OTLP JSON (no resourceSpans: expected an "
-                             "ExportTraceServiceRequest a line)")
-        try:
-            spans.extend(spans_of(resources))
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            raise TraceError(f"{path}:{number}: not OTLP JSON ({exc.__class__.__name__}: "
-                             f"{exc})") from None
-    if not spans:
+    any_span = False
+    with fh:
+        number = 0
+        while True:
+            try:
+                line = fh.readline()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise TraceError(f"{path}: cannot read the file ({exc.__class__.__name__})"
+                                 ) from None
+            if not line:
+                break
+            number += 1
+            if not line.strip():
+                continue
+            try:
+                document = json.loads(line)
+            except json.JSONDecodeError:
+                raise TraceError(f"{path}:{number}: not OTLP JSON (each line must be one JSON "
+                                 "ExportTraceServiceRequest, as the Collector's file exporter "
+                                 "writes)") from None
+            resources = _get(document, "resourceSpans", "resource_spans") \
+                if isinstance(document, dict) else None
+            if not isinstance(resources, list):
+                raise TraceError(f"{path}:{number}: not OTLP JSON (no resourceSpans: expected "
+                                 "an ExportTraceServiceRequest a line)")
+            try:
+                spans = spans_of(resources)
+            except (TypeError, ValueError, AttributeError, KeyError) as exc:
+                raise TraceError(f"{path}:{number}: not OTLP JSON ({exc.__class__.__name__}: "
+                                 f"{exc})") from None
+            del document, resources
+            any_span = any_span or bool(spans)
+            yield from spans
+    if not any_span:
         raise TraceError(f"{path}: no spans in the file")
-    return spans
 
 
 def _get(mapping: dict, *keys: str) -> Any:
@@ -177,8 +205,9 @@ def llm_call(span: Span) -> Call:
     template = a.get("llm.prompt_template.template")
     variables = _json(a.get("llm.prompt_template.variables"))
     tools = [t for t in (_json(v) for k, v in sorted(
-        a.items(), key=lambda item: _index_key(item[0]))
-        if k.startswith("llm.tools.") and k.endswith(".tool.json_schema")) if isinstance(t, dict)]
+        ((k, v) for k, v in a.items()
+         if k.startswith("llm.tools.") and k.endswith(".tool.json_schema")),
+        key=lambda item: _index_key(item[0]))) if isinstance(t, dict)]
     if not tools and isinstance(params, dict) and isinstance(params.get("tools"), list):
         tools = [t for t in params["tools"] if isinstance(t, dict)]
     choice = params.get("tool_choice") if isinstance(params, dict) else None
@@ -251,10 +280,11 @@ def output_text(a: dict[str, Any]) -> str:
 def _flattened(a: dict[str, Any], prefix: str) -> list[tuple[str, str]]:
     """OpenInference's `prefix.N.message.role` / `.content` (or `.contents.M...text`)."""
     found: dict[int, dict[str, Any]] = {}
+    start = prefix + "."
     for key, value in a.items():
-        if not key.startswith(prefix + "."):
+        if not key.startswith(start):
             continue
-        index, _, rest = key[len(prefix) + 1:].partition(".")
+        index, _, rest = key[len(start):].partition(".")
         if not index.isdigit():
             continue
         message = found.setdefault(int(index), {"parts": {}})
