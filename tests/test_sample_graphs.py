@@ -82,8 +82,11 @@ def test_demo_data_has_ids_inputs_and_targets(path: Path):
     assert len(splits.train) == sizes["train"] and len(splits.val) == sizes["val"]
 
 
-def test_every_data_file_is_used_by_a_graph():
+def test_every_data_file_is_used_by_a_graph_or_an_example_pipeline():
     used = {(SAMPLES / p.name).parent / load_graph(p).dataset for p in JSONL_GRAPHS}
+    # the traced example pipelines (sample_graphs/*_pipeline.py) read theirs as DATA
+    used |= {SAMPLES / "data" / name for script in SAMPLES.glob("*_pipeline.py")
+             for name in re.findall(r'"data" / "([\w.-]+\.jsonl)"', script.read_text())}
     files = {SAMPLES / "data" / f.name for f in (SAMPLES / "data").glob("*.jsonl")}
     assert {f.resolve() for f in files} <= {u.resolve() for u in used}
 
