@@ -68,8 +68,14 @@ class LLMRequest:
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def messages_json(self) -> str:
-        return json.dumps([{"role": r, "content": c} for r, c in self.messages],
-                          ensure_ascii=False)
+        """The messages as the call's log and the cache store them (encoded once a
+        request: both ask)."""
+        text = self.__dict__.get("_messages_json")
+        if text is None:
+            text = json.dumps([{"role": r, "content": c} for r, c in self.messages],
+                              ensure_ascii=False)
+            object.__setattr__(self, "_messages_json", text)  # frozen: a cache, no field
+        return text
 
     @property
     def user_text(self) -> str:

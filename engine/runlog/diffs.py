@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from engine.events import Activation
 from engine.runlog.schema import RunLogError, check_readable, connect
 from engine.runlog.writer import insert_rows
+
+if TYPE_CHECKING:  # pandas only where a diff is read (a command that only writes, as
+    import pandas as pd  # import-traces, never loads it)
 
 DIFF_TABLES: dict[str, str] = {
     "diffs": """diff_id VARCHAR, run_a VARCHAR, step_a INTEGER, run_b VARCHAR,
@@ -131,6 +132,8 @@ def _has_diffs(con: Any) -> bool:
 def diff_rows(db: str | Path, run_a: str | None = None, run_b: str | None = None
               ) -> pd.DataFrame:
     """Logged diff rows, newest first (empty when no diff was ever run on this log)."""
+    import pandas as pd
+
     with connect(db, read_only=True) as con:
         if not _has_diffs(con):
             return pd.DataFrame(columns=_columns("diffs"))
@@ -145,6 +148,8 @@ def diff_rows(db: str | Path, run_a: str | None = None, run_b: str | None = None
 
 def diff_patch_rows(db: str | Path, diff_id: str) -> pd.DataFrame:
     """The patches one diff tried."""
+    import pandas as pd
+
     with connect(db, read_only=True) as con:
         if not _has_diffs(con):
             return pd.DataFrame(columns=_columns("diff_patches"))

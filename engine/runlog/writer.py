@@ -9,15 +9,12 @@ steps only, which is what `engine resume` relies on.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
 
 from engine.events import (
     Activation,
@@ -74,29 +71,22 @@ def open_for_writing(path: str | Path) -> None:
 
 def insert_rows(con: Any, table: str, rows: list[dict], columns: list[str] | None = None
                 ) -> None:
-    """Bulk insert through a DataFrame; columns missing from a row are NULL. `columns`: for
-    a table outside the schema's TABLES (default: that table's columns there)."""
+    """Bulk insert, one array of values a column (DuckDB reads their types as it reads a
+    DataFrame's, without pandas: a process that only writes, as an import, never loads
+    it); columns missing from a row are NULL. `columns`: for a table outside the schema's
+    TABLES (default: that table's columns there)."""
     if not rows:
         return
+    import numpy as np
+
     columns = columns or column_names(table)
-    # built column by column: the same frame as from the rows, without a dict per row
-    frame = pd.DataFrame({c: [row.get(c) for row in rows] for c in columns}, columns=columns)
-    con.register("_rows", frame)
+    arrays = {c: np.fromiter((row.get(c) for row in rows), dtype=object, count=len(rows))
+              for c in columns}
+    con.register("_rows", arrays)
     try:
         con.execute(f"INSERT INTO {table} SELECT {', '.join(columns)} FROM _rows")
     finally:
         con.unregister("_rows")
-        del frame
-        _release_arrow()
-
-
-def _release_arrow() -> None:
-    """Give back what the frame's text columns took (pandas keeps text in Arrow, whose
-    allocator holds freed memory for reuse): a large insert would otherwise stay in the
-    process's resident memory after it is written."""
-    arrow = sys.modules.get("pyarrow")
-    if arrow is not None:
-        arrow.default_memory_pool().release_unused()
 
 
 class RunLogWriter:

@@ -28,7 +28,6 @@ import yaml
 
 from engine.data.stats import Z95, wilson
 from engine.events import same_prompt
-from engine.runlog.reader import example_fields, kept_prompt_rows, run_record, split_sizes
 from engine.runlog.schema import RunLogError, check_readable
 
 FORMATS = ("yaml", "json", "dspy")
@@ -74,6 +73,10 @@ class HandBack:
 
 def kept_prompts(db: str | Path, run_id: str) -> HandBack:
     """Every prompted node's kept prompt with its evidence, in the graph's order."""
+    # the reader (and pandas) only where a run is read: the CLI imports this module for
+    # FORMATS, and a command that only writes (import-traces) keeps pandas out of memory
+    from engine.runlog.reader import example_fields, kept_prompt_rows, run_record, split_sizes
+
     check_readable(db)
     record = run_record(db, run_id)
     if record is None:

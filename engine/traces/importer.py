@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hashlib
 import json
 import secrets
 import time
@@ -157,15 +156,11 @@ def _import(path: str | Path, db: str | Path, *, node_key: str | None,
                         sum(1 for x in scores if x < 1.0), len(held))
 
 
-def messages_key(messages, tools) -> list:
-    return [[list(m) for m in messages], tools or None]
-
-
-def _digest(messages, tools) -> bytes:
-    """A request's messages and tools as a short key (a replay keeps the digest, never a
-    second copy of every message)."""
-    return hashlib.sha256(json.dumps(messages_key(messages, tools), ensure_ascii=False)
-                          .encode("utf-8")).digest()
+def _replay_key(messages, tools) -> tuple:
+    """A request as the replay looks it up: its messages (a chunk's, held only while the
+    chunk is replayed) and its tools."""
+    return (tuple(map(tuple, messages)),
+            json.dumps(tools, sort_keys=True, ensure_ascii=False) if tools else None)
 
 
 class Replay:
@@ -183,7 +178,7 @@ class Replay:
     def __init__(self, graph: GraphSpec, traces: list[Trace]) -> None:
         self._graph = graph
         self._traces = {t.example_id: t for t in traces}
-        self._replies: dict[bytes, Any] = {}
+        self._replies: dict[tuple, Any] = {}
 
     def load(self, examples: list[Example]) -> None:
         self._replies = {}
@@ -195,10 +190,10 @@ class Replay:
                           else example.fields.get(name, "") for name in n.inputs}
                 messages = recorded_messages(n.prompt, recorded, n.id, values)
                 tools = recorded_tools(recorded, n.id)
-                self._replies.setdefault(_digest(messages, tools), trace.calls[n.id])
+                self._replies.setdefault(_replay_key(messages, tools), trace.calls[n.id])
 
     async def complete(self, request: LLMRequest) -> LLMReply:
-        call = self._replies.get(_digest(request.messages, request.tools))
+        call = self._replies.get(_replay_key(request.messages, request.tools))
         if call is None:
             raise LLMError("import-traces: a replayed call differs from every recorded one")
         prompt_tokens, completion_tokens = call.tokens

@@ -172,6 +172,8 @@ def _hex(value: Any) -> str:
 
 
 def _value(value: dict) -> Any:
+    if "stringValue" in value:  # most attributes: first, without the loops below
+        return value["stringValue"]
     for key in ("stringValue", "string_value"):
         if key in value:
             return value[key]
