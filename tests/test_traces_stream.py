@@ -1,7 +1,8 @@
 """import-traces streams: the file is read a line at a time, each span kept only for what
-the inference reads of it, and the replay writes its records a chunk of traces at a time
-(engine.traces.importer.CHUNK). Streamed in chunks, an import is the run imported at once
-(benchmarks/import_traces.py measures it at scale)."""
+the inference reads of it, and the replay spills its records a chunk of traces at a time
+(engine.traces.importer.CHUNK), written with the step in its one transaction. Streamed in
+chunks, an import is the run imported at once (benchmarks/import_traces.py measures it at
+scale)."""
 
 from __future__ import annotations
 
@@ -67,10 +68,11 @@ def test_a_file_imported_in_chunks_is_the_run_imported_at_once(tmp_path, capsys,
     flags = ("--targets", str(targets_file(tmp_path)), "--metric", "numeric", "--val", "1")
     at_once = imported(capsys, write_lines(tmp_path / "one.jsonl", spans),
                        tmp_path / "one.duckdb", *flags)
-    monkeypatch.setattr(importer, "CHUNK", 1)  # a trace a chunk: four flushes, then the step
+    monkeypatch.setattr(importer, "CHUNK", 1)  # a trace a chunk: three spilled, then the step
     chunked = imported(capsys, batched_lines(tmp_path / "batched.jsonl", spans, 3),
                        tmp_path / "chunked.duckdb", *flags)
     assert chunked == at_once
+    assert [p.name for p in tmp_path.iterdir() if ".spill-" in p.name] == []  # cleared
     # the expectations of tests/test_traces.py's example, streamed
     assert [n["id"] for n in chunked["nodes"]] == ["you_count", "you_name", "you_give"]
     assert chunked["edges"] == [["you_count", "you_give"], ["you_name", "you_give"]]
@@ -108,8 +110,9 @@ def test_the_reader_reads_a_line_at_a_time(tmp_path):
 
 def test_an_import_that_fails_part_way_leaves_no_step_written(tmp_path, capsys,
                                                               monkeypatch):
-    """A metric that raises on the third trace, after two chunks were written: the run is
-    failed with none of its step's records, as when the whole step was written at once."""
+    """A metric that raises on the third trace, after two chunks were spilled: the run is
+    failed with none of its step's records, as when the whole step was held at once, and
+    nothing is left of the spill."""
     metric = tmp_path / "metric.py"
     metric.write_text("graded = []\n\n\n"
                       "def third(example, prediction):\n"
@@ -124,6 +127,7 @@ def test_an_import_that_fails_part_way_leaves_no_step_written(tmp_path, capsys,
                  "--metric", f"{metric}:third"]) == 2
     assert "no third" in capsys.readouterr().err
     rows = run_rows(db, "r")
+    assert [p.name for p in tmp_path.iterdir() if ".spill-" in p.name] == []
     assert len(rows["examples"]) == 4
     assert all(not rows[t] for t in ROWS if t != "examples")
     with duckdb.connect(str(db), read_only=True) as con:

@@ -311,5 +311,9 @@ def check_writable(path: str | Path) -> None:
 
 
 def column_names(table: str) -> list[str]:
-    columns = TABLES[table] if table in TABLES else ON_DEMAND_TABLES[table]
-    return [part.split()[0] for part in " ".join(columns.split()).split(", ")]
+    return [part.split()[0] for part in table_columns(table).split(", ")]
+
+
+def table_columns(table: str) -> str:
+    """A table's column definitions, as CREATE TABLE takes them (`name TYPE, ...`)."""
+    return " ".join((TABLES[table] if table in TABLES else ON_DEMAND_TABLES[table]).split())

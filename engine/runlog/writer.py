@@ -1,20 +1,26 @@
 """Writes a run into the DuckDB run log, one transaction per step.
 
 The writer is an event listener: it buffers every record of the step in progress and,
-when `StepFinished` arrives, inserts them in bulk (DataFrames) inside one transaction
-together with the step row and the new cache entries. A crash therefore leaves whole
-steps only, which is what `engine resume` relies on.
+when `StepFinished` arrives, inserts them in bulk (a column array each) inside one
+transaction together with the step row and the new cache entries. A crash therefore
+leaves whole steps only, which is what `engine resume` relies on. A step too large to
+hold in memory (an import's) is spilled part by part to Parquet files beside the log
+(`spill`) and inserted from them in that same one transaction.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+import duckdb
 
 from engine.events import (
     Activation,
@@ -34,6 +40,7 @@ from engine.runlog.schema import (
     column_names,
     connect,
     ensure_schema,
+    table_columns,
 )
 
 TABLE_OF = {
@@ -47,6 +54,9 @@ TABLE_OF = {
 
 
 BATCH = 5000  # rows of a generator inserted at a time
+# DuckDB's memory while it writes a spilled step or a run's examples (the rest goes to its
+# temporary files, beside the log)
+SPILLED_STEP_MEMORY = "64MB"
 
 
 def batched(rows: Iterable[dict], size: int) -> Iterator[list[dict]]:
@@ -77,16 +87,20 @@ def insert_rows(con: Any, table: str, rows: list[dict], columns: list[str] | Non
     TABLES (default: that table's columns there)."""
     if not rows:
         return
-    import numpy as np
-
     columns = columns or column_names(table)
-    arrays = {c: np.fromiter((row.get(c) for row in rows), dtype=object, count=len(rows))
-              for c in columns}
-    con.register("_rows", arrays)
+    con.register("_rows", _arrays(rows, columns))
     try:
         con.execute(f"INSERT INTO {table} SELECT {', '.join(columns)} FROM _rows")
     finally:
         con.unregister("_rows")
+
+
+def _arrays(rows: list[dict], columns: list[str]) -> dict[str, Any]:
+    """The rows as one NumPy object array a column, which DuckDB scans as a table."""
+    import numpy as np
+
+    return {c: np.fromiter((row.get(c) for row in rows), dtype=object, count=len(rows))
+            for c in columns}
 
 
 class RunLogWriter:
@@ -95,12 +109,16 @@ class RunLogWriter:
     def __init__(self, path: str | Path, run_id: str, cache: Cache | None = None):
         self.path, self.run_id, self.cache = str(path), run_id, cache
         self._buffer: dict[str, list[dict]] = defaultdict(list)
+        self._spilled: dict[str, list[str]] = defaultdict(list)  # table -> its Parquet parts
+        self._spill_dir: Path | None = None
 
     def start_run(self, run_row: dict, examples: Iterable[dict]) -> None:
         """The run's row and its examples, in one transaction; `examples` may be a
         generator (an import's thousands of traces), inserted BATCH rows at a time."""
         with connect(self.path) as con:
             ensure_schema(con, self.path)
+            # as a spilled step: many examples go to DuckDB's temporary files, not memory
+            con.execute(f"SET memory_limit = '{SPILLED_STEP_MEMORY}'")
             con.execute("BEGIN TRANSACTION")
             insert_rows(con, "runs", [run_row])
             for batch in batched(examples, BATCH):
@@ -119,13 +137,54 @@ class RunLogWriter:
         elif isinstance(event, RunFinished):
             self.finish(event.status, event.error)
 
+    def spill(self) -> None:
+        """Move the records buffered so far (and the new cache entries) out of memory, into
+        Parquet files in a folder beside the log; the next flush writes them with the rest
+        of the step in its one transaction. A step too large to hold (an import's
+        thousands of traces) so still lands whole or not at all, and the log is
+        checkpointed once for it, not once a part (each checkpoint rewrites the tables'
+        last row groups: parts written one by one cost the square of the step)."""
+        buffered, self._buffer = self._buffer, defaultdict(list)
+        buffered["llm_cache"] = self.cache.drain() if self.cache else []
+        if not any(buffered.values()):
+            return
+        if self._spill_dir is None:
+            folder = Path(self.path).resolve().parent
+            self._spill_dir = Path(tempfile.mkdtemp(prefix=f".{Path(self.path).name}.spill-",
+                                                    dir=folder))
+        with duckdb.connect() as mem:
+            for table, rows in buffered.items():
+                if not rows:
+                    continue
+                part = self._spill_dir / f"{table}-{len(self._spilled[table])}.parquet"
+                # each column cast to its type in the log, as the insert would
+                typed = ", ".join(f"CAST({c} AS {t}) AS {c}" for c, t in (
+                    column.split(" ", 1) for column in table_columns(table).split(", ")))
+                mem.register("_rows", _arrays(rows, column_names(table)))
+                mem.execute(f"COPY (SELECT {typed} FROM _rows) TO '{part}' "
+                            "(FORMAT parquet, COMPRESSION uncompressed)")
+                mem.unregister("_rows")
+                self._spilled[table].append(str(part))
+
+    def _unspill(self) -> None:
+        self._spilled = defaultdict(list)
+        if self._spill_dir is not None:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+            self._spill_dir = None
+
     def flush(self, step: StepFinished | None = None, metrics: dict[str, float] | None = None
               ) -> None:
-        """Write everything buffered, plus the step row, in one transaction."""
+        """Write everything buffered (and spilled), plus the step row, in one transaction."""
         buffered, self._buffer = self._buffer, defaultdict(list)
         cache_rows = self.cache.drain() if self.cache else []
         with connect(self.path) as con:
+            if self._spilled:  # a step larger than memory: DuckDB keeps it on disk too
+                con.execute(f"SET memory_limit = '{SPILLED_STEP_MEMORY}'")
             con.execute("BEGIN TRANSACTION")
+            for table, parts in self._spilled.items():
+                columns = ", ".join(column_names(table))
+                con.execute(f"INSERT INTO {table} SELECT {columns} FROM read_parquet(?)",
+                            [parts])
             for table, rows in buffered.items():
                 insert_rows(con, table, rows)
             insert_rows(con, "llm_cache", cache_rows)
@@ -142,6 +201,7 @@ class RunLogWriter:
                 for k, v in (metrics or {}).items()
             ])
             con.execute("COMMIT")
+        self._unspill()
 
     def save_cache(self) -> None:
         """Write the replies of the step in progress to the cache table only: a run stopped
@@ -151,17 +211,11 @@ class RunLogWriter:
             with connect(self.path) as con:
                 insert_rows(con, "llm_cache", rows)
 
-    def discard(self, step: int) -> None:
-        """Drop the step's buffered records and delete those already flushed (a step
-        written in several flushes, as an import's, that failed part way): its cache
-        entries stay, they are replies the model gave."""
+    def discard(self) -> None:
+        """Drop the step in progress: its buffered and spilled records (a step that failed
+        part way writes nothing, as when it is held whole)."""
         self._buffer = defaultdict(list)
-        with connect(self.path) as con:
-            con.execute("BEGIN TRANSACTION")
-            for table in (*TABLE_OF.values(), "metrics", "steps"):
-                con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step = ?",
-                            [self.run_id, step])
-            con.execute("COMMIT")
+        self._unspill()
 
     def finish(self, status: str, error: str | None = None) -> None:
         with connect(self.path) as con:

@@ -45,8 +45,9 @@ from engine.traces.otlp import Span, iter_spans
 
 TARGET = "target"
 UNSCORED = "unscored"  # the split of traces with no target: kept, never graded
-# traces replayed and written at a time: the step's records are flushed after each chunk,
-# so memory holds a chunk's calls and rows, never the whole import's
+# traces replayed at a time: the step's records are spilled after each chunk (and written
+# with the step, in its one transaction), so memory holds a chunk's calls and rows, never
+# the whole import's
 CHUNK = 2000
 
 
@@ -227,21 +228,20 @@ async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
                      optimizer_max_tokens, prompt_set(config.prompts))
     started, prompts = time.time(), Prompts.initial(graph)
     scores: dict[str, list[float]] = {"train": [], "val": []}
-    flushed = False
     try:
         for node in graph.nodes:
             bus.emit(PromptVersion(config.run_id, node.id, 0, prompts.text[node.id], 0, True))
-        for split, part in (("train", scored), ("val", held), (UNSCORED, unscored)):
-            for at in range(0, len(part), CHUNK):
-                chunk = part[at:at + CHUNK]
-                backend.load(chunk)
-                traces = await forward_pass(ctx, prompts, chunk, split)
-                if split in scores:
-                    scores[split] += [x.score for x in await compute_losses(ctx, traces,
-                                                                            split)]
-                del traces
-                writer.flush()
-                flushed = True
+        for n, (split, chunk) in enumerate(
+                (split, part[at:at + CHUNK])
+                for split, part in (("train", scored), ("val", held), (UNSCORED, unscored))
+                for at in range(0, len(part), CHUNK)):
+            if n:
+                writer.spill()  # the chunks before: out of memory, written with the step
+            backend.load(chunk)
+            traces = await forward_pass(ctx, prompts, chunk, split)
+            if split in scores:
+                scores[split] += [x.score for x in await compute_losses(ctx, traces, split)]
+            del traces
         backend.load([])
         train, val = scores["train"], scores["val"]
         bus.emit(StepFinished(config.run_id, 0, sum(train) / len(train) if train else None,
@@ -249,8 +249,7 @@ async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
                               time.time(), metrics={"traces": float(
                                   len(scored) + len(held) + len(unscored))}))
     except BaseException as exc:
-        if flushed:  # the step's records written so far: a failed import has none
-            writer.discard(0)
+        writer.discard()  # the step's records spilled so far: a failed import has none
         writer.finish("failed", f"{exc.__class__.__name__}: {exc}")
         raise
     writer.finish("finished")
