@@ -91,8 +91,8 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
 
     `spans`: the spans to import, in place of reading `path` (spans `collect` received);
     `path` then only names the run's graph. Either is read once, as a stream: the file a
-    line at a time (engine.traces.otlp.iter_spans), and the replay writes its records a
-    chunk of traces at a time (CHUNK)."""
+    line at a time (engine.traces.otlp.iter_spans), and the replay spills its records a
+    chunk of traces at a time (CHUNK), all written with the step in one transaction."""
     # The spans become hundreds of thousands of long-lived objects (calls, traces, their
     # templates) with no cycles among them, which the cyclic collector would scan again
     # and again (a third of a large import's time): it is off while they are built, and
@@ -210,8 +210,8 @@ async def _write_run(config: RunConfig, graph: GraphSpec, scored: list[Example],
                      held: list[Example], unscored: list[Example], backend: Replay
                      ) -> list[float]:
     """Step 0 of the run: the training, validation (`held`) and unscored traces replayed,
-    CHUNK traces at a time, each chunk's records written before the next is replayed;
-    the scores of the scored ones."""
+    CHUNK traces at a time, each chunk's records spilled (RunLogWriter.spill) before the
+    next is replayed and all written with the step; the scores of the scored ones."""
     cache = Cache("readwrite")
     client = make_client(config, cache, backend, backend)
     writer = RunLogWriter(config.db, config.run_id, cache)
