@@ -223,6 +223,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement: the "
                                                               "least time, largest peak shown")
     args = parser.parse_args()
+    if not (args.keep and args.dir and (Path(args.dir) / "traces.jsonl").exists()) \
+            and not GSM8K.is_dir():
+        print(f"no GSM8K at {GSM8K} (the sentences of the traces): see ../shared/datasets")
+        return 1
     with tempfile.TemporaryDirectory(prefix="import-traces-") as tmp:
         where = Path(args.dir or tmp)
         where.mkdir(parents=True, exist_ok=True)
