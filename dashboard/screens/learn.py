@@ -31,7 +31,7 @@ from dashboard.views.panes import (
     loss_pane,
     update_pane,
 )
-from dashboard.views.quality import NOISE_NOTE
+from dashboard.views.quality import noise_note
 from dashboard.views.text import md
 
 TOUR_KEY = "tour"
@@ -162,8 +162,10 @@ def live(stage: str, tour: Selection, graph) -> None:
         if not gradients_received(view, expanded=True):
             st.caption("This example was not back-propagated: pick a failing one in the "
                        "sidebar.")
-        if (data.run(tour.db, tour.run) or {}).get("backend") == "local":
-            st.info(NOISE_NOTE, icon=":material/info:")
+        run = data.run(tour.db, tour.run) or {}
+        if run.get("backend") == "local":  # the embedded model that wrote the gradients
+            st.info(noise_note(run.get("optimizer_model") or run.get("model")),
+                    icon=":material/info:")
     elif stage == "Without siblings":
         without_siblings(tour, graph)
         st.markdown("**Which method's gradients fix more?** Re-run each method's backward "

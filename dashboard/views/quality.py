@@ -1,5 +1,5 @@
 """Gradients that carry no signal: an empty reply, a single word, or a reply that mostly
-repeats the backward prompt it was given. A small model (the embedded SmolLM2-135M) writes
+repeats the backward prompt it was given. A small model (the embedded ones) writes
 many of these, and a page that shows a gradient says so beside it rather than presenting
 it as advice."""
 
@@ -12,10 +12,18 @@ import streamlit as st
 
 SHINGLE = 6  # words: a run of this many copied from the prompt is an echo, not a thought
 ECHO_SHARE = 0.5  # of the reply's word runs found in the prompt
-NOISE_NOTE = ("A 135M-parameter model such as the embedded SmolLM2 writes gradients that "
-              "are mostly noise: empty, one word, or pieces of the prompt it was given. "
-              "Read them as the model's guess, not as a diagnosis; the probes (Check the "
-              "blame, What if) are how you tell whether following one fixes the answer.")
+NOISE_NOTE = ("A small model writes gradients that are often noise: empty, one word, or "
+              "pieces of the prompt it was given. Read them as the model's guess, not as a "
+              "diagnosis; the probes (Check the blame, What if) are how you tell whether "
+              "following one fixes the answer.")
+
+
+def noise_note(model: str | None) -> str:
+    """NOISE_NOTE naming the model that wrote the run's gradients (its optimizer model)."""
+    if not model:
+        return NOISE_NOTE
+    return NOISE_NOTE.replace("A small model", f"A small embedded model such as this run's "
+                              f"{model}", 1)
 
 _WORD = re.compile(r"[\w']+")
 
