@@ -189,3 +189,26 @@ def test_a_function_node_shows_its_description_input_and_return(tmp_path, starte
     slot = f"fn-run|1|{example}|number"
     assert at.radio(key=f"whatif_kind|{slot}").options == ["Edit the output"]  # no prompt
     assert "fork_prompt|fn-run|1|number" not in [t.key for t in at.text_area]
+
+
+def _running_job(db: Path, run_id: str, kind: str, command_tail: list[str], name: str) -> None:
+    job = jobs.Job(run_id, str(db), 999_999_991, str(jobs.jobs_dir(db) / f"{name}.log"),
+                   ["python", "-m", "engine", kind, run_id, *command_tail], time.time(), 0,
+                   kind=kind)
+    jobs._save(job)
+
+
+@pytest.mark.parametrize("kind,tail,says", [
+    ("probe", ["--node", "hint_a", "--gradient"], "probe running"),
+    ("probe", ["--node", "hint_b", "--gradient"], None),  # another node's probe
+    ("blame", ["--step", "1"], "blame is running on this run")])
+def test_what_if_says_probe_running_only_for_a_job_that_probes_this_node(
+        log, started, monkeypatch, kind, tail, says):
+    """A blame job is not a probe of this node (it was shown as one on every node), and
+    another node's probe is not either."""
+    monkeypatch.setattr(jobs, "poll", lambda job: job.returncode is None)
+    _running_job(log.db, log.semantic, kind, tail, f"{kind}-running")
+    body = all_text(inspector(log.db, run=log.semantic, step=1, example=log.example,
+                              node="hint_a"))
+    assert ("probe running" in body) == (says == "probe running")
+    assert ("blame is running" in body) == (says == "blame is running on this run")

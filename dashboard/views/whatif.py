@@ -86,21 +86,39 @@ def whatif_panel(sel: Selection, view: dict[str, pd.DataFrame], is_function: boo
                                               text=text))
         st.session_state["_whatif_job"] = job.log
         st.success(f"Probe started: {' '.join(job.command[2:])}")
-    running = [j for j in jobs.probe_jobs(sel.db, sel.run) if jobs.poll(j)]
-    if running:
+    if _running(sel):
         _live_results(sel)
     else:
         probe_results(sel)
         _last_failure(sel)
 
 
+def _running(sel: Selection) -> dict[str, list]:
+    """The running jobs that will write probes of this node: its own probes, and blame
+    jobs of the run (which probe every node). Another node's probe is not this one's."""
+    live = [j for j in jobs.probe_jobs(sel.db, sel.run) if jobs.poll(j)]
+    found = {"probe": [j for j in live if j.kind == "probe" and _node_of(j) == sel.node],
+             "blame": [j for j in live if j.kind == "blame"]}
+    return {kind: js for kind, js in found.items() if js}
+
+
+def _node_of(job: jobs.Job) -> str | None:
+    command = job.command
+    return command[command.index("--node") + 1] if "--node" in command[:-1] else None
+
+
 @st.fragment(run_every=1.5)
 def _live_results(sel: Selection) -> None:
-    """Poll while a probe of this run is running; rerun the page once it has ended."""
-    if not any(jobs.poll(j) for j in jobs.probe_jobs(sel.db, sel.run)):
+    """Poll while a job that probes this node runs; rerun the page once it has ended."""
+    running = _running(sel)
+    if not running:
         st.rerun(scope="app")
-    st.info(":material/hourglass_top: probe running: results appear here when the engine "
-            "has written them")
+    if "probe" in running:
+        st.info(":material/hourglass_top: probe running: results appear here when the "
+                "engine has written them")
+    else:
+        st.info(":material/hourglass_top: blame is running on this run: its probes of this "
+                "node appear here when it ends")
     probe_results(sel)
 
 
