@@ -135,6 +135,18 @@ def test_fork_from_here_starts_a_fork_with_the_edited_prompt(log, started):
     assert f"other={log.semantic}" in link.proto.query_string and "run=tiny-" in link.proto.query_string
 
 
+def test_a_fork_of_zero_steps_is_not_started_and_the_panel_says_why(log, started):
+    """Steps set to 0 used to show a range error and start a one-step fork anyway."""
+    at = inspector(log.db, run=log.semantic, step=1, example=log.example, node="final")
+    slot = f"{log.semantic}|1|final"
+    at.number_input(key=f"fork_steps|{slot}").set_value(0).run()
+    assert not at.exception
+    button = at.button(key=f"fork_run|{slot}")
+    assert button.disabled
+    assert "A fork runs at least one step" in all_text(at)
+    assert started == []  # a disabled button cannot be pressed
+
+
 FUNCTION_GRAPH = """\
 name: fn
 dataset: tiny.jsonl

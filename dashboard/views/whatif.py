@@ -180,7 +180,9 @@ def fork_panel(sel: Selection, view: dict[str, pd.DataFrame], is_function: bool,
                             key=f"fork_prompt|{slot}")
         if text.strip() and text != current:
             prompts[sel.node] = text
-    steps = st.number_input("Steps to run", min_value=1, max_value=20, value=1,
+    # 0 is taken as typed (a minimum of 1 would keep the old value behind a red range
+    # error and start a one-step fork anyway): the button then says why it cannot start
+    steps = st.number_input("Steps to run", min_value=0, max_value=20, value=1,
                             key=f"fork_steps|{slot}")
     watch = f"fork|{sel.run}"
     listed = job_watch.follow(watch)
@@ -193,7 +195,9 @@ def fork_panel(sel: Selection, view: dict[str, pd.DataFrame], is_function: bool,
                      query_params={"run": fork, "other": sel.run, "step": str(sel.step)})
     if any(job.returncode is None for job in listed):
         return
-    if st.button("Fork from here", key=f"fork_run|{slot}"):
+    if not steps:
+        st.caption("A fork runs at least one step: set Steps to run to 1 or more.")
+    if st.button("Fork from here", key=f"fork_run|{slot}", disabled=not steps):
         job = jobs.start_fork(jobs.ForkSpec(run_id=sel.run, db=sel.db, step=sel.step,
                                             prompts=prompts, steps=int(steps)),
                               graph_name=graph_name, method=sel.method or "semantic")
