@@ -15,6 +15,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import UnknownElement
 
+from engine.core.graph import load_graph
+from engine.runs.settings import DEFAULTS
 from tests.support.dashboard_log import (
     ADDED_WORDS,
     HINT_A_OUTPUT,
@@ -251,6 +253,21 @@ def test_new_run_form_builds_the_engine_command(open_page, log, started):
     cmd = jobs.build_command(spec)
     assert cmd[cmd.index("--method") + 1] == "textgrad" and "--val" not in cmd
     assert "--option" not in cmd  # gtbp's schedule only goes with gtbp
+
+
+def test_new_run_forms_steps_default_to_the_graphs_own(open_page, log, started):
+    """demo.yaml says `steps: 1`: Start without touching Steps runs 1 step, not run's 4;
+    a graph without the setting takes run's default."""
+    at = open_page()
+    steps = {n.label: n for n in new_run_form(at).number_input}["Steps"]
+    assert steps.value is None  # shown as "graph's default"
+    at.button(key="FormSubmitter:new_run-Start run").click().run()
+    assert Path(started[0].graph).name == "demo.yaml" and started[0].steps == 1
+    at = open_page()
+    uploads = {u.label: u for u in new_run_form(at).file_uploader}
+    uploads["Graph file (YAML)"].upload("tiny.yaml", log.graph.read_bytes(), "text/yaml")
+    at.button(key="FormSubmitter:new_run-Start run").click().run()
+    assert started[1].steps == (load_graph(log.graph).steps or DEFAULTS.steps)
 
 
 def test_new_run_form_offers_installed_models_and_names_the_install_of_others(

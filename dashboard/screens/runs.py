@@ -249,7 +249,10 @@ def new_run_form(db: str) -> None:
             if not_installed:
                 st.caption(not_installed)
             m2, m3 = st.columns(2)
-            steps = m2.number_input("Steps", min_value=0, value=DEFAULTS.steps)
+            steps = m2.number_input("Steps", min_value=0, value=None,
+                                    placeholder="graph's default",
+                                    help="optimization steps (empty: the graph's own "
+                                         f"`steps`, else {DEFAULTS.steps})")
             seed = m3.number_input("Seed", value=DEFAULTS.seed, step=1)
             data_dir = st.text_input(
                 "Data directory", value=os.environ.get("SEMBACK_DATA_DIR", ""),
@@ -280,6 +283,8 @@ def new_run_form(db: str) -> None:
         folder.mkdir(exist_ok=True)
         dataset_path = folder / Path(dataset.name).name
         dataset_path.write_bytes(dataset.getvalue())
+    if steps is None:  # the graph's own setting (demo.yaml's is 1), as `run` would take it
+        steps = graph_steps(graph_path)
     spec = jobs.RunSpec(graph=str(graph_path), db=db, method=method, backend=backend,
                         model=model or None, optimizer_model=optimizer_model or None,
                         steps=int(steps), train=train, val=val, test=test, seed=int(seed),
@@ -294,6 +299,18 @@ def new_run_form(db: str) -> None:
         st.error(f"Could not start the run: {exc}")
         return
     _started(job)
+
+
+def graph_steps(path: Path) -> int:
+    """The steps a run of this graph takes by default: its `steps`, else run's default
+    (a graph that does not load: run's default, and the run says what is wrong)."""
+    from engine.core.graph import GraphError, load_graph
+    from engine.runs.settings import DEFAULTS
+
+    try:
+        return load_graph(path).steps or DEFAULTS.steps
+    except (GraphError, OSError, ValueError):
+        return DEFAULTS.steps
 
 
 sel = selection()
