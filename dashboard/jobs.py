@@ -340,6 +340,13 @@ def log_tail(job: Job, lines: int = 15) -> str:
     return "\n".join(rows[-lines:])
 
 
+def error_line(job: Job) -> str | None:
+    """The engine's `error:` line in an ended job's log (a bad model name, a graph that does
+    not load), in the New-run form's terms; None when the log holds none."""
+    lines = [ln for ln in log_tail(job, 40).splitlines() if ln.startswith("error:")]
+    return in_form_terms(lines[-1]) if lines else None
+
+
 def forget(job: Job) -> None:
     """Remove a finished job's record and log."""
     if not poll(job):

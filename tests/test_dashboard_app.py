@@ -270,6 +270,26 @@ def test_new_run_forms_steps_default_to_the_graphs_own(open_page, log, started):
     assert started[1].steps == (load_graph(log.graph).steps or DEFAULTS.steps)
 
 
+def test_a_run_that_ended_with_an_error_says_why_outside_its_collapsed_log(open_page, log):
+    """A wrong model name with Start: the run ends at once; the card says the engine's
+    error, not only "ended (exit code 2)" over a collapsed log."""
+    import time
+
+    from dashboard import jobs
+
+    db = log.db
+    record = jobs.jobs_dir(db) / "bad-model.log"
+    record.write_text("starting\nerror: unknown model 'qwen-9b': choose one of "
+                      "qwen2.5-coder-0.5b, ... or a GGUF file's path\n")
+    jobs._save(jobs.Job("bad-model", str(db), 999_999_992, str(record),
+                        ["python", "-m", "engine", "run"], time.time(), 4, returncode=2))
+    at = open_page()
+    assert "ended (exit code 2)" in texts(at)
+    assert [e.value for e in at.error] == [
+        "error: unknown model 'qwen-9b': choose one of qwen2.5-coder-0.5b, ... or a GGUF "
+        "file's path"]
+
+
 def test_new_run_form_offers_installed_models_and_names_the_install_of_others(
         open_page, started, monkeypatch):
     from dashboard import jobs

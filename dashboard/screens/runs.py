@@ -177,6 +177,9 @@ def _jobs_body(db: str) -> None:
             elif not alive and button.button("Dismiss", key=f"forget_{job.run_id}"):
                 jobs.forget(job)
                 st.rerun(scope="app")
+            failed = None if alive or job.returncode in (0, None) else jobs.error_line(job)
+            if failed:  # why it ended, where it is seen (the log below is collapsed)
+                st.error(failed, icon=":material/error:")
             with st.expander("log"):
                 st.code(jobs.log_tail(job) or "(empty)", language=None)
         state = (status, steps_done, alive)
