@@ -313,6 +313,21 @@ def graph_page(db: Path, **query) -> AppTest:
     return open_page(db, "screens/graph.py", **query)
 
 
+def test_about_this_graph_renders_the_descriptions_code_marks(log, tmp_path):
+    """demo.yaml's description names nodes as `note`: shown as code, not raw backticks."""
+    db = tmp_path / "about.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE runs SET graph_yaml = replace(graph_yaml, 'description: Same "
+                    "shape', 'description: The node `mood` has the same shape') WHERE run_id = ?",
+                    [log.demo])
+    at = graph_page(db, run=log.demo, step=1)
+    about = [m.value for m in at.markdown if "has the same shape" in m.value]
+    assert about == ["The node `mood` has the same shape as sample_graphs/demo.yaml "
+                     "(dashboard test copy)."]
+    assert not [t for t in at.text if "`mood`" in t.value]
+
+
 def test_the_graph_page_says_what_the_probes_name_as_the_learn_tour_does(log, tmp_path):
     """The Graph page's counts come with the verdict they add up to: the same sentence as
     the Learn tour's blame stage, for a named node and for no node."""

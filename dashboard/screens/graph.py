@@ -90,7 +90,7 @@ st.caption(f"Run **{md(sel.run)}** · step {step}"
            + (f" · example {md(sel.example)}" if sel.example else ""))
 if graph.description:
     with st.expander("About this graph"):
-        st.text(graph.description)
+        st.markdown(graph.description)  # its `node` names and file names as code
 probes = probe_data.node_blame(sel.db, sel.run, step)
 has_probes = not probes.empty
 if just_finished(sel.run, step):  # the blame just checked here: show it
