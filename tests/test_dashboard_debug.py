@@ -40,6 +40,10 @@ def log(tmp_path_factory):
         con.execute("UPDATE updates SET reject_reason = ?, val_alone = 0.5 WHERE run_id = ? "
                     "AND step = 2 AND node_id = 'hint_a'", [REASON, sem])
         con.execute("INSERT INTO metrics VALUES (?, NULL, 'test_score', 0.625)", [sem])
+        # planted: q02's final call at step 1 was answered from the reply cache
+        con.execute("UPDATE llm_calls SET cache_hit = true, latency_ms = 0 WHERE run_id = ? "
+                    "AND step = 1 AND example_id = 'q02' AND node_id = 'final' AND "
+                    "purpose = 'forward'", [sem])
         # planted: q01's final call at step 1 waited 250 ms for a turn before the model
         con.execute("UPDATE llm_calls SET queued_ms = 250, latency_ms = latency_ms + 250 "
                     "WHERE run_id = ? AND step = 1 AND example_id = 'q01' AND "
@@ -363,3 +367,12 @@ def test_history_labels_each_of_a_steps_candidates(log, tmp_path):
     again = frame(open_on(db, "screens/history.py", run=log.semantic, node="hint_a"),
                   "verdict")
     assert list(again["blame probes"]) == ["", "this edit", "this edit"]
+
+
+def test_the_inspector_shows_a_cached_call_as_cached_not_as_0_ms(open_page, log):
+    metrics = {m.label: m.value for m in open_page(
+        "inspect", run=log.semantic, step=1, example="q02", node="final").metric}
+    assert metrics["latency"] == "cached" and metrics["cache hit"] == "yes"
+    metrics = {m.label: m.value for m in open_page(
+        "inspect", run=log.semantic, step=1, example="q01", node="final").metric}
+    assert metrics["latency"].endswith(" ms") and metrics["cache hit"] == "no"

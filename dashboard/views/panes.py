@@ -23,12 +23,16 @@ def call_metrics(row: dict) -> None:
     waited = row.get("queued_ms")
     waited = 0.0 if waited is None or pd.isna(waited) else float(waited)
     latency = row.get("latency_ms")
-    c3.metric("latency", f"{fmt(None if latency is None else latency - waited, ',.0f')} ms",
-              help="the model's time on the call"
-                   + (f"; it waited {waited:,.0f} ms for a turn before (the run's "
-                      "concurrency limit, the model's slots)" if round(waited) else ""))
-    c4.metric("cost", f"${fmt(row.get('cost_usd'), '.5f')}")
     hit = row.get("cache_hit")
+    if hit is not None and not pd.isna(hit) and hit:  # no model time to show, not "0 ms"
+        c3.metric("latency", "cached", help="answered from the run's reply cache (or, for an "
+                  "import, from the recorded trace): the model was not called")
+    else:
+        c3.metric("latency", f"{fmt(None if latency is None else latency - waited, ',.0f')} ms",
+                  help="the model's time on the call"
+                       + (f"; it waited {waited:,.0f} ms for a turn before (the run's "
+                          "concurrency limit, the model's slots)" if round(waited) else ""))
+    c4.metric("cost", f"${fmt(row.get('cost_usd'), '.5f')}")
     c5.metric("cache hit", "–" if hit is None or pd.isna(hit) else ("yes" if hit else "no"))
 
 
