@@ -376,3 +376,23 @@ def test_the_inspector_shows_a_cached_call_as_cached_not_as_0_ms(open_page, log)
     metrics = {m.label: m.value for m in open_page(
         "inspect", run=log.semantic, step=1, example="q01", node="final").metric}
     assert metrics["latency"].endswith(" ms") and metrics["cache hit"] == "no"
+
+
+def test_history_counts_an_accepted_edits_validation_flips_in_a_one_step_run(log, tmp_path):
+    """A run that ends after its one accepted step: validation rose from 1 to 3 of 4 in the
+    step's gate pass, so the edit fixed 2 validation examples; the page said "No example
+    changed pass/fail" (it looked only at a next step the run never had)."""
+    from tests.support.dashboard_log import open_page as open_on
+
+    db = tmp_path / "one-step.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        for table in ("losses", "steps", "updates", "node_outputs"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step = 2", [log.semantic])
+    at = open_on(db, "screens/history.py", run=log.semantic, node="hint_a")
+    timeline = frame(at, "verdict")
+    assert list(timeline["step"]) == [1] and list(timeline["verdict"]) == ["accepted"]
+    assert list(timeline["fixed after"]) == [2] and list(timeline["broke after"]) == [0]
+    shown = texts(at)
+    assert "No example changed pass/fail" not in shown
+    assert "validation in this step's gate pass" in shown

@@ -110,11 +110,13 @@ def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, 
         if kind == "accepted":
             what_it_changed(sel, node, int(edit["step"]))
             if mine.empty:
-                st.caption("No example changed pass/fail at the next step.")
+                st.caption("No example changed pass/fail: validation in this step's gate, "
+                           f"training at step {int(edit['step']) + 1}.")
             else:
-                st.caption(f"Examples that flipped at step {int(edit['step']) + 1}, the first "
-                           "step run with this edit (edits of other nodes accepted at the "
-                           "same step share them):")
+                st.caption("Examples that flipped with this edit: validation in this step's "
+                           "gate pass, against the validation before it; training at step "
+                           f"{int(edit['step']) + 1}, the first trained with it (edits of "
+                           "other nodes accepted at the same step share them):")
                 st.dataframe(mine.rename(columns={
                     "split": "split", "example_id": "example", "score_before": "score before",
                     "score_after": "score after", "flipped": "flipped"}).drop(columns="step"),

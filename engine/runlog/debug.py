@@ -154,8 +154,9 @@ def node_history(db: str | Path, run_id: str, node_id: str) -> dict[str, pd.Data
     """A node's prompt history: `edits`, one row per step that proposed an update (and
     per candidate under --proposals: `candidate`, from 0) (old and new prompt, accepted,
     validation before/after, the edit's score alone, the reason for a rejection), and
-    `flips`, the examples whose pass/fail state changed from the step of each accepted
-    edit to the next step (the first evaluated with the edit)."""
+    `flips`, the examples whose pass/fail state each accepted edit changed: validation in
+    the step's gate pass against the validation before it, training from the step to the
+    next (the first trained with the edit)."""
     params = {"run": run_id, "node": node_id}
     with connect(db, read_only=True) as con:
         edits = con.execute("""
@@ -167,18 +168,28 @@ def node_history(db: str | Path, run_id: str, node_id: str) -> dict[str, pd.Data
                  AND p.step = u.step AND p.prompt = u.new_prompt
             WHERE u.run_id = $run AND u.node_id = $node
             ORDER BY u.step, coalesce(u.candidate, 0)""", params).df()
+        # Validation is scored in the step's own gate pass (the kept candidate's, with the
+        # edit): it flips against the validation in force before (the last accepted step's,
+        # or the baseline's). Training is scored before each step's update: it flips at the
+        # next step, the first run with the edit (none when the run ended there).
         flips = con.execute(f"""
             WITH states AS (
                 SELECT step, split, example_id, score, {_FAILING} AS failing
-                FROM losses l WHERE run_id = $run)
+                FROM losses l WHERE run_id = $run),
+            accepted AS (
+                SELECT DISTINCT u.step, (SELECT max(s.step) FROM steps s WHERE s.run_id = $run
+                                         AND s.step < u.step AND (s.accepted OR s.step = 0))
+                                        AS before
+                FROM updates u WHERE u.run_id = $run AND u.node_id = $node AND u.accepted)
             SELECT u.step, a.split, a.example_id, a.score AS score_before,
                    b.score AS score_after, CASE WHEN a.failing THEN 'fixed' ELSE 'broke' END
                    AS flipped
-            FROM updates u
-            JOIN states a ON a.step = u.step
-            JOIN states b ON b.step = u.step + 1 AND b.split = a.split
-                 AND b.example_id = a.example_id AND b.failing <> a.failing
-            WHERE u.run_id = $run AND u.node_id = $node AND u.accepted
+            FROM accepted u
+            JOIN states a ON CASE WHEN a.split = 'val' THEN a.step = u.before
+                                  ELSE a.step = u.step END
+            JOIN states b ON b.split = a.split AND b.example_id = a.example_id
+                 AND b.failing <> a.failing
+                 AND b.step = CASE WHEN a.split = 'val' THEN u.step ELSE u.step + 1 END
             ORDER BY u.step, a.split, a.example_id""", params).df()
     return {"edits": edits, "flips": flips}
 
