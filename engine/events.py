@@ -181,8 +181,9 @@ class Progress:
 
 @dataclass
 class CandidatesScored:
-    """A step is about to score `count` distinct candidate prompt sets on validation
-    (--proposals; identical candidates are scored once): progress counts the gate by it."""
+    """A step is about to score `count` distinct candidate prompt sets on validation (one,
+    or several under --proposals; identical candidates are scored once): progress says the
+    gate has begun and counts its calls by it."""
 
     run_id: str
     step: int

@@ -24,8 +24,14 @@ def test_each_step_reports_its_phases_in_order_with_calls_done_and_expected(tmp_
     result = run_engine(graph, tmp_path / "runs.duckdb", steps=2, train=6, val=5, test=4,
                         node_gates="off")
     events = result.events.of(Progress)
-    assert len(events) == len(result.events.of(CallRecord))  # one per call
-    assert [e.calls_total for e in events] == list(range(1, len(events) + 1))
+    calls = [e for e in events if e.calls_done]  # one per call; the others start a phase
+    assert len(calls) == len(result.events.of(CallRecord))
+    assert [e.calls_total for e in calls] == list(range(1, len(calls) + 1))
+    # the gate says it has begun before its first call comes back, right after the updates
+    starts = [(i, e) for i, e in enumerate(events) if not e.calls_done]
+    assert [(e.step, e.phase, e.calls_expected) for _, e in starts] == [
+        (1, "gate", 15), (2, "gate", 15)]
+    assert all(events[i - 1].phase == "update" for i, _ in starts)
     phases = [(step, [p for p, _ in groupby(e.phase for e in items)])
               for step, items in groupby(events, key=lambda e: e.step)]
     assert phases[0] == (0, ["forward"])

@@ -188,7 +188,7 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
                 c.changes[n] = (versions[n], prompt)
                 versions[n] += 1
     scored = [c for c in candidates if c.changes]
-    if config.proposals > 1:
+    if scored:  # the gate starts now (its first call may take a while to come back)
         ctx.emit(CandidatesScored(ctx.run_id, step, len(scored)))
     best = scored[0] if scored else candidates[0]
     val_before, accepted = state.val_score, False

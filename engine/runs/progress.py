@@ -61,6 +61,12 @@ class ProgressTracker:
             self.finished.add(event.step)
         elif isinstance(event, CandidatesScored):
             self.scored[event.step] = event.count
+            # the gate has begun: say so now, not when its first call comes back (on the
+            # embedded model the line stayed on "update 6 of 6" for the gate's first minute)
+            if event.step not in self.finished:
+                self.step, self.phase, self.done = event.step, "gate", 0
+                self.emit(Progress(self.run_id, event.step, "gate", 0,
+                                   self.expected("gate", event.step), self.total))
         elif isinstance(event, Gradient) and self.claims is not None:
             self.claims(event)
         elif isinstance(event, CallRecord):
