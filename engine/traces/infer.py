@@ -263,14 +263,13 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
         units.append(up)
     if not units:
         return Site(mine, mine[0], None)
-    named = next((SIGNATURE_NAME.match(u.name)[1] for u in units
-                  if SIGNATURE_NAME.match(u.name) and not FRAMEWORK_NAMES.match(u.name)),
-                 None) or next((u.name for u in units if not FRAMEWORK_NAMES.match(u.name)),
-                               None)
-    # the unit whose values are the node's: the named one, else the highest with values
-    unit = next((u for u in units if named and (u.name == named or SIGNATURE_NAME.match(
-        u.name) and SIGNATURE_NAME.match(u.name)[1] == named)), None) or next(
-        (u for u in reversed(units) if "output.value" in u.attributes), units[-1])
+    # the unit that names the node: one named by a signature, else by its own name; its
+    # values are the node's (without a name: the highest unit that returned a value)
+    named_units = [(u, n) for u in units if (n := _unit_name(u))]
+    unit, named = next(((u, n) for u, n in named_units if SIGNATURE_NAME.match(u.name)),
+                       None) or next(iter(named_units), (None, None))
+    if unit is None:
+        unit = next((u for u in reversed(units) if "output.value" in u.attributes), units[-1])
     if named is None:  # a framework's unit: named by what it returns (DSPy's output fields)
         returned = _json(str(unit.attributes.get("output.value") or ""))
         fields = [k for k in returned if k != "reasoning"] if isinstance(returned, dict) else []
@@ -278,6 +277,15 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
             return Site(mine, mine[0], unit)
         named = "_".join(fields)
     return Site(("unit", named), named, unit)
+
+
+def _unit_name(span: Span) -> str | None:
+    """A unit span's name as the code names it: the signature of `Predict(Sig).forward`,
+    else its own name; None for a framework's own machinery (FRAMEWORK_NAMES)."""
+    if FRAMEWORK_NAMES.match(span.name):
+        return None
+    signature = SIGNATURE_NAME.match(span.name)
+    return signature[1] if signature else span.name
 
 
 def _roots(spans: list[Span]) -> dict[str, str]:
