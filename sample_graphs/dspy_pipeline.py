@@ -37,7 +37,6 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("DSP_CACHEBOOL", "false")
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -47,7 +46,7 @@ from openinference.instrumentation import safe_json_dumps  # noqa: E402
 from openinference.instrumentation.dspy import DSPyInstrumentor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # the exporter beside this script
-from otlp_export import tracer_provider  # noqa: E402
+from otlp_export import command_line, tracer_provider  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "dspy_coupons.jsonl"
 
@@ -137,21 +136,7 @@ def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True, help="an OpenAI-compatible server")
-    parser.add_argument("--model", default="local", help="the model name to ask for")
-    parser.add_argument("--out", help="the OTLP JSON lines file (default: traces.jsonl, or "
-                                      "OTEL_EXPORTER_OTLP_ENDPOINT when that is set)")
-    parser.add_argument("--targets", help="expected payments (default: targets.jsonl beside "
-                                          "--out)")
-    parser.add_argument("--limit", type=int, default=12, help="sentences to run")
-    args = parser.parse_args()
-    out = args.out
-    if out is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        out = "traces.jsonl"
-    targets = args.targets or Path(out or "traces.jsonl").with_name("targets.jsonl")
-    for answer in run(args.base_url, args.model, out, args.limit, targets):
-        print(answer)
+    command_line(__doc__, run, "expected payments")
 
 
 if __name__ == "__main__":

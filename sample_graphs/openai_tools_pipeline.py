@@ -31,9 +31,7 @@ OpenTelemetry Collector's file format) to --out, and each message's expected tot
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -43,7 +41,7 @@ from openinference.instrumentation.openai import OpenAIInstrumentor
 from opentelemetry import trace
 
 sys.path.insert(0, str(Path(__file__).parent))  # the exporter beside this script
-from otlp_export import tracer_provider  # noqa: E402
+from otlp_export import command_line, tracer_provider  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "openai_orders.jsonl"
 PROMPTS = {
@@ -168,21 +166,7 @@ def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True, help="an OpenAI-compatible server")
-    parser.add_argument("--model", default="local", help="the model name to ask for")
-    parser.add_argument("--out", help="the OTLP JSON lines file (default: traces.jsonl, or "
-                                      "OTEL_EXPORTER_OTLP_ENDPOINT when that is set)")
-    parser.add_argument("--targets", help="expected totals (default: targets.jsonl beside "
-                                          "--out)")
-    parser.add_argument("--limit", type=int, default=12, help="messages to run")
-    args = parser.parse_args()
-    out = args.out
-    if out is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        out = "traces.jsonl"
-    targets = args.targets or Path(out or "traces.jsonl").with_name("targets.jsonl")
-    for answer in run(args.base_url, args.model, out, args.limit, targets):
-        print(answer)
+    command_line(__doc__, run, "expected totals")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ or, with no file, the standard OTLP/HTTP exporter at OTEL_EXPORTER_OTLP_ENDPOINT
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from google.protobuf import json_format
@@ -55,3 +57,24 @@ def tracer_provider(out: str | Path | None, service: str) -> TracerProvider:
     else:
         provider.add_span_processor(SimpleSpanProcessor(OTLPJsonLinesExporter(out)))
     return provider
+
+
+def command_line(doc: str, run: Callable[..., list[str]], expected: str) -> None:
+    """The example pipelines' command line: `--base-url URL [--model NAME] [--out FILE]
+    [--targets FILE] [--limit N]`. With no --out the spans go to OTEL_EXPORTER_OTLP_ENDPOINT
+    when that is set, else to traces.jsonl; `expected` names what --targets holds."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--base-url", required=True, help="an OpenAI-compatible server")
+    parser.add_argument("--model", default="local", help="the model name to ask for")
+    parser.add_argument("--out", help="the OTLP JSON lines file (default: traces.jsonl, or "
+                                      "OTEL_EXPORTER_OTLP_ENDPOINT when that is set)")
+    parser.add_argument("--targets", help=f"{expected} (default: targets.jsonl beside "
+                                          "--out)")
+    parser.add_argument("--limit", type=int, default=12, help="inputs to run")
+    args = parser.parse_args()
+    out = args.out
+    if out is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        out = "traces.jsonl"
+    targets = args.targets or Path(out or "traces.jsonl").with_name("targets.jsonl")
+    for answer in run(args.base_url, args.model, out, args.limit, targets):
+        print(answer)

@@ -21,7 +21,6 @@ OpenTelemetry Collector's file format) to --out, and each sentence's expected su
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from openinference.instrumentation.openai import OpenAIInstrumentor
 from opentelemetry import trace
 
 sys.path.insert(0, str(Path(__file__).parent))  # the exporter beside this script
-from otlp_export import tracer_provider  # noqa: E402
+from otlp_export import command_line, tracer_provider  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "blame_fault.jsonl"
 PROMPTS = {
@@ -82,17 +81,7 @@ def run(base_url: str, model: str, out: str | Path, limit: int, targets: str | P
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True, help="an OpenAI-compatible server")
-    parser.add_argument("--model", default="local", help="the model name to ask for")
-    parser.add_argument("--out", default="traces.jsonl", help="the OTLP JSON lines file")
-    parser.add_argument("--targets", help="expected sums (default: targets.jsonl beside "
-                                          "--out)")
-    parser.add_argument("--limit", type=int, default=12, help="sentences to run")
-    args = parser.parse_args()
-    targets = args.targets or Path(args.out).with_name("targets.jsonl")
-    for answer in run(args.base_url, args.model, args.out, args.limit, targets):
-        print(answer)
+    command_line(__doc__, run, "expected sums")
 
 
 if __name__ == "__main__":
