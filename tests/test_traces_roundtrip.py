@@ -73,24 +73,10 @@ def test_a_run_exported_as_otel_imports_with_each_nodes_own_prompt(tmp_path, cap
     system message, the node's prompt inside the user message); the export names the
     node's prompt beside them (`semback.prompt`), and the import takes it."""
     from engine.core.graph import load_graph
-    from engine.llm.scripted import ScriptedBackend
     from engine.prompts.templates import FORWARD_SYSTEM
-    from tests.support.graphs import DIAMOND, arithmetic_rows, run_engine, write_graph
+    from tests.support.otlp_traces import exported_diamond_run
 
-    def responder(request):
-        node = request.meta.get("node")
-        if request.purpose == "forward" and not request.meta.get("output_node"):
-            digest = hashlib.sha256(request.user_text.encode()).hexdigest()[:6]
-            return f"Thinking. <output>Note by {node} about {digest}</output>"
-        return None
-
-    graph = write_graph(tmp_path, DIAMOND, arithmetic_rows(12))
-    db = tmp_path / "orig.duckdb"
-    result = run_engine(graph, db, ScriptedBackend(responder=responder), steps=1, train=4,
-                        val=4)
-    spans = tmp_path / "run.otel.jsonl"
-    assert main(["export", result.run_id, "--db", str(db), "--format", "otel", "--out",
-                 str(spans)]) == 0
+    graph, spans = exported_diamond_run(tmp_path)
     capsys.readouterr()
     # the export still records what was sent: the shared system message is in the messages
     every = [{a["key"]: next(iter(a["value"].values())) for a in s["attributes"]}

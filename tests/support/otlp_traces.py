@@ -74,3 +74,27 @@ def three_call_trace(n: int, sentence: str, count: str, topic: str, answer: str
                      2, parent),
             llm_span(trace, "ChatCompletion", SYSTEMS["answer"],
                      f"Count note: {count}\nTopic: {topic}", answer, 3, parent)]
+
+
+def exported_diamond_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A one-step scripted run of the diamond graph (the hints' notes each distinct, so
+    their flows show), exported with `export --format otel`: (graph file, spans file)."""
+    from engine.cli.commands import main
+    from engine.llm.scripted import ScriptedBackend
+    from tests.support.graphs import DIAMOND, arithmetic_rows, run_engine, write_graph
+
+    def responder(request):
+        node = request.meta.get("node")
+        if request.purpose == "forward" and not request.meta.get("output_node"):
+            digest = hashlib.sha256(request.user_text.encode()).hexdigest()[:6]
+            return f"Thinking. <output>Note by {node} about {digest}</output>"
+        return None
+
+    graph = write_graph(tmp_path, DIAMOND, arithmetic_rows(12))
+    db = tmp_path / "orig.duckdb"
+    result = run_engine(graph, db, ScriptedBackend(responder=responder), steps=1, train=4,
+                        val=4)
+    spans = tmp_path / "run.otel.jsonl"
+    assert main(["export", result.run_id, "--db", str(db), "--format", "otel", "--out",
+                 str(spans)]) == 0
+    return graph, spans
