@@ -9,12 +9,14 @@ import pytest
 
 from tests.support.graphs import SHARED_DATASETS
 from tests.support.models import browser_missing, embedded_model_missing
+from tests.support.postgres import postgres_missing, start_postgres, stop_postgres
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `embedded_model` or `browser` are skipped, with the reason, on a machine
+    """Tests marked `embedded_model`, `browser` or `postgres` are skipped, with the reason, on a machine
     without the model or the browser (markers in pyproject.toml)."""
-    missing = {"embedded_model": embedded_model_missing, "browser": browser_missing}
+    missing = {"embedded_model": embedded_model_missing, "browser": browser_missing,
+               "postgres": postgres_missing}
     reasons: dict[str, str | None] = {}
     for item in items:
         for marker, why in missing.items():
@@ -30,3 +32,30 @@ def shared_datasets() -> Path:
     if not SHARED_DATASETS.is_dir():
         pytest.skip(f"benchmark data sets not found at {SHARED_DATASETS}")
     return SHARED_DATASETS
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server on 127.0.0.1 for the session (tests/support/postgres.py)."""
+    why = postgres_missing()
+    if why:
+        pytest.skip(why)
+    server = start_postgres()
+    yield server
+    stop_postgres(server)
+
+
+@pytest.fixture
+def lake(postgres, tmp_path, monkeypatch):
+    """A fresh, empty team lake: a new database on the session's server as its catalog and
+    a folder under tmp_path as its data path; this process's environment reaches it."""
+    import uuid
+
+    from tests.support.postgres import PASSWORD
+
+    name = postgres.create_database(f"lake_{uuid.uuid4().hex[:12]}")
+    data = tmp_path / "lake-data"
+    data.mkdir()
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    monkeypatch.setenv("SEMBACK_DATA_PATH", str(data))
+    return f"ducklake:postgres:{postgres.dsn(name)}"

@@ -445,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli import models as models_cli
     from engine.cli import probes as probe_cli
     from engine.cli import prompts as prompts_cli
+    from engine.cli import runlog as runlog_cli
     from engine.cli import traces as traces_cli
 
     _register_export(sub)
@@ -455,7 +456,25 @@ def build_parser() -> argparse.ArgumentParser:
     traces_cli.register_cli(sub)
     prompts_cli.register_cli(sub)
     collect_cli.register_cli(sub)
+    runlog_cli.register_cli(sub)
+    _lake_flags(sub)
     return parser
+
+
+def _lake_flags(sub: argparse._SubParsersAction) -> None:
+    """Every command that takes --db: its default is $SEMBACK_DB (else runs.duckdb), and it
+    takes --data-path for a lake (`ducklake:…`), which sets $SEMBACK_DATA_PATH."""
+    for parser in sub.choices.values():
+        action = next((a for a in parser._actions if "--db" in a.option_strings), None)
+        if action is None:
+            continue
+        action.default = os.environ.get("SEMBACK_DB") or action.default
+        action.help = ("the run log: a DuckDB file, or a lake (ducklake:postgres:dbname=… "
+                       "host=…, ducklake:FILE.ducklake; docs/team.md) (default: "
+                       f"{action.default}; $SEMBACK_DB)")
+        if "--data-path" not in parser._option_string_actions:
+            parser.add_argument("--data-path", metavar="FOLDER|s3://…",
+                                help="a new lake's data folder ($SEMBACK_DATA_PATH)")
 
 
 
@@ -586,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = _parse(parser, argv)
     as_json = bool(getattr(args, "json", False))
+    if getattr(args, "data_path", None):
+        os.environ["SEMBACK_DATA_PATH"] = args.data_path
     try:
         return args.func(args)
     except _bad_input_errors() as exc:

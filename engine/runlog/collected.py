@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.runlog.schema import ON_DEMAND_TABLES, column_names, connect
+from engine.runlog.schema import ON_DEMAND_TABLES, column_names, connect, user_tables
 from engine.runlog.writer import open_for_writing
 
 TABLE = "collected_spans"  # created by the first `collect` on a log (schema.ON_DEMAND_TABLES)
@@ -152,8 +152,7 @@ class SpanStore:
 
 
 def _has_table(con) -> bool:
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables "
-                            "WHERE table_name = ?", [TABLE]).fetchone()[0])
+    return TABLE in user_tables(con)
 
 
 def collected_spans(db: str | Path, service: str | None = None, since: float | None = None

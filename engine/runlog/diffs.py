@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.events import Activation
-from engine.runlog.schema import RunLogError, check_readable, connect
+from engine.runlog.schema import RunLogError, check_readable, connect, user_tables, write
 from engine.runlog.writer import insert_rows
 
 if TYPE_CHECKING:  # pandas only where a diff is read (a command that only writes, as
@@ -113,20 +113,19 @@ def save_diff(db: str | Path, calls: list[dict], diffs: list[dict], patches: lis
               cache_rows: list[dict]) -> None:
     """Write a diff's calls, rows and new cache entries in one transaction (retried while a
     running run holds the file)."""
-    with connect(db) as con:
-        con.execute("BEGIN TRANSACTION")
+    def body(con: Any) -> None:
         for name, columns in DIFF_TABLES.items():
             con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
         insert_rows(con, "llm_calls", calls)
         insert_rows(con, "diffs", diffs, _columns("diffs"))
         insert_rows(con, "diff_patches", patches, _columns("diff_patches"))
         insert_rows(con, "llm_cache", cache_rows)
-        con.execute("COMMIT")
+
+    write(db, body)
 
 
 def _has_diffs(con: Any) -> bool:
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables "
-                            "WHERE table_name = 'diffs'").fetchone()[0])
+    return "diffs" in user_tables(con)
 
 
 def diff_rows(db: str | Path, run_a: str | None = None, run_b: str | None = None

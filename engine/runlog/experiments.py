@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.runlog.schema import check_readable, connect
+from engine.runlog.schema import check_readable, connect, log_exists
 
 
 def finished_experiment_runs(db: str | Path) -> list[dict]:
     """Finished runs whose id starts with `exp.`, newest first: run_id, config (parsed),
     model, optimizer_model, graph_yaml. None when the log does not exist yet."""
-    if not Path(db).exists():
+    if not log_exists(db):
         return []
     check_readable(db)
     with connect(db, read_only=True) as con:

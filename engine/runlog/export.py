@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 
+from engine.runlog.lake import is_conflict
 from engine.runlog.schema import (
     SCHEMA_VERSION,
     TABLES,
@@ -26,6 +27,8 @@ from engine.runlog.schema import (
     column_names,
     connect,
     ensure_schema,
+    log_exists,
+    write,
 )
 from engine.runlog.writer import insert_rows
 
@@ -133,13 +136,13 @@ def import_json(path: str | Path, db: str | Path, new_id: str | None = None) -> 
     if new_id and new_id != run_id:
         tables = renamed(tables, new_id)
         run_id = new_id
-    if Path(db).exists():
+    if log_exists(db):
         check_readable(db)  # read-only first: a bad file is refused untouched
     with connect(db) as con:
         ensure_schema(con, str(db))
-        con.execute("BEGIN TRANSACTION")
+
+    def body(con: Any) -> None:
         if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]:
-            con.execute("ROLLBACK")
             raise RunLogError(f"{db}: run '{run_id}' already exists; import it under "
                               "another id with --as NEW_ID")
         try:
@@ -153,10 +156,12 @@ def import_json(path: str | Path, db: str | Path, new_id: str | None = None) -> 
                 ).fetchall()}
                 insert_rows(con, "llm_cache", [r for r in cache if r["key"] not in present])
         except duckdb.Error as exc:  # a value the checks let through: nothing is kept
-            con.execute("ROLLBACK")
+            if is_conflict(exc):
+                raise
             reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
             raise RunLogError(f"{path}: cannot import: {reason}") from None
-        con.execute("COMMIT")
+
+    write(db, body)
     return run_id
 
 

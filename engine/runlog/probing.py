@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.runlog.schema import connect
+from engine.runlog.schema import connect, write
 from engine.runlog.writer import insert_rows
 
 
@@ -87,13 +87,13 @@ def save_probe_rows(db: str | Path, calls: list[dict], probes: list[dict],
                     outputs: list[dict], cache_rows: list[dict]) -> None:
     """A probe's calls, probe rows, re-computed outputs and new cache entries, in one
     transaction (retried while a running run holds the file)."""
-    with connect(db) as con:
-        con.execute("BEGIN TRANSACTION")
+    def body(con: Any) -> None:
         insert_rows(con, "llm_calls", calls)
         insert_rows(con, "probes", probes)
         insert_rows(con, "probe_outputs", outputs)
         insert_rows(con, "llm_cache", cache_rows)
-        con.execute("COMMIT")
+
+    write(db, body)
 
 
 def example_outputs(db: str | Path, run_id: str, example_id: str, step: int

@@ -11,11 +11,16 @@ from __future__ import annotations
 import random
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
+
+from engine.runlog import lake
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 9
 
@@ -142,8 +147,14 @@ def _is_lock_error(exc: Exception) -> bool:
 def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
             ) -> Iterator[duckdb.DuckDBPyConnection]:
     """A short-lived connection, retried with jittered backoff while another process holds
-    the file. Read-only connections to a missing file raise RunLogError."""
+    the file. Read-only connections to a missing file raise RunLogError. A lake
+    (`ducklake:…`, engine/runlog/lake.py) is not locked: its connection is a cursor of the
+    process's attached lake, whose tables exist at this engine's schema once it returns."""
     path = str(path)
+    if lake.is_lake(path):
+        with _lake_connection(path, timeout) as con:
+            yield con
+        return
     if read_only and not Path(path).exists():
         raise RunLogError(f"{path}: no such run log")
     if read_only and path not in _CURRENT:
@@ -176,6 +187,79 @@ def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
         con.close()
 
 
+@contextmanager
+def _lake_connection(db: str, timeout: float) -> Iterator[duckdb.DuckDBPyConnection]:
+    try:
+        con = lake.cursor(db)
+    except lake.LakeError as exc:
+        raise RunLogError(str(exc)) from None
+    try:
+        if db not in _CURRENT:  # the first use in this process: tables, migrations
+            _retry_conflicts(db, lambda: ensure_schema(con, db), timeout)
+            _CURRENT.add(db)
+        yield con
+    except duckdb.Error as exc:
+        if lake.is_unreachable(exc):
+            lake.forget(db)  # the next connection attaches afresh
+            raise RunLogError(f"{db}: lost the lake's catalog "
+                              f"({_first_line(exc)[:200]})") from None
+        raise
+    finally:
+        con.close()
+
+
+def _retry_conflicts(db: str, body: Callable[[], T], timeout: float) -> T:
+    """`body()`, run again (with jittered backoff) while its commit loses a race with another
+    writer of the same lake; a file log runs it once."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        try:
+            return body()
+        except duckdb.Error as exc:
+            if not (lake.is_lake(db) and lake.is_conflict(exc)) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay * random.uniform(0.5, 1.5))
+        delay = min(delay * 1.6, 0.5)
+
+
+def write(db: str | Path, body: Callable[[duckdb.DuckDBPyConnection], T],
+          timeout: float = 60.0) -> T:
+    """`body(con)` in one transaction, committed. Over a lake, a commit that conflicts with
+    another writer's is rolled back and the whole body runs again (it must only insert what
+    it was handed), so nothing is dropped; a file log's lock is waited for by `connect`."""
+    db = str(db)
+
+    def once() -> T:
+        with connect(db, timeout=timeout) as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                out = body(con)
+                con.execute("COMMIT")
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                raise
+            return out
+
+    return _retry_conflicts(db, once, timeout)
+
+
+def user_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The tables of the connection's default catalog (a file's, or the lake's)."""
+    return {r[0] for r in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_catalog = "
+        "current_database() AND table_schema = 'main'").fetchall()}
+
+
+def log_exists(db: str | Path) -> bool:
+    """The run log is there to read: a file, or a lake (a Postgres catalog is always taken
+    to be: connecting says otherwise in one line)."""
+    return lake.exists(str(db)) if lake.is_lake(db) else Path(db).exists()
+
+
 CORRUPTION_ERRORS = (duckdb.IOException, duckdb.SerializationException,
                      duckdb.InternalException)
 _HEADER_BYTES = 3 * 4096  # DuckDB's file header and its two database headers
@@ -191,7 +275,7 @@ def check_intact(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
     """Refuse a file shorter than the blocks its header promises (a truncated copy): such a
     file opens, but its later blocks fail on read, and a write would go to a WAL that no
     reader could replay."""
-    if not Path(path).is_file():
+    if lake.is_lake(path) or not Path(path).is_file():
         return
     block_size = con.execute("SELECT block_size FROM pragma_database_size()").fetchall()[0][0]
     tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
@@ -224,9 +308,7 @@ def _older(path: str, timeout: float) -> bool:
     _CURRENT.add(path)  # the nested read-only connect must not recurse
     try:
         with connect(path, read_only=True, timeout=timeout) as con:
-            tables = {r[0] for r in con.execute(
-                "SELECT table_name FROM information_schema.tables").fetchall()}
-            if "schema_version" not in tables:
+            if "schema_version" not in user_tables(con):
                 return False
             version = con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0]
             return int(version or 0) < SCHEMA_VERSION
@@ -240,9 +322,7 @@ def _first_line(exc: Exception) -> str:
 
 def ensure_schema(con: duckdb.DuckDBPyConnection, path: str = "") -> None:
     """Create missing tables and apply migrations; refuse a newer schema."""
-    existing = {r[0] for r in con.execute(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
-    ).fetchall()}
+    existing = user_tables(con)
     if "schema_version" in existing:
         row = con.execute("SELECT max(version) FROM schema_version").fetchone()
         version = int(row[0] or 0)
@@ -266,11 +346,11 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, path: str = "") -> None:
 
 def check_readable(path: str | Path) -> None:
     """Raise RunLogError unless `path` is a run log this engine can read."""
+    if lake.is_lake(path) and not lake.exists(str(path)):
+        raise RunLogError(f"{path}: no such lake")
     with connect(path, read_only=True) as con:
         check_intact(con, path)
-        tables = {r[0] for r in con.execute(
-            "SELECT table_name FROM information_schema.tables").fetchall()}
-        if "schema_version" not in tables:
+        if "schema_version" not in user_tables(con):
             raise RunLogError(f"{path}: a DuckDB file, but not a run log (no schema_version)")
         version = con.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
         if version > SCHEMA_VERSION:
@@ -281,7 +361,11 @@ def check_readable(path: str | Path) -> None:
 def check_writable(path: str | Path) -> None:
     """Raise RunLogError unless a run can be written to `path`: its folder takes new files
     (DuckDB's write-ahead log), the file itself can be opened for writing, and it is new,
-    empty or a run log (another program's DuckDB file is left alone)."""
+    empty or a run log (another program's DuckDB file is left alone). A lake: its catalog
+    answers, and holds a run log this engine can write."""
+    if lake.is_lake(path):
+        with connect(path):
+            return
     path = Path(path)
     folder = path.parent
     if not folder.is_dir():
@@ -302,8 +386,7 @@ def check_writable(path: str | Path) -> None:
         return
     with connect(path, read_only=True) as con:
         check_intact(con, path)
-        tables = {r[0] for r in con.execute(
-            "SELECT table_name FROM information_schema.tables").fetchall()}
+        tables = user_tables(con)
     if tables and "schema_version" not in tables:
         raise RunLogError(f"{path}: a DuckDB file, but not a run log (it holds "
                           f"{', '.join(sorted(tables)[:3])}); refusing to add run-log tables "

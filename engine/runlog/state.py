@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from engine.core.forward import Prompts
 from engine.core.optimizer import OptimizerState
 from engine.llm.base import LLMReply
 from engine.llm.cache import Cache
-from engine.runlog.schema import RunLogError, check_readable, connect
+from engine.runlog.schema import RunLogError, check_readable, connect, log_exists
 
 
 def run_exists(path: str, run_id: str) -> bool:
@@ -21,7 +20,7 @@ def run_exists(path: str, run_id: str) -> bool:
 
 def load_cache(path: str, mode: str) -> Cache:
     cache = Cache(mode)
-    if mode == "off" or not Path(path).exists():
+    if mode == "off" or not log_exists(path):
         return cache
     with connect(path, read_only=True) as con:
         rows = con.execute("SELECT key, response, prompt_tokens, completion_tokens, model "

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from engine.events import (
     StructuredFallback,
 )
 from engine.llm.cache import Cache
+from engine.runlog.lake import is_lake
 from engine.runlog.schema import (
     RunLogError,
     check_writable,
@@ -41,6 +42,7 @@ from engine.runlog.schema import (
     connect,
     ensure_schema,
     table_columns,
+    write,
 )
 
 TABLE_OF = {
@@ -119,11 +121,18 @@ class RunLogWriter:
             ensure_schema(con, self.path)
             # as a spilled step: many examples go to DuckDB's temporary files, not memory
             con.execute(f"SET memory_limit = '{SPILLED_STEP_MEMORY}'")
-            con.execute("BEGIN TRANSACTION")
+        examples = examples if isinstance(examples, list) or not is_lake(self.path) \
+            else list(examples)  # a lake's conflicting commit inserts them again
+
+        def body(con: Any) -> None:
+            if is_lake(self.path) and con.execute(
+                    "SELECT count(*) FROM runs WHERE run_id = ?", [self.run_id]).fetchone()[0]:
+                raise RunLogError(f"{self.path}: a run '{self.run_id}' already exists")
             insert_rows(con, "runs", [run_row])
             for batch in batched(examples, BATCH):
                 insert_rows(con, "examples", batch)
-            con.execute("COMMIT")
+
+        self._write(body)
 
     def __call__(self, event: Any) -> None:
         table = TABLE_OF.get(type(event))
@@ -149,9 +158,10 @@ class RunLogWriter:
         if not any(buffered.values()):
             return
         if self._spill_dir is None:
-            folder = Path(self.path).resolve().parent
-            self._spill_dir = Path(tempfile.mkdtemp(prefix=f".{Path(self.path).name}.spill-",
-                                                    dir=folder))
+            # beside a file log (its disk); a lake's step waits in the temporary folder
+            folder = None if is_lake(self.path) else Path(self.path).resolve().parent
+            name = "semback-lake" if folder is None else Path(self.path).name
+            self._spill_dir = Path(tempfile.mkdtemp(prefix=f".{name}.spill-", dir=folder))
         with duckdb.connect() as mem:
             for table, rows in buffered.items():
                 if not rows:
@@ -177,10 +187,12 @@ class RunLogWriter:
         """Write everything buffered (and spilled), plus the step row, in one transaction."""
         buffered, self._buffer = self._buffer, defaultdict(list)
         cache_rows = self.cache.drain() if self.cache else []
-        with connect(self.path) as con:
+        if step is not None:
+            metrics = {**step.metrics, **(metrics or {})}
+
+        def body(con: Any) -> None:
             if self._spilled:  # a step larger than memory: DuckDB keeps it on disk too
                 con.execute(f"SET memory_limit = '{SPILLED_STEP_MEMORY}'")
-            con.execute("BEGIN TRANSACTION")
             for table, parts in self._spilled.items():
                 columns = ", ".join(column_names(table))
                 con.execute(f"INSERT INTO {table} SELECT {columns} FROM read_parquet(?)",
@@ -194,13 +206,13 @@ class RunLogWriter:
                     "val_score": step.val_score, "accepted": step.accepted,
                     "started_at": step.started_at, "ended_at": step.ended_at,
                 }])
-                metrics = {**step.metrics, **(metrics or {})}
             number = step.step if step is not None else None
             insert_rows(con, "metrics", [
                 {"run_id": self.run_id, "step": number, "key": k, "value": float(v)}
                 for k, v in (metrics or {}).items()
             ])
-            con.execute("COMMIT")
+
+        self._write(body)
         self._unspill()
 
     def save_cache(self) -> None:
@@ -208,8 +220,7 @@ class RunLogWriter:
         mid-step by its budget logs no partial step, and its resume gets those calls free."""
         rows = self.cache.drain() if self.cache else []
         if rows:
-            with connect(self.path) as con:
-                insert_rows(con, "llm_cache", rows)
+            self._write(lambda con: insert_rows(con, "llm_cache", rows))
 
     def discard(self) -> None:
         """Drop the step in progress: its buffered and spilled records (a step that failed
@@ -218,14 +229,27 @@ class RunLogWriter:
         self._unspill()
 
     def finish(self, status: str, error: str | None = None) -> None:
-        with connect(self.path) as con:
-            con.execute("UPDATE runs SET status = ?, ended_at = ?, error = ? WHERE run_id = ?",
-                        [status, time.time(), error, self.run_id])
+        ended = time.time()
+        self._write(lambda con: con.execute(
+            "UPDATE runs SET status = ?, ended_at = ?, error = ? WHERE run_id = ?",
+            [status, ended, error, self.run_id]))
 
     def set_status(self, status: str) -> None:
-        with connect(self.path) as con:
-            con.execute("UPDATE runs SET status = ?, ended_at = NULL, error = NULL "
-                        "WHERE run_id = ?", [status, self.run_id])
+        self._write(lambda con: con.execute(
+            "UPDATE runs SET status = ?, ended_at = NULL, error = NULL WHERE run_id = ?",
+            [status, self.run_id]))
+
+    def _write(self, body: Callable[[Any], Any]) -> None:
+        """One transaction; a lake that went away mid-run stops the run in one line that says
+        how to go on (its last committed step is where `resume` starts)."""
+        try:
+            write(self.path, body)
+        except RunLogError as exc:
+            if is_lake(self.path) and "lost the lake's catalog" in str(exc):
+                raise RunLogError(f"{exc}; the run stopped after its last committed step: "
+                                  f"python -m engine resume {self.run_id} --db "
+                                  f"'{self.path}' once the catalog is back") from None
+            raise
 
 
 def _row(event: Any) -> dict:

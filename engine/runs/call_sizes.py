@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.graph import GraphSpec
+from engine.runlog.lake import is_lake
 
 CHARS_PER_TOKEN = 4.0
 # Reply tokens of a model no run in the run log has used, capped by the call's max_tokens:
@@ -158,7 +159,7 @@ def read_history(db: str | None, graph_name: str, model: str, backend: str,
     empty History when there is no run log or no earlier run). On a local model, its speed
     is measured over the steps whose calls ran on any of `run_models` (default: `model`):
     a run whose optimizer is another embedded model spends its steps' time on both."""
-    if not db or not Path(db).is_file():
+    if not db or not (is_lake(db) or Path(db).is_file()):
         return History()
     from engine.runlog.history import (
         accepted_share,

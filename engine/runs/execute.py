@@ -100,7 +100,7 @@ class RunResult:
 
 def new_run_id(graph_name: str, method: str) -> str:
     """A readable, unique run id: graph, method, start time and a short random suffix."""
-    return f"{graph_name}-{method}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return f"{graph_name}-{method}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
 
 
 def sizes(config: RunConfig, graph: GraphSpec) -> tuple[int, int, int]:

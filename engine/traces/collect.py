@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.runlog.collected import SpanStore, collected_spans, open_for_collecting
-from engine.runlog.schema import RunLogError
+from engine.runlog.schema import RunLogError, log_exists
 from engine.traces import TraceError
 from engine.traces.otlp import Span, spans_of
 
@@ -211,7 +211,7 @@ def collected(db: str | Path, service: str | None = None, since: float | None = 
               ) -> list[Span]:
     """The spans collected into `db` (of whole traces; `service`, `since`: see
     engine.runlog.collected.collected_spans), for import_traces(spans=...)."""
-    if not Path(db).exists():
+    if not log_exists(db):
         raise TraceError(f"{db}: no such run log (start `python -m engine collect --db {db}` "
                          "and send it your pipeline's spans)")
     rows = collected_spans(db, service, since)

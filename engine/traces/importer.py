@@ -34,7 +34,7 @@ from engine.llm.base import LLMError, LLMReply, LLMRequest, estimate_tokens
 from engine.llm.cache import Cache
 from engine.prompts.recorded import RECORDED_FIELD, recorded_messages, recorded_tools
 from engine.prompts.sets import prompt_set
-from engine.runlog.schema import RunLogError
+from engine.runlog.schema import RunLogError, log_exists
 from engine.runlog.state import run_exists
 from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
 from engine.runs.execute import default_max_tokens, make_client
@@ -139,10 +139,10 @@ def _import(path: str | Path, db: str | Path, *, node_key: str | None,
                        max_tokens=pipeline.max_tokens, concurrency=concurrency,
                        optimizer_max_tokens=optimizer_max_tokens,
                        run_id=run_id or f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
-                                        f"{secrets.token_hex(2)}")
+                                        f"{secrets.token_hex(4)}")
     if timeout is not None:
         config.timeout = timeout
-    if run_exists(str(db), config.run_id) if Path(db).exists() else False:
+    if run_exists(str(db), config.run_id) if log_exists(db) else False:
         raise RunLogError(f"{db}: a run '{config.run_id}' already exists")
     if graph.metric_fn is not None:
         from engine.runs.code import code_origins

@@ -9,7 +9,13 @@ import duckdb
 
 
 def rows(db: str | Path, sql: str, *params: object) -> list[tuple]:
-    """The rows of `sql` on the run log `db` (read-only), with `params` bound in order."""
+    """The rows of `sql` on the run log `db` (read-only; a file, or a lake through the
+    engine's connection), with `params` bound in order."""
+    if str(db).startswith("ducklake:"):
+        from engine.runlog.schema import connect
+
+        with connect(str(db), read_only=True) as con:
+            return con.execute(sql, list(params)).fetchall()
     with duckdb.connect(str(db), read_only=True) as con:
         return con.execute(sql, list(params)).fetchall()
 
@@ -32,9 +38,8 @@ CONTENT = {
 
 def run_content(db: str | Path, run_id: str) -> dict[str, Counter]:
     """Per table of CONTENT, the run's rows (those columns) with how often each occurs."""
-    with duckdb.connect(str(db), read_only=True) as con:
-        return {t: Counter(con.execute(f"SELECT {cols} FROM {t} WHERE run_id = ?", [run_id]
-                                       ).fetchall()) for t, cols in CONTENT.items()}
+    return {t: Counter(rows(db, f"SELECT {cols} FROM {t} WHERE run_id = ?", run_id))
+            for t, cols in CONTENT.items()}
 
 
 def log_at_version(db: str | Path, version: int, table: str, added: str,
