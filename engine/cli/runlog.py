@@ -14,7 +14,7 @@ HELP = "copy runs between a run-log file and a lake (ducklake:…); twice adds n
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runlog", help=HELP, description=HELP)
-    verbs = p.add_subparsers(dest="verb", required=True)
+    verbs = p.add_subparsers(dest="verb", required=True, help="push or pull")
     for verb, what in (("push", "copy the runs of a local run log into another (a lake)"),
                        ("pull", "copy a lake's runs into a local run log")):
         q = verbs.add_parser(verb, help=what, description=what)

@@ -16,8 +16,10 @@ an export or an error line. See docs/team.md.
 from __future__ import annotations
 
 import os
+import random
 import re
 import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -93,7 +95,7 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _reason(exc: Exception) -> str:
+def reason(exc: Exception) -> str:
     """libpq's own words where the catalog was out of reach; else DuckDB's first line."""
     text = " ".join(str(exc).split())
     for marker in ("failed: ", "Unable to connect to Postgres at "):
@@ -103,7 +105,22 @@ def _reason(exc: Exception) -> str:
     return text.split(" LINE ", 1)[0]
 
 
-def _attach(db: str) -> duckdb.DuckDBPyConnection:
+def _attach(db: str, tries: int = 20) -> duckdb.DuckDBPyConnection:
+    """Attach the lake; when several processes meet a new catalog at once, the ones that lose
+    the race to create its metadata tables attach again to what the winner made."""
+    for attempt in range(tries):
+        try:
+            return _attach_once(db)
+        except _Raced:
+            time.sleep(0.05 * (attempt + 1) * random.uniform(0.5, 1.5))
+    return _attach_once(db, raced_is_final=True)
+
+
+class _Raced(Exception):
+    pass
+
+
+def _attach_once(db: str, raced_is_final: bool = False) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(config={"extension_directory": extension_directory(),
                                  "autoinstall_known_extensions": False,
                                  "autoload_known_extensions": True})
@@ -119,11 +136,13 @@ def _attach(db: str) -> duckdb.DuckDBPyConnection:
         con.execute(f"USE {ALIAS}")
     except duckdb.Error as exc:
         con.close()
+        if not raced_is_final and ("already exists" in str(exc) or is_conflict(exc)):
+            raise _Raced() from None
         if "data_path is not set" in str(exc):
             raise LakeError(f"{db}: a new lake needs a data path: --data-path or "
                             f"${DATA_PATH_ENV} (a folder every writer sees, or s3://…)"
                             ) from None
-        raise LakeError(f"{db}: cannot open the lake's catalog ({_reason(exc)})") from None
+        raise LakeError(f"{db}: cannot open the lake's catalog ({reason(exc)})") from None
     return con
 
 

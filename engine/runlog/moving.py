@@ -87,7 +87,7 @@ def _pair(source: str, target: str) -> duckdb.DuckDBPyConnection:
         _attach(con, target, _DST, read_only=False)
     except duckdb.Error as exc:
         con.close()
-        raise RunLogError(f"cannot open both run logs ({lake._reason(exc)})") from None
+        raise RunLogError(f"cannot open both run logs ({lake.reason(exc)})") from None
     return con
 
 

@@ -190,9 +190,15 @@ def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
 @contextmanager
 def _lake_connection(db: str, timeout: float) -> Iterator[duckdb.DuckDBPyConnection]:
     try:
-        con = lake.cursor(db)
+        try:
+            con = lake.cursor(db)
+        except duckdb.Error:  # the attachment this process held lost its catalog (a
+            lake.forget(db)   # restarted Postgres): attach afresh, once
+            con = lake.cursor(db)
     except lake.LakeError as exc:
         raise RunLogError(str(exc)) from None
+    except duckdb.Error as exc:
+        raise _lost(db, exc) from None
     try:
         if db not in _CURRENT:  # the first use in this process: tables, migrations
             _retry_conflicts(db, lambda: ensure_schema(con, db), timeout)
@@ -200,12 +206,15 @@ def _lake_connection(db: str, timeout: float) -> Iterator[duckdb.DuckDBPyConnect
         yield con
     except duckdb.Error as exc:
         if lake.is_unreachable(exc):
-            lake.forget(db)  # the next connection attaches afresh
-            raise RunLogError(f"{db}: lost the lake's catalog "
-                              f"({_first_line(exc)[:200]})") from None
+            raise _lost(db, exc) from None
         raise
     finally:
         con.close()
+
+
+def _lost(db: str, exc: Exception) -> RunLogError:
+    lake.forget(db)  # the next connection attaches afresh
+    return RunLogError(f"{db}: lost the lake's catalog ({lake.reason(exc)[:200]})")
 
 
 def _retry_conflicts(db: str, body: Callable[[], T], timeout: float) -> T:

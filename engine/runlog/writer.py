@@ -245,7 +245,7 @@ class RunLogWriter:
         try:
             write(self.path, body)
         except RunLogError as exc:
-            if is_lake(self.path) and "lost the lake's catalog" in str(exc):
+            if is_lake(self.path) and "the lake's catalog" in str(exc):
                 raise RunLogError(f"{exc}; the run stopped after its last committed step: "
                                   f"python -m engine resume {self.run_id} --db "
                                   f"'{self.path}' once the catalog is back") from None
