@@ -260,3 +260,27 @@ def test_push_then_pull_round_trips_a_run_log_and_pushing_twice_adds_nothing(lak
     pulled = engine(["runlog", "pull", str(pulled_into), "--from", lake], tmp_path)
     assert pulled.returncode == 0, pulled.stderr[-2000:]
     assert everything(pulled_into) == before
+
+
+def test_a_lake_an_older_engine_wrote_is_migrated_in_place(lake, tmp_path):
+    from engine.runlog import lake as lakes
+    from engine.runlog.schema import SCHEMA_VERSION, TABLES
+
+    cur = lakes.cursor(lake)  # the lake as version 8 left it: llm_calls without queued_ms
+    try:
+        for name, columns in TABLES.items():
+            if name == "llm_calls":
+                columns = columns.replace(", queued_ms DOUBLE", "")
+            cur.execute(f"CREATE TABLE {name} ({columns})")
+        cur.execute("INSERT INTO schema_version VALUES (8, 0)")
+        cur.execute("INSERT INTO llm_calls (run_id, call_id) VALUES ('old', 'c1')")
+    finally:
+        cur.close()
+    done = engine(["run", GRAPH, "--backend", "scripted", "--run-id", "new", "--db", lake,
+                   *SIZES], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert rows(lake, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
+    assert rows(lake, "SELECT call_id, queued_ms FROM llm_calls WHERE run_id = 'old'") == [
+        ("c1", None)]
+    assert rows(lake, "SELECT count(*) FROM llm_calls WHERE run_id = 'new' AND queued_ms "
+                      "IS NOT NULL")[0][0] > 0
