@@ -284,3 +284,29 @@ def test_a_lake_an_older_engine_wrote_is_migrated_in_place(lake, tmp_path):
         ("c1", None)]
     assert rows(lake, "SELECT count(*) FROM llm_calls WHERE run_id = 'new' AND queued_ms "
                       "IS NOT NULL")[0][0] > 0
+
+
+def test_replies_another_writer_commits_mid_run_join_this_runs_cache(lake):
+    from engine.events import StepFinished
+    from engine.llm.cache import Cache
+    from engine.runlog.schema import write
+    from engine.runlog.writer import RunLogWriter, insert_rows
+
+    cache = Cache()
+    writer = RunLogWriter(lake, "mine", cache)
+    writer.start_run({"run_id": "mine", "status": "running"}, [])
+
+    def step(n: int) -> StepFinished:
+        return StepFinished(run_id="mine", step=n, train_score=0.0, val_score=0.0, accepted=False,
+                            started_at=0.0, ended_at=0.0, metrics={})
+
+    writer.flush(step(0))
+    # another machine pays for a call and commits it
+    write(lake, lambda con: insert_rows(con, "llm_cache", [{
+        "key": "k-elsewhere", "backend": "openai", "model": "m", "request": "[]",
+        "response": "paid elsewhere", "prompt_tokens": 3, "completion_tokens": 2,
+        "created_at": 0.0}]))
+    assert cache.get("k-elsewhere") is None
+    writer.flush(step(1))
+    reply = cache.get("k-elsewhere")
+    assert reply is not None and reply.text == "paid elsewhere"

@@ -18,6 +18,25 @@ def run_exists(path: str, run_id: str) -> bool:
         return con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] > 0
 
 
+def lake_cache_since(db: str, cache: Cache, snapshot: int) -> int:
+    """Over a lake, the replies other writers committed after `snapshot` join `cache` (a
+    call another machine paid for while this run went on is a hit from the next step on);
+    returns the snapshot read up to."""
+    from engine.runlog.lake import ALIAS
+
+    with connect(db, read_only=True) as con:
+        now = con.execute(f"SELECT id FROM {ALIAS}.current_snapshot()").fetchone()[0]
+        if now <= snapshot or cache.mode == "off":
+            return now
+        rows = con.execute(
+            "SELECT key, response, prompt_tokens, completion_tokens, model FROM "
+            f"ducklake_table_insertions('{ALIAS}', 'main', 'llm_cache', ?, ?)",
+            [snapshot + 1, now]).fetchall()
+    for k, r, p, c, m in rows:
+        cache.entries.setdefault(k, LLMReply(r, p or 0, c or 0, m or ""))
+    return now
+
+
 def load_cache(path: str, mode: str) -> Cache:
     cache = Cache(mode)
     if mode == "off" or not log_exists(path):

@@ -113,6 +113,8 @@ class RunLogWriter:
         self._buffer: dict[str, list[dict]] = defaultdict(list)
         self._spilled: dict[str, list[str]] = defaultdict(list)  # table -> its Parquet parts
         self._spill_dir: Path | None = None
+        # over a lake: the snapshot up to which other writers' replies joined the cache
+        self._cache_seen = -1 if cache is not None and is_lake(path) else None
 
     def start_run(self, run_row: dict, examples: Iterable[dict]) -> None:
         """The run's row and its examples, in one transaction; `examples` may be a
@@ -214,6 +216,12 @@ class RunLogWriter:
 
         self._write(body)
         self._unspill()
+        if self._cache_seen is not None:
+            from engine.runlog.state import lake_cache_since
+
+            if self._cache_seen < 0:  # the first step: the cache was loaded at the start
+                self._cache_seen = lake_cache_since(self.path, self.cache, 2**62)
+            self._cache_seen = lake_cache_since(self.path, self.cache, self._cache_seen)
 
     def save_cache(self) -> None:
         """Write the replies of the step in progress to the cache table only: a run stopped
