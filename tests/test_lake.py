@@ -310,3 +310,17 @@ def test_replies_another_writer_commits_mid_run_join_this_runs_cache(lake):
     writer.flush(step(1))
     reply = cache.get("k-elsewhere")
     assert reply is not None and reply.text == "paid elsewhere"
+
+
+def test_engine_optimize_writes_a_python_graph_run_into_a_lake(lake):
+    from engine import optimize
+    from engine.llm.scripted import ScriptedBackend
+    from tests.test_api import ROWS, plan_from_question, tool_graph
+
+    result = optimize(tool_graph(), train=ROWS[:4], val=ROWS[4:], steps=1,
+                      backend=ScriptedBackend(responder=plan_from_question),
+                      failures_per_step=4, db=lake)
+    assert result.status == "finished"
+    assert rows(lake, "SELECT count(*) FROM steps WHERE run_id = ?", result.run_id) == [(2,)]
+    assert rows(lake, "SELECT count(*) FROM node_outputs WHERE run_id = ?",
+                result.run_id)[0][0] > 0
