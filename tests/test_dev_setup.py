@@ -142,8 +142,13 @@ def setup_with_stand_ins(tmp_path, fails: bool = False, cpu: str = PORTABLE_CPU,
     CPU with the flags `cpu`: nothing is downloaded or built."""
     repo = tmp_path / "repo"
     (repo / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
-    for name in ("dev", "requirements.txt", "pyproject.toml"):
+    for name in ("dev", "requirements.txt", "requirements.lock", "pyproject.toml"):
         (repo / name).write_bytes((REPO / name).read_bytes())
+    # PostgreSQL's binaries as set-up looks for them: never the real apt-get
+    pg_bin = tmp_path / "postgresql" / "15" / "bin"
+    pg_bin.mkdir(parents=True, exist_ok=True)
+    for tool in ("initdb", "pg_ctl"):
+        stub(pg_bin, tool, "true")
     (repo / "dev").chmod(0o755)
     stub(repo / ".venv" / "bin", "python", STUB_PYTHON)
     bin_dir, log = tmp_path / "bin", tmp_path / "commands.log"
@@ -153,6 +158,7 @@ def setup_with_stand_ins(tmp_path, fails: bool = False, cpu: str = PORTABLE_CPU,
     stub(tmp_path, "chromium", "true")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "HOME": str(tmp_path),
            "SEMBACK_CHROMIUM": str(chromium), "SEMBACK_CPU_FLAGS": cpu,
+           "SEMBACK_POSTGRES_LIB": str(tmp_path / "postgresql"),
            **({"CMAKE_FAILS": "1"} if fails else {}),
            **({"CHECK_FAILS": "1"} if check_fails else {})}
     done = subprocess.run(["bash", str(repo / "dev"), "setup"], env=env, capture_output=True,
