@@ -7,6 +7,11 @@ $SEMBACK_DB), the run, the step, the example and the node. The last four are bou
 the query parameters `run`, `step`, `example` and `node`, so a URL such as
 `/inspect?run=R&step=1&example=E&node=N` opens that exact view. Pages read the choice
 with `dashboard.state.selection()`.
+
+The run log may be a team's lake (docs/team.md): `ducklake:postgres:dbname=… host=…`
+or `ducklake:FILE.ducklake`. Its password comes from PGPASSWORD or ~/.pgpass and a new
+lake's data folder from $SEMBACK_DATA_PATH, both read from the dashboard's environment
+(runs it starts inherit them); neither is a field of the page.
 """
 # ruff: noqa: E402 (the path must be set before the dashboard's imports)
 
@@ -54,6 +59,13 @@ PAGES = [
 ]
 
 
+DB_HELP = ("A DuckDB file (default: runs.duckdb in the working directory, or $SEMBACK_DB), "
+           "or a team's lake: `ducklake:postgres:dbname=… host=… user=…` or "
+           "`ducklake:FILE.ducklake`. The lake's password comes from PGPASSWORD or "
+           "~/.pgpass (never type it here), a new lake's data folder from "
+           "$SEMBACK_DATA_PATH, as the dashboard was started.")
+
+
 def default_db() -> str:
     return os.environ.get("SEMBACK_DB") or "runs.duckdb"
 
@@ -89,8 +101,8 @@ default_step = data.default_step
 
 
 def sidebar() -> Selection:
-    db = st.text_input("Run log (DuckDB file)", value=default_db(), key="db",
-                       help="Default: runs.duckdb in the working directory, or $SEMBACK_DB")
+    db = st.text_input("Run log (DuckDB file or lake)", value=default_db(), key="db",
+                       help=DB_HELP).strip()
     try:
         runs = data.runs(db)
     except Exception as exc:  # noqa: BLE001 - any unreadable file: say so in one line

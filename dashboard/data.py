@@ -1,15 +1,18 @@
 """Cached access to the run log for the pages (pages write no SQL).
 
-Every cached function takes the database path, the run, and the file's stamp (mtime and
-size of the database and its WAL) as arguments, never a connection: a new write changes
-the stamp, so a live run is re-read, and an unchanged file is served from memory. The
-reader underneath opens short-lived read-only connections that retry while the engine
-holds the write lock.
+Every cached function takes the database path, the run, and the run log's stamp (mtime
+and size of the database and its WAL; a lake's newest snapshot id) as arguments, never a
+connection: a new write changes the stamp, so a live run is re-read, and an unchanged log
+is served from memory. The reader underneath opens short-lived read-only connections that
+retry while the engine holds the write lock (a lake has no lock: each commit is a
+snapshot).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,14 +23,24 @@ from dashboard.views import graph_model as gh
 from dashboard.views.collected import EMPTY as EMPTY_COLLECTED
 from dashboard.views.collected import Collected, collected_overview
 from engine.data.stats import Z95, score_interval
-from engine.runlog import debug, reader
+from engine.runlog import debug, lake, reader
 
 Stamp = tuple[int, ...]
 CACHE_OPTIONS = dict(show_spinner=False, max_entries=256, ttl=3600)
 
 
+# A lake's stamp costs a query of its catalog (a few milliseconds; a page asks for it
+# dozens of times): each dashboard process asks at most this often per lake.
+LAKE_STAMP_SECONDS = 0.5
+_lake_stamps: dict[str, tuple[float, Stamp]] = {}
+_lake_stamps_lock = threading.Lock()
+
+
 def stamp(db: str) -> Stamp:
-    """Changes whenever the engine writes: (mtime_ns, size) of the file and its WAL."""
+    """Changes whenever the engine writes: (mtime_ns, size) of the file and its WAL; over
+    a lake, (its newest snapshot id,), read at most every LAKE_STAMP_SECONDS."""
+    if lake.is_lake(db):
+        return _lake_stamp(db)
     out: list[int] = []
     for path in (Path(db), Path(f"{db}.wal")):
         try:
@@ -38,7 +51,29 @@ def stamp(db: str) -> Stamp:
     return tuple(out)
 
 
+def _lake_stamp(db: str) -> Stamp:
+    now = time.monotonic()
+    with _lake_stamps_lock:
+        seen = _lake_stamps.get(db)
+    if seen is not None and now - seen[0] < LAKE_STAMP_SECONDS:
+        return seen[1]
+    try:
+        found: Stamp = (lake.snapshot(db),)
+    except Exception:  # noqa: BLE001 - unreachable or not a lake yet: the read says why
+        return (-1, time.monotonic_ns())  # a new stamp each time: nothing served stale
+    with _lake_stamps_lock:
+        _lake_stamps[db] = (now, found)
+    return found
+
+
 def exists(db: str) -> bool:
+    """The run log is there: a file, or a lake (a file catalog exists as a file; a Postgres
+    catalog, or an address the lake refuses, is taken as there: the read says if not)."""
+    if lake.is_lake(db):
+        try:
+            return lake.exists(db)
+        except lake.LakeError:
+            return True
     return bool(db) and os.path.isfile(db)
 
 

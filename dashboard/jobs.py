@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.runlog import lake
 from engine.runs.settings import DEFAULTS, as_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,10 +99,35 @@ class Job:
         return Path(self.log).with_suffix(".progress.jsonl")
 
 
+def absolute(db: str | Path) -> str:
+    """The run log's address as a process started elsewhere (cwd ROOT) reads it: a file's
+    absolute path; a lake's URL as it is, a file catalog's path made absolute
+    (`ducklake:/abs/team.ducklake`)."""
+    if not lake.is_lake(db):
+        return str(Path(db).resolve())
+    rest = lake.catalog(str(db))
+    if lake.is_postgres(str(db)) or not rest.strip():
+        return str(db)
+    kind = "duckdb:" if rest.startswith("duckdb:") else ""
+    return f"{lake.PREFIX}{kind}{Path(rest[len(kind):]).resolve()}"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """A started process's environment: this one's (PGPASSWORD, ~/.pgpass through HOME and
+    $SEMBACK_DATA_PATH reach it, so it opens the same lake), the project on its path, a
+    relative $SEMBACK_DATA_PATH made absolute (the process runs in ROOT)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    where = env.get(lake.DATA_PATH_ENV, "").strip()
+    if where and "://" not in where and not Path(where).is_absolute():
+        env[lake.DATA_PATH_ENV] = str(Path(where).resolve())
+    return env
+
+
 def jobs_dir(db: str | Path) -> Path:
     """Where the jobs of one run log keep their logs (outside the working tree)."""
     base = Path(os.environ.get("SEMBACK_JOBS_DIR") or Path(tempfile.gettempdir()) / "semback-jobs")
-    digest = hashlib.sha256(str(Path(db).resolve()).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(absolute(db).encode()).hexdigest()[:12]
     folder = base / digest
     folder.mkdir(parents=True, exist_ok=True)
     return folder
@@ -117,10 +143,9 @@ def estimate(spec: RunSpec, timeout: float = 120.0) -> tuple[bool, list[str]]:
     """What the run would cost, before Start: `python -m engine run ... --dry-run` with the
     spec's own flags (no model call, no run log). (True, its lines: the breakdown by phase
     and the one-line estimate) or (False, the engine's error line)."""
-    cmd = build_command(RunSpec(**{**asdict(spec), "db": str(Path(spec.db).resolve()),
+    cmd = build_command(RunSpec(**{**asdict(spec), "db": absolute(spec.db),
                                    "run_id": None})) + ["--dry-run"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env(COLUMNS="200")
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL, env=env)
@@ -154,7 +179,7 @@ def start(spec: RunSpec) -> Job:
 
     graph = load_graph(spec.graph)
     spec.run_id = spec.run_id or new_run_id(graph.name, spec.method)
-    spec.db = str(Path(spec.db).resolve())
+    spec.db = absolute(spec.db)
     return launch(build_command(spec), spec.run_id, spec.db, spec.steps, spec.run_id)
 
 
@@ -167,8 +192,7 @@ def launch(cmd: list[str], run_id: str, db: str, steps: int, name: str, kind: st
     log_path = jobs_dir(db) / f"{name}.log"
     if kind in ("run", "fork"):  # the run's progress as typed events, for the live view
         cmd = [*cmd, "--progress-file", str(log_path.with_suffix(".progress.jsonl"))]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
@@ -413,7 +437,7 @@ def probe_command(spec: ProbeSpec, text_file: Path | None = None) -> list[str]:
 
 def start_probe(spec: ProbeSpec) -> Job:
     """Start a probe in the background; its rows land in the `probes` table."""
-    spec.db = str(Path(spec.db).resolve())
+    spec.db = absolute(spec.db)
     name = job_name("probe", spec.run_id, spec.step, spec.node, spec.example, spec.kind)
     needs_file = spec.kind == "output" or (spec.kind == "edit" and spec.text is not None)
     text_file = _text_file(spec.db, name, spec.text or "") if needs_file else None
@@ -429,7 +453,7 @@ def blame_command(run_id: str, db: str, step: int, examples: str | None = None) 
 
 def start_blame(run_id: str, db: str, step: int, examples: str | None = None) -> Job:
     """Follow the gradient at every LLM node for every failing example of the step."""
-    db = str(Path(db).resolve())
+    db = absolute(db)
     return launch(blame_command(run_id, db, step, examples), run_id, db, 0,
                   job_name("blame", run_id, step), "blame")
 
@@ -463,7 +487,7 @@ def start_fork(spec: ForkSpec, graph_name: str = "fork", method: str = "semantic
     """Start the fork in the background; it shows on the Runs page like any run."""
     from engine.runs.execute import new_run_id
 
-    spec.db = str(Path(spec.db).resolve())
+    spec.db = absolute(spec.db)
     spec.new_run_id = spec.new_run_id or new_run_id(graph_name, method)
     files = {node: _text_file(spec.db, f"{spec.new_run_id}-{node}", text)
              for node, text in spec.prompts.items()}
@@ -487,7 +511,7 @@ def compare_command(run_id: str, db: str, step: int) -> list[str]:
 
 def start_compare(run_id: str, db: str, step: int) -> Job:
     """Compare the methods' gradients on the step's failing examples, in the background."""
-    db = str(Path(db).resolve())
+    db = absolute(db)
     return launch(compare_command(run_id, db, step), run_id, db, 0,
                   job_name("compare", run_id, step), "compare")
 

@@ -40,7 +40,7 @@ def collect_command(db: str | Path, port: int) -> list[str]:
 def start_collect(db: str | Path, port: int | None = None) -> jobs.Job:
     """Start the receiver for this run log; it ends when it is stopped or the dashboard
     ends."""
-    db = str(Path(db).resolve())
+    db = jobs.absolute(db)
     port = collect_port() if port is None else port
     return jobs.launch(collect_command(db, port), "receiver", db, 0,
                        jobs.job_name("collect", db, port), "collect", with_dashboard=True)
@@ -100,7 +100,7 @@ def start_import(db: str | Path, targets: str | Path | None = None,
                  service: str | None = None, metric: str | None = None) -> jobs.Job:
     """Make a run of the collected spans, in the background; its JSON report (the new run's
     id, or {"error": ...}) ends its log (jobs.job_report)."""
-    db = str(Path(db).resolve())
+    db = jobs.absolute(db)
     name = jobs.job_name("import", db, targets, service)
     return jobs.launch(import_command(db, targets, service, metric), name, db, 0, name,
                        "import")
