@@ -171,7 +171,7 @@ def test_every_argument_of_every_subcommand_has_help_text(capsys):
         with pytest.raises(SystemExit):
             main([name, "--help"])
         text = capsys.readouterr().out
-        assert "the run log, a DuckDB file" in text and "the run (python -m engine runs" in text
+        assert "the run log: a DuckDB file, or a lake" in text and "the run (python -m engine runs" in text
 
 
 def run_stopped_in_step_zero(tmp_path, db):

@@ -324,3 +324,69 @@ def test_engine_optimize_writes_a_python_graph_run_into_a_lake(lake):
     assert rows(lake, "SELECT count(*) FROM steps WHERE run_id = ?", result.run_id) == [(2,)]
     assert rows(lake, "SELECT count(*) FROM node_outputs WHERE run_id = ?",
                 result.run_id)[0][0] > 0
+
+
+def test_a_one_machine_lake_takes_two_writers_in_turn_and_copies_to_a_file(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SEMBACK_DATA_PATH", "lake-files")  # relative: stored absolute
+    db = "ducklake:team.ducklake"
+    procs = [start_engine(["run", GRAPH, "--backend", "scripted", "--run-id", f"w{i}",
+                           "--db", db, *SIZES, "--seed", str(i)], tmp_path) for i in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+    assert rows(db, "SELECT run_id FROM runs ORDER BY 1") == [("w0",), ("w1",)]
+    from engine.runlog import lake as lakes
+
+    cur = lakes.cursor(db)
+    try:
+        stored = cur.execute("SELECT value FROM __ducklake_metadata_runlog.ducklake_metadata "
+                             "WHERE key = 'data_path'").fetchone()[0]
+    finally:
+        cur.close()
+    assert stored == f"{tmp_path / 'lake-files'}/"
+    pulled = engine(["runlog", "pull", "copy.duckdb", "--from", db, "--json"], tmp_path)
+    assert pulled.returncode == 0, pulled.stderr[-2000:]
+    assert json.loads(pulled.stdout)["runs_added"] == ["w0", "w1"]
+
+
+def test_a_lake_whose_data_folder_is_not_mounted_here_is_refused(lake, tmp_path, monkeypatch,
+                                                                 capsys):
+    assert main(["run", GRAPH, "--backend", "scripted", "--db", lake, *SIZES]) == 0
+    data = Path(os.environ["SEMBACK_DATA_PATH"])
+    data.rename(tmp_path / "moved")
+    monkeypatch.delenv("SEMBACK_DATA_PATH")  # another machine: the catalog's path only
+    from engine.runlog import lake as lakes
+
+    lakes.forget(lake)
+    capsys.readouterr()
+    assert main(["runs", "--db", lake]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and f"data folder {data}/ is not on this machine" in lines[0]
+    assert not data.exists()  # never replaced by an empty local folder
+
+
+def test_push_never_takes_a_run_backwards(lake, tmp_path):
+    local = tmp_path / "laptop.duckdb"
+    made = engine(["run", GRAPH, "--backend", "scripted", "--run-id", "r", "--db",
+                   str(local), *SIZES], tmp_path)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert engine(["runlog", "push", str(local), "--to", lake], tmp_path).returncode == 0
+    from engine.runlog.writer import set_notes
+
+    set_notes(lake, "r", "seen by the team", ["lake"])
+    older = tmp_path / "older.duckdb"
+    assert engine(["runlog", "pull", str(older), "--from", lake], tmp_path).returncode == 0
+    from engine.runlog.schema import write
+
+    write(older, lambda con: con.execute(
+        "UPDATE runs SET status = 'running', ended_at = NULL, notes = NULL, tags = NULL"))
+    pushed = engine(["runlog", "push", str(older), "--to", lake, "--json"], tmp_path)
+    assert pushed.returncode == 0, pushed.stderr[-2000:]
+    assert json.loads(pushed.stdout)["runs_updated"] == []
+    assert rows(lake, "SELECT status, notes FROM runs") == [("finished", "seen by the team")]
+    # the other way, the older copy catches up
+    pulled = engine(["runlog", "pull", str(older), "--from", lake, "--json"], tmp_path)
+    assert json.loads(pulled.stdout)["runs_updated"] == ["r"]
+    assert rows(older, "SELECT status, notes FROM runs") == [("finished", "seen by the team")]

@@ -45,10 +45,11 @@ class UsageError(Exception):
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from engine.data.datasets import DatasetError
     from engine.llm.base import LLMError
+    from engine.runlog.lake import LakeError
     from engine.runlog.schema import RunLogError
 
-    return (GraphError, DatasetError, SplitError, RunLogError, LLMError, UsageError, ValueError,
-            FileNotFoundError)
+    return (GraphError, DatasetError, SplitError, RunLogError, LakeError, LLMError, UsageError,
+            ValueError, FileNotFoundError)
 
 
 # --- subcommands -----------------------------------------------------------------------
@@ -469,9 +470,10 @@ def _lake_flags(sub: argparse._SubParsersAction) -> None:
         if action is None:
             continue
         action.default = os.environ.get("SEMBACK_DB") or action.default
+        shown = "runs.duckdb" if action.default == argparse.SUPPRESS else action.default
         action.help = ("the run log: a DuckDB file, or a lake (ducklake:postgres:dbname=… "
                        "host=…, ducklake:FILE.ducklake; docs/team.md) (default: "
-                       f"{action.default}; $SEMBACK_DB)")
+                       f"{shown}; $SEMBACK_DB)")
         if "--data-path" not in parser._option_string_actions:
             parser.add_argument("--data-path", metavar="FOLDER|s3://…",
                                 help="a new lake's data folder ($SEMBACK_DATA_PATH)")

@@ -19,13 +19,18 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                        ("pull", "copy a lake's runs into a local run log")):
         q = verbs.add_parser(verb, help=what, description=what)
         q.add_argument("file", metavar="FILE.duckdb", help="the local run log")
-        where = q.add_mutually_exclusive_group(required=True)
-        where.add_argument("--to", metavar="LOG", help="the run log to copy into"
-                           + (" (ducklake:postgres:dbname=… host=…, or ducklake:F.ducklake)"
-                              if verb == "push" else ""))
-        where.add_argument("--from", dest="from_", metavar="LOG",
-                           help="the run log to copy from" + (
-                               " (a lake: ducklake:…)" if verb == "pull" else ""))
+        if verb == "push":
+            q.add_argument("--to", metavar="LOG", required=True,
+                           help="the run log to copy into (ducklake:postgres:dbname=… "
+                                "host=…, or ducklake:F.ducklake)")
+            q.set_defaults(from_=None)
+        else:  # pull FILE --from LAKE, or as push reads: pull LAKE --to FILE
+            where = q.add_mutually_exclusive_group(required=True)
+            where.add_argument("--from", dest="from_", metavar="LOG",
+                               help="the run log to copy from (a lake: ducklake:…)")
+            where.add_argument("--to", metavar="LOG",
+                               help="with the lake as the first argument: the local run "
+                                    "log to copy into")
         q.add_argument("--run", action="append", metavar="RUN_ID", dest="runs",
                        help="only this run (repeatable; default: every run)")
         q.add_argument("--data-path", metavar="FOLDER|s3://…",

@@ -182,7 +182,7 @@ def finished_runs(db: str, cells: list[Cell]) -> None:
 async def run_cell(cell: Cell, listeners: tuple) -> RunResult:
     """`execute` for the cell; with a separate test set, the same steps with its splits."""
     config = replace(cell.config, run_id=cell.prefix + time.strftime("%Y%m%d-%H%M%S") +
-                     f".{secrets.token_hex(2)}")
+                     f".{secrets.token_hex(4)}")
     if not cell.entry.test_dataset:
         return await execute(config, listeners=listeners)
     # a benchmark's own test split (GSM8K, LIAR): the cell prepared the splits

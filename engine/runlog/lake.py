@@ -62,9 +62,12 @@ def data_path(db: str) -> str | None:
     (a file catalog) the folder DuckLake itself picks beside it; None for a Postgres
     catalog without one (an existing catalog remembers its own)."""
     given = os.environ.get(DATA_PATH_ENV, "").strip()
-    if given:
-        return given if given.startswith("s3://") or given.endswith("/") else given + "/"
-    return None
+    if not given:
+        return None
+    if "://" in given:
+        return given if given.endswith("/") else given + "/"
+    # absolute: the catalog stores it, and every process must find the same folder
+    return str(Path(given).expanduser().resolve()) + "/"
 
 
 def check_target(db: str) -> None:
@@ -121,29 +124,69 @@ class _Raced(Exception):
 
 
 def _attach_once(db: str, raced_is_final: bool = False) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(config={"extension_directory": extension_directory(),
-                                 "autoinstall_known_extensions": False,
-                                 "autoload_known_extensions": True})
+    con = new_connection()
     try:
-        con.execute("LOAD ducklake")
-        if is_postgres(db):
-            con.execute("LOAD postgres")
-        where = data_path(db)
-        if where and where.startswith("s3://"):
-            _s3(con)
-        options = f" (DATA_PATH {_quote(where)})" if where else ""
-        con.execute(f"ATTACH {_quote(db)} AS {ALIAS}{options}")
+        attach(con, db, ALIAS)
         con.execute(f"USE {ALIAS}")
     except duckdb.Error as exc:
         con.close()
         if not raced_is_final and ("already exists" in str(exc) or is_conflict(exc)):
             raise _Raced() from None
-        if "data_path is not set" in str(exc):
-            raise LakeError(f"{db}: a new lake needs a data path: --data-path or "
-                            f"${DATA_PATH_ENV} (a folder every writer sees, or s3://…)"
-                            ) from None
-        raise LakeError(f"{db}: cannot open the lake's catalog ({reason(exc)})") from None
+        if is_locked(exc):
+            raise _Locked() from None
+        raise _attach_error(db, exc) from None
+    except LakeError:
+        con.close()
+        raise
     return con
+
+
+def new_connection() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB that loads the extensions from their packages, never the web."""
+    return duckdb.connect(config={"extension_directory": extension_directory(),
+                                  "autoinstall_known_extensions": False,
+                                  "autoload_known_extensions": True})
+
+
+def attach(con: duckdb.DuckDBPyConnection, db: str, alias: str) -> None:
+    """Attach the lake `db` to `con` as `alias`, with its data path (a new lake's is made;
+    an existing lake's folder must be there: a shared folder not mounted on this machine is
+    refused, never replaced by an empty local one)."""
+    check_target(db)
+    con.execute("LOAD ducklake")
+    if is_postgres(db):
+        con.execute("LOAD postgres")
+    if os.environ.get("AWS_ACCESS_KEY_ID") or str(data_path(db) or "").startswith("s3://"):
+        _s3(con)  # the catalog may remember an s3:// data path the variables unlock
+    where = data_path(db)
+    if where and "://" not in where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+    options = f" (DATA_PATH {_quote(where)})" if where else ""
+    con.execute(f"ATTACH {_quote(db)} AS {alias}{options}")
+    stored = con.execute(f"SELECT value FROM __ducklake_metadata_{alias}.ducklake_metadata "
+                         "WHERE key = 'data_path'").fetchone()
+    folder = stored[0] if stored else None
+    if folder and "://" not in folder and not Path(folder).is_dir():
+        con.execute(f"DETACH {alias}")
+        raise LakeError(f"{db}: the lake's data folder {folder} is not on this machine "
+                        "(mount the shared folder at that path)")
+
+
+def _attach_error(db: str, exc: Exception) -> LakeError:
+    if "data_path is not set" in str(exc):
+        return LakeError(f"{db}: a new lake needs a data path: --data-path or "
+                         f"${DATA_PATH_ENV} (a folder every writer sees, or s3://…)")
+    return LakeError(f"{db}: cannot open the lake's catalog ({reason(exc)})")
+
+
+def is_locked(exc: Exception) -> bool:
+    """A one-machine catalog file another process holds open (DuckDB's file lock)."""
+    text = str(exc).lower()
+    return "conflicting lock" in text or "could not set lock" in text
+
+
+class _Locked(Exception):
+    pass
 
 
 def _s3(con: duckdb.DuckDBPyConnection) -> None:
@@ -163,10 +206,14 @@ def _s3(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"CREATE OR REPLACE SECRET semback_s3 (TYPE s3, {', '.join(parts)})")
 
 
-def cursor(db: str) -> duckdb.DuckDBPyConnection:
+def cursor(db: str, timeout: float = 30.0) -> duckdb.DuckDBPyConnection:
     """A cursor of this process's attached lake (attached on first use: a few hundred
-    milliseconds; later cursors cost nothing). Each thread takes its own cursor."""
+    milliseconds; later cursors cost nothing). Each thread takes its own cursor. A catalog
+    in a local file is attached for each use and let go when the cursor closes, as a
+    DuckDB run log is (one process at a time holds the file: the others wait)."""
     check_target(db)
+    if catalog_file(db) is not None:
+        return _attach_waiting(db, timeout)
     key = (db, data_path(db) or "")
     with _lock:
         con = _open.get(key)
@@ -175,6 +222,21 @@ def cursor(db: str) -> duckdb.DuckDBPyConnection:
     cur = con.cursor()
     cur.execute(f"USE {ALIAS}")  # the default catalog is each connection's own
     return cur
+
+
+def _attach_waiting(db: str, timeout: float) -> duckdb.DuckDBPyConnection:
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        try:
+            return _attach(db)
+        except _Locked:
+            if time.monotonic() > deadline:
+                raise LakeError(f"{db}: still locked by another process after {timeout:g} s "
+                                "(a catalog file serves one process at a time; a team's "
+                                "lake has its catalog in Postgres)") from None
+        time.sleep(delay * random.uniform(0.5, 1.5))
+        delay = min(delay * 1.6, 0.2)
 
 
 def forget(db: str) -> None:
@@ -189,7 +251,8 @@ def forget(db: str) -> None:
 
 
 def exists(db: str) -> bool:
-    """A file catalog exists as a file; a Postgres catalog is asked (attaching it)."""
+    """A file catalog exists as a file; a Postgres catalog is taken to exist (connecting to
+    it says otherwise, in one line)."""
     check_target(db)
     path = catalog_file(db)
     if path is not None:

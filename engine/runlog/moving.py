@@ -5,8 +5,9 @@ lacks are inserted in one transaction on the target: a row already there (the sa
 in every column, as copying leaves them) is not copied again, so copying twice adds
 nothing, and a run continued on either side brings only its new rows. The `runs` row is
 the one exception, being the only row a run updates: the target gains the runs it lacks,
-and a run on both sides takes the source's status, end and notes when they differ (it ran
-further there). The reply cache is merged by key.
+and a run on both sides takes the source's status, end and notes where the source's row
+went further (it ended there, or later; it has notes the target lacks), never backwards.
+The reply cache is merged by key.
 """
 
 from __future__ import annotations
@@ -67,27 +68,26 @@ def copy_runs(source: str, target: str, run_ids: list[str] | None = None) -> Cop
 
 
 def _attach(con: duckdb.DuckDBPyConnection, db: str, alias: str, read_only: bool) -> None:
-    mode = " (READ_ONLY)" if read_only else ""
     if lake.is_lake(db):
-        lake.check_target(db)
-        where = lake.data_path(db)
-        options = f" (DATA_PATH {lake._quote(where)})" if where else ""
-        con.execute(f"ATTACH {lake._quote(db)} AS {alias}{options}")
+        lake.forget(db)  # a catalog file serves one attachment at a time
+        lake.attach(con, db, alias)
     else:
+        mode = " (READ_ONLY)" if read_only else ""
         con.execute(f"ATTACH {lake._quote(str(Path(db)))} AS {alias}{mode}")
 
 
 def _pair(source: str, target: str) -> duckdb.DuckDBPyConnection:
     needs_lake = lake.is_lake(source) or lake.is_lake(target)
-    config = ({"extension_directory": lake.extension_directory(),
-               "autoinstall_known_extensions": False} if needs_lake else {})
-    con = duckdb.connect(config=config)
+    con = lake.new_connection() if needs_lake else duckdb.connect()
     try:
         _attach(con, source, _SRC, read_only=True)
         _attach(con, target, _DST, read_only=False)
     except duckdb.Error as exc:
         con.close()
         raise RunLogError(f"cannot open both run logs ({lake.reason(exc)})") from None
+    except lake.LakeError as exc:
+        con.close()
+        raise RunLogError(str(exc)) from None
     return con
 
 
@@ -157,11 +157,16 @@ def _scope(con: duckdb.DuckDBPyConnection, table: str, names: str, runs: list[st
 
 def _update_runs(con: duckdb.DuckDBPyConnection, runs: list[str], added: set[str]
                  ) -> list[str]:
+    """Runs on both sides whose source row went further: it ended where the target's still
+    runs or ended earlier, or it has notes or tags the target lacks. Those take the source's
+    status, end, error, notes and tags; a target ahead of the source is left as it is."""
+    further = (
+        "(d.ended_at IS NULL AND s.ended_at IS NOT NULL) OR (s.ended_at > d.ended_at) OR "
+        "(d.notes IS NULL AND s.notes IS NOT NULL) OR (d.tags IS NULL AND s.tags IS NOT NULL)")
     differ = [r[0] for r in con.execute(
         f"SELECT s.run_id FROM {_SRC}.runs s JOIN {_DST}.runs d USING (run_id) WHERE "
-        f"list_contains($runs, s.run_id) AND ROW({', '.join('s.' + f for f in RUN_FIELDS)}) "
-        f"IS DISTINCT FROM ROW({', '.join('d.' + f for f in RUN_FIELDS)})",
-        {"runs": runs}).fetchall() if r[0] not in added]
+        f"list_contains($runs, s.run_id) AND ({further})", {"runs": runs}).fetchall()
+        if r[0] not in added]
     if differ:
         sets = ", ".join(f"{f} = s.{f}" for f in RUN_FIELDS)
         con.execute(f"UPDATE {_DST}.runs SET {sets} FROM {_SRC}.runs s WHERE "

@@ -135,6 +135,7 @@ class RunLogWriter:
                 insert_rows(con, "examples", batch)
 
         self._write(body)
+        self._join_lake_cache()
 
     def __call__(self, event: Any) -> None:
         table = TABLE_OF.get(type(event))
@@ -216,12 +217,18 @@ class RunLogWriter:
 
         self._write(body)
         self._unspill()
-        if self._cache_seen is not None:
-            from engine.runlog.state import lake_cache_since
+        self._join_lake_cache()
 
-            if self._cache_seen < 0:  # the first step: the cache was loaded at the start
-                self._cache_seen = lake_cache_since(self.path, self.cache, 2**62)
-            self._cache_seen = lake_cache_since(self.path, self.cache, self._cache_seen)
+    def _join_lake_cache(self) -> None:
+        """Over a lake: the replies other writers committed since the last look join the
+        cache (the first look, as the run starts, only notes where the lake stands: the
+        cache was loaded whole just before)."""
+        if self._cache_seen is None:
+            return
+        from engine.runlog.state import lake_cache_since
+
+        self._cache_seen = lake_cache_since(self.path, self.cache, self._cache_seen
+                                            if self._cache_seen >= 0 else 2**62)
 
     def save_cache(self) -> None:
         """Write the replies of the step in progress to the cache table only: a run stopped
@@ -246,6 +253,7 @@ class RunLogWriter:
         self._write(lambda con: con.execute(
             "UPDATE runs SET status = ?, ended_at = NULL, error = NULL WHERE run_id = ?",
             [status, self.run_id]))
+        self._join_lake_cache()
 
     def _write(self, body: Callable[[Any], Any]) -> None:
         """One transaction; a lake that went away mid-run stops the run in one line that says
