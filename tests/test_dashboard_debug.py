@@ -198,11 +198,14 @@ def test_history_timeline_verdicts_scores_reasons_and_flips(open_page, log):
 def test_compare_per_example_rows_disagree_filter_and_paired_prompts(open_page, log):
     at = open_page("compare", run=log.semantic, other=log.textgrad, step=1)
     rows = frame(at, "A prediction").set_index("example")
+    # each side with the prompts in effect after step 1 (both runs kept an edit there):
+    # validation as step 1's gate scored it, training as step 2 scored it at its start
     with duckdb.connect(str(log.db), read_only=True) as con:
         pairs = con.execute(
             "SELECT a.example_id, a.prediction, a.score, b.prediction, b.score FROM losses a "
-            "JOIN losses b USING (split, example_id, step) WHERE step = 1 AND a.run_id = ? "
-            "AND b.run_id = ?", [log.semantic, log.textgrad]).fetchall()
+            "JOIN losses b USING (split, example_id, step) WHERE step = CASE split "
+            "WHEN 'train' THEN 2 ELSE 1 END AND a.run_id = ? AND b.run_id = ?",
+            [log.semantic, log.textgrad]).fetchall()
     assert len(rows) == len(pairs) == 8
     for example, pa, sa, pb, sb in pairs:
         assert tuple(rows.loc[example, ["A prediction", "A score", "B prediction",

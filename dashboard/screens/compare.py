@@ -114,12 +114,28 @@ def _example_clicked() -> None:
         st.session_state[PAIR_KEY] = ids[rows[0]]
 
 
+def unscored_training(db: str, a: str, b: str, step: int, metric: str) -> str:
+    """A sentence naming the run(s) whose prompts in effect after `step` were never scored
+    on their training examples (a step that kept an edit is scored on train only at the next
+    step), whose training rows are therefore not compared; "" when both were."""
+    missing = [name for name, run in (("A", a), ("B", b))
+               if data.split_sizes(db, run).get("train", 0) and "train" not in set(
+                   data.compare_rows(db, run, run, step, step, metric)["split"])]
+    if not missing:
+        return ""
+    return (f" No training example is compared: {' and '.join(missing)} "
+            f"{'has' if len(missing) == 1 else 'have'} no step after step {step} to score "
+            "those prompts on train.")
+
+
 def per_example(sel, other: str, step: int, metric: str) -> str | None:
     """Both runs' prediction, graded answer and score per shared example; returns the
     example to pair."""
     rows = data.compare_rows(sel.db, sel.run, other, step, step, metric)
+    unscored = unscored_training(sel.db, sel.run, other, step, metric)
     if rows.empty:
-        st.caption("The two runs share no example at this step (different data or seed).")
+        st.caption("The two runs share no example scored with the prompts in effect after "
+                   f"step {step} (different data or seed).{unscored}")
         return None
     links.page_option("disagree", False, [True, False], cast=links.flag)
     disagree = st.toggle("only examples where the runs disagree", key="disagree",
@@ -138,12 +154,14 @@ def per_example(sel, other: str, step: int, metric: str) -> str | None:
     st.dataframe(table, hide_index=True, key="compare_table", on_select=_example_clicked,
                  selection_mode="single-row")
     raw_only = int((rows["raw_differs"] & ~rows["disagree"]).sum())
-    st.caption(f"{int(rows['disagree'].sum())} of {len(rows)} shared examples disagree at "
-               f"step {step} (graded answer or score)"
+    st.caption(f"{int(rows['disagree'].sum())} of {len(rows)} shared examples disagree with "
+               f"the prompts in effect after step {step} (graded answer or score)"
                + (f"; {raw_only} more differ only in raw text (same graded answer and "
                   "score)" if raw_only else "")
-               + ". Select a row to pair its gradients below (by default an example both "
-               "runs back-propagated).")
+               + ". Each side's row is the pass that scored those prompts: validation in the "
+               "step's gate, training at the next step's start (a step scores training "
+               f"before its update).{unscored} Select a row to pair its gradients below (by "
+               "default an example both runs back-propagated).")
     both = list(rows.loc[rows["backprop_a"] & rows["backprop_b"], "example_id"])
     differing = list(rows.loc[rows["disagree"], "example_id"])
     shared = list(rows["example_id"])

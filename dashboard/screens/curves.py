@@ -39,6 +39,10 @@ if val_n:
                "validation line are each step's 95% interval; where two steps' bars overlap, "
                "these examples do not tell their scores apart.")
 st.plotly_chart(score_curves(steps, val_n=val_n), key="score_curves")
+st.caption("Each point sits at the prompts it scored. A step scores the training examples at "
+           "its start, before its update, so step k's train score is drawn at step k − 1 and "
+           "the prompts the last step kept have no train point; validation is scored on the "
+           "prompts each step kept.")
 
 totals = data.token_totals(sel.db, sel.run)
 if totals.empty:

@@ -41,17 +41,41 @@ def validation_bars(scores: pd.Series, n: int) -> dict | None:
                 arrayminus=[v - b[0] if b else 0.0 for b, v in zip(bounds, scores)])
 
 
+TRAIN_NAME = "train (scored before each step's update)"
+
+
+def train_points(steps: pd.DataFrame) -> tuple[list[int], list[float], list[str]]:
+    """Each step's train score placed at the prompts it measured: a step scores training
+    at its start, before its update, so step k's score is of the prompts after step k-1;
+    the run's first step (step 0, or a fork's start that scored its own prompts) measured
+    its own. One point per prompt state (the first measurement); the prompts the last step
+    kept have none. Returns x, y and hover texts."""
+    points: dict[int, tuple[float, str]] = {}
+    scored = steps["train_scored"] if "train_scored" in steps else [True] * len(steps)
+    for i, (step, score, own) in enumerate(zip(steps["step"], steps["train_score"], scored)):
+        at = int(step) if i == 0 and own else int(step) - 1
+        if pd.isna(score) or at in points or at < 0:
+            continue
+        points[at] = (float(score), f"train {score:.3f}: the prompts after step {at}"
+                      + ("" if at == step else f", scored at step {int(step)} before its "
+                                               "update"))
+    xs = sorted(points)
+    return xs, [points[x][0] for x in xs], [points[x][1] for x in xs]
+
+
 def add_score_traces(fig: go.Figure, steps: pd.DataFrame, label: str = "",
                      dash: str | None = None, colors: tuple[str, str] = ("#90caf9", "#1565c0"),
                      val_n: int = 0) -> None:
-    """Train (light, dotted) and validation (dark) lines plus stars on accepted steps;
-    with `val_n`, the validation examples, the validation scores' 95% intervals as error
-    bars, and n and the interval in their hover text."""
+    """Train (light, dotted, each point at the prompts it measured: train_points) and
+    validation (dark) lines plus stars on accepted steps; with `val_n`, the validation
+    examples, the validation scores' 95% intervals as error bars, and n and the interval
+    in their hover text."""
     prefix = f"{label} " if label else ""
     train_color, val_color = colors
-    fig.add_trace(go.Scatter(x=steps["step"], y=steps["train_score"], mode="lines+markers",
-                             name=f"{prefix}train",
-                             line=dict(dash="dot", color=train_color)))
+    train_x, train_y, train_hover = train_points(steps)
+    fig.add_trace(go.Scatter(x=train_x, y=train_y, mode="lines+markers",
+                             name=f"{prefix}{TRAIN_NAME}", hovertext=train_hover,
+                             hoverinfo="text", line=dict(dash="dot", color=train_color)))
     bars = validation_bars(steps["val_score"], val_n)
     hover = None
     if bars is not None:

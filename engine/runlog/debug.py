@@ -196,27 +196,55 @@ def node_history(db: str | Path, run_id: str, node_id: str) -> dict[str, pd.Data
 
 def compare_rows(db: str | Path, run_a: str, run_b: str, step_a: int, step_b: int
                  ) -> pd.DataFrame:
-    """The examples both runs evaluated (run A at step_a, B at step_b): each run's
-    prediction and score, whether each back-propagated it, and whether they disagree
-    (different pass/fail state or different prediction)."""
+    """The examples both runs scored with the prompts in effect after the compared step
+    (run A after step_a, B after step_b): each run's prediction and score, whether each
+    back-propagated it at that step, and whether they disagree (different pass/fail state
+    or different prediction).
+
+    A step scores training at its start, before its update, and validation in its gate
+    pass: so each example's row is the latest logged pass in which every node ran with the
+    versions accepted up to the step (`step_a` and `step_b` say which step's pass that
+    was). A step that kept an edit is scored on train at the next step; the last step's
+    edits never are, and those training examples are left out rather than compared under
+    the prompts before the edit. A loss with no logged node outputs counts at its own step."""
     return query(db, """
-        WITH side AS (
-            SELECT l.run_id, l.split, l.example_id, l.target, l.prediction, l.score,
+        WITH sides AS (
+            SELECT * FROM (VALUES ('a', $a, $sa), ('b', $b, $sb)) t(side, run_id, step)),
+        kept AS (  -- per side and node, the prompt version in effect after the step
+            SELECT s.side, v.run_id, v.node_id, v.version
+            FROM sides s JOIN prompt_versions v ON v.run_id = s.run_id AND v.step <= s.step
+            WHERE v.accepted
+            QUALIFY row_number() OVER (PARTITION BY s.side, v.node_id
+                                       ORDER BY v.step DESC, v.version DESC) = 1),
+        passes AS (  -- per side, each logged pass over an example: all nodes on those versions
+            SELECT s.side, o.step, o.split, o.example_id,
+                   bool_and(coalesce(o.prompt_version = k.version, true)) AS matches
+            FROM sides s JOIN node_outputs o ON o.run_id = s.run_id
+            LEFT JOIN kept k ON k.side = s.side AND k.node_id = o.node_id
+            GROUP BY ALL),
+        side AS (
+            SELECT s.side, l.split, l.example_id, l.step, l.target, l.prediction, l.score,
                    (l.error IS NOT NULL OR coalesce(l.score, 0) < 1) AS failing,
                    EXISTS (SELECT 1 FROM gradients g WHERE g.run_id = l.run_id
-                           AND g.step = l.step AND g.example_id = l.example_id
+                           AND g.step = s.step AND g.example_id = l.example_id
                            AND g.kind IN ('gradient', 'target')) AS backpropagated
-            FROM losses l
-            WHERE (l.run_id = $a AND l.step = $sa) OR (l.run_id = $b AND l.step = $sb))
+            FROM sides s JOIN losses l ON l.run_id = s.run_id
+            LEFT JOIN passes p ON p.side = s.side AND p.step = l.step AND p.split = l.split
+                 AND p.example_id = l.example_id
+            WHERE coalesce(p.matches, l.step = s.step)
+            QUALIFY row_number() OVER (PARTITION BY s.side, l.split, l.example_id
+                                       ORDER BY l.step DESC) = 1)
         SELECT a.split, a.example_id, a.target, a.prediction AS prediction_a,
                a.score AS score_a,
                b.prediction AS prediction_b, b.score AS score_b,
                a.backpropagated AS backprop_a, b.backpropagated AS backprop_b,
                (a.failing <> b.failing OR coalesce(a.prediction, '') <>
-                coalesce(b.prediction, '')) AS disagree
+                coalesce(b.prediction, '')) AS disagree,
+               a.step AS step_a, b.step AS step_b
         FROM side a JOIN side b ON a.split = b.split AND a.example_id = b.example_id
-        WHERE a.run_id = $a AND b.run_id = $b
-        ORDER BY (a.split <> 'train'), a.example_id""",
+        WHERE a.side = 'a' AND b.side = 'b'
+        ORDER BY CASE a.split WHEN 'train' THEN 0 WHEN 'val' THEN 1 ELSE 2 END,
+                 a.example_id""",
                  {"a": run_a, "b": run_b, "sa": int(step_a), "sb": int(step_b)})
 
 

@@ -54,15 +54,20 @@ def list_runs(db: str | Path) -> pd.DataFrame:
 
 
 def step_table(db: str | Path, run_id: str) -> pd.DataFrame:
-    """Steps of a run with the number of accepted and proposed edits."""
+    """Steps of a run with the number of accepted and proposed edits, and `train_scored`:
+    whether the run scored training at the step itself (a fork's starting step that
+    re-measured nothing carries its parent's train score of that step)."""
     return query(db, """
         SELECT s.step, s.train_score, s.val_score, s.accepted, s.started_at, s.ended_at,
-               coalesce(u.proposed, 0) AS proposed, coalesce(u.accepted_edits, 0) AS accepted_edits
+               coalesce(u.proposed, 0) AS proposed, coalesce(u.accepted_edits, 0) AS accepted_edits,
+               t.step IS NOT NULL AS train_scored
         FROM steps s
         LEFT JOIN (SELECT step, count(*) FILTER (WHERE new_prompt <> old_prompt) AS proposed,
                           count(*) FILTER (WHERE accepted) AS accepted_edits
                    FROM updates WHERE run_id = ? GROUP BY step) u USING (step)
-        WHERE s.run_id = ? ORDER BY s.step""", [run_id, run_id])
+        LEFT JOIN (SELECT DISTINCT step FROM losses WHERE run_id = ? AND split = 'train') t
+             USING (step)
+        WHERE s.run_id = ? ORDER BY s.step""", [run_id, run_id, run_id])
 
 
 def node_activations(db: str | Path, run_id: str, node_id: str) -> pd.DataFrame:
