@@ -1,5 +1,5 @@
 """A team's lake against a local file, on the same runs: each step's commit, and the
-dashboard's pages (issue 58; docs/team.md).
+dashboard's pages (docs/team.md).
 
     .venv/bin/python benchmarks/lake.py [--data-dir ../shared/datasets] [--runs 2]
         [--steps 3] [--train 16] [--val 16] [--repeat 5] [--pg-fsync on|off]

@@ -242,3 +242,20 @@ def test_a_refused_run_log_or_step_is_the_only_line_printed(tmp_path, capsys):
     assert main(["blame", LONG_ID, "--db", str(tmp_path / "runs.duckdb"), "--step", "7"]) == 2
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err.startswith("error: run "), printed.err
+
+
+def test_semback_db_names_the_run_log_of_every_command(tmp_path, monkeypatch, capsys):
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows(10))
+    db = tmp_path / "from-env.duckdb"
+    monkeypatch.setenv("SEMBACK_DB", str(db))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(graph), "--backend", "scripted", "--steps", "1", "--train", "4",
+                 "--val", "4", "--run-id", "env"]) == 0
+    assert not (tmp_path / "runs.duckdb").exists()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT run_id FROM runs").fetchall() == [("env",)]
+    capsys.readouterr()
+    assert main(["runs", "--json"]) == 0
+    assert '"env"' in capsys.readouterr().out
+    # a --db typed on the command line still wins
+    assert main(["runs", "--db", str(tmp_path / "none.duckdb")]) == 2

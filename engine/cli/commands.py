@@ -469,7 +469,8 @@ def _lake_flags(sub: argparse._SubParsersAction) -> None:
         action = next((a for a in parser._actions if "--db" in a.option_strings), None)
         if action is None:
             continue
-        action.default = os.environ.get("SEMBACK_DB") or action.default
+        if action.default != argparse.SUPPRESS:  # a run's flags: only what is typed (main)
+            action.default = os.environ.get("SEMBACK_DB") or action.default
         shown = "runs.duckdb" if action.default == argparse.SUPPRESS else action.default
         action.help = ("the run log: a DuckDB file, or a lake (ducklake:postgres:dbname=… "
                        "host=…, ducklake:FILE.ducklake; docs/team.md) (default: "
@@ -609,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     as_json = bool(getattr(args, "json", False))
     if getattr(args, "data_path", None):
         os.environ["SEMBACK_DATA_PATH"] = args.data_path
+    if not hasattr(args, "db") and os.environ.get("SEMBACK_DB") and \
+            "--db" in command_parser(parser, args.command)._option_string_actions:
+        args.db = os.environ["SEMBACK_DB"]  # as if typed: a run's flags default to nothing
     try:
         return args.func(args)
     except _bad_input_errors() as exc:
