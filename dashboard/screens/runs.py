@@ -22,6 +22,7 @@ from dashboard.views.text import fmt, md
 
 SAMPLE_GRAPHS = jobs.ROOT / "sample_graphs"
 UPLOAD = "(upload a graph file)"
+RUN_WIDTH = 300  # px: the Runs table's run column
 
 
 def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
@@ -33,15 +34,17 @@ def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
                              key="runs_method")
     graphs = c4.multiselect("Graph", sorted(runs["graph_name"].dropna().unique()),
                             key="runs_graph")
+    # the figures first, the settings after them: at 1,400 px (a sidebar beside the
+    # table) the columns up to the cost are in view next to a generated run id
     table = pd.DataFrame({
-        "run": runs["run_id"], "graph": runs["graph_name"], "method": runs["method"],
-        "models": [m if (o is None or o == m) else f"{m} / {o}"
-                   for m, o in zip(runs["model"], runs["optimizer_model"])],
-        "backend": runs["backend"], "status": runs["status"], "steps": runs["steps"],
+        "run": runs["run_id"], "status": runs["status"], "steps": runs["steps"],
         "best validation": runs["best_val"],
         "test": [tests.get(r) for r in runs["run_id"]],
-        "calls": runs["calls"], "tokens": runs["tokens"],
-        "cost (USD)": runs["cost_usd"], "cache hits": runs["cache_hits"],
+        "calls": runs["calls"], "tokens": runs["tokens"], "cost (USD)": runs["cost_usd"],
+        "graph": runs["graph_name"], "method": runs["method"],
+        "models": [m if (o is None or o == m) else f"{m} / {o}"
+                   for m, o in zip(runs["model"], runs["optimizer_model"])],
+        "backend": runs["backend"], "cache hits": runs["cache_hits"],
         "probe calls": runs.get("probe_calls"),
         "started": [datetime.fromtimestamp(t) if pd.notna(t) else None
                     for t in runs["started_at"]],
@@ -65,6 +68,9 @@ def runs_table(runs: pd.DataFrame, tests: dict[str, float]) -> None:
         table, hide_index=True, key="runs_table", on_select=lambda: _pick_row(table),
         selection_mode="single-row",
         column_config={
+            # wide enough for a generated id (graph-method-date-time-hex), kept in view
+            # while the table scrolls sideways
+            "run": st.column_config.TextColumn(width=RUN_WIDTH, pinned=True),
             "best validation": st.column_config.NumberColumn(format="%.3f"),
             "test": st.column_config.NumberColumn(format="%.3f", help="test-split score"),
             "cost (USD)": st.column_config.NumberColumn(format="$%.4f"),
@@ -321,6 +327,7 @@ st.title("Runs")
 if flash := st.session_state.pop("_runs_flash", None):
     st.success(flash)
 lead_on(sel)
+jobs_panel(sel.db)  # a running job's progress above the table, not below the fold
 try:
     all_runs = data.runs(sel.db)
 except Exception as exc:  # noqa: BLE001 - the sidebar already says what is wrong
@@ -345,5 +352,4 @@ else:
             st.caption(f"Selected: **{md(sel.run)}** · best validation "
                        f"{fmt(row.iloc[0]['best_val'])}")
             run_panel(sel.db, sel.run)
-jobs_panel(sel.db)
 new_run_form(sel.db)
