@@ -7,12 +7,21 @@ import itertools
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from dashboard import jobs
 from dashboard.views import graph_model as gh
-from dashboard.views.colors import EDIT_COLORS, blues, color_nodes, red_green, reds
+from dashboard.views.colors import (
+    BLAMED,
+    EDIT_COLORS,
+    TIED,
+    blues,
+    color_nodes,
+    red_green,
+    reds,
+)
 from dashboard.views.graph_component import FOLDER, clicked
 from dashboard.views.graph_spec import (
     GRADIENT_LABEL,
@@ -22,6 +31,7 @@ from dashboard.views.graph_spec import (
     placed_boxes,
     text_color,
 )
+from engine.probes.blame import logged_blame
 
 XSS = "<img src=x onerror=alert(1)>"
 TINY = gh.GraphModel(order=("hint_a", "hint_b", "final"),
@@ -117,15 +127,76 @@ def test_a_click_value_names_the_node():
     assert clicked({"node": 7}) is None
 
 
-def test_blame_colours_say_what_they_count():
-    rows = [{"node_id": "a", "probed": 4, "flips": 4}, {"node_id": "b", "probed": 4, "flips": 0},
-            {"node_id": "c", "probed": None, "flips": None}]
-    coloring = color_nodes(rows, "blame")
-    assert coloring.captions == {"a": "fixes 4/4", "b": "fixes 0/4"}
-    assert coloring.colors["a"] == reds(1.0) and coloring.colors["b"] == reds(0.0)
-    assert luminance(coloring.colors["a"]) < luminance(coloring.colors["b"])  # a: deeper
-    assert "c" not in coloring.colors  # not probed: grey
-    assert "following its gradient" in coloring.legend
+def _counts(node: str, probed: int, flips: int, edit_probed: int = 0, edit_flips: int = 0):
+    return {"node_id": node, "probed": probed, "flips": flips, "leaks": 0,
+            "edit_probed": edit_probed, "edit_flips": edit_flips}
+
+
+def _edited(*nodes: str) -> list[dict]:
+    return [{"node_id": n, "old_prompt": "old", "new_prompt": f"new {n}", "reject_reason": None}
+            for n in nodes]
+
+
+def test_blame_colours_and_labels_are_the_verdicts_own_counts():
+    """The drawing colours and labels each node from the verdict's facts
+    (logged_blame), so it cannot say "fixes 0/24" of a node the banner ties on."""
+    # the gradient probes decide: a is named, b and c weighed; d was not probed
+    found = logged_blame([_counts("a", 6, 6), _counts("b", 6, 0), _counts("c", 6, 0)],
+                         _edited("a", "b", "c"), ["a", "b", "c", "d"])
+    assert found.verdict.node == "a" and found.evidence == "gradient"
+    coloring = color_nodes([], "blame", found.facts)
+    assert coloring.captions == {"a": "blamed · ∇ fixes 6/6", "b": "∇ fixes 0/6",
+                                 "c": "∇ fixes 0/6"}
+    assert coloring.colors == {"a": BLAMED, "b": reds(0.0), "c": reds(0.0)}  # d: grey
+    assert "deep red" in coloring.legend and "following its gradient" in coloring.legend
+    # the issue's case: no gradient fixes any example, two nodes' edits each fix some
+    tie = logged_blame([_counts("note", 24, 0, 24, 17), _counts("thing", 24, 0, 24, 11),
+                        _counts("answer", 24, 0, 24, 0)], _edited("note", "thing", "answer"),
+                       ["note", "thing", "answer"])
+    assert tie.verdict.tied == ["note", "thing"] and tie.evidence == "edit"
+    coloring = color_nodes([], "blame", tie.facts)
+    assert coloring.captions == {"note": "tie · edit fixes 17/24",
+                                 "thing": "tie · edit fixes 11/24", "answer": "edit fixes 0/24"}
+    assert coloring.colors["note"] == coloring.colors["thing"] == TIED  # a tie, drawn as one
+    assert coloring.colors["answer"] == reds(0.0)
+    assert "purple: a tie" in coloring.legend and "run alone" in coloring.legend
+    for fill in (BLAMED, TIED, reds(0.5)):  # the palest named colour is still paler
+        assert contrast(fill, text_color(fill)) >= 4.5
+    assert luminance(reds(0.5)) > luminance(BLAMED)
+    # an update that left the prompt as it was is compared as 0 of n; no probe: grey
+    kept = logged_blame([_counts("note", 8, 0, 8, 8)], _edited("note"),
+                        ["note", "thing", "answer"])
+    coloring = color_nodes([], "blame", kept.facts)
+    assert coloring.captions == {"note": "blamed · edit fixes 8/8",
+                                 "thing": "unchanged · fixes 0/8",
+                                 "answer": "unchanged · fixes 0/8"}
+    nothing = color_nodes([], "blame", logged_blame([], _edited("note"),
+                                                    ["note", "thing"]).facts)
+    assert (nothing.colors, nothing.captions) == ({}, {}) and "not probed" in nothing.legend
+    with pytest.raises(ValueError):
+        color_nodes([], "blame")  # only from the verdict's facts
+
+
+def test_a_caption_that_changes_moves_no_box_and_stays_inside_the_frame():
+    """A live update that swaps "∇ 82 chars" for "tie · edit fixes 17/24" keeps
+    every box where it was (the component keeps its view), and the frame it was fitted to
+    still holds the longer labels."""
+    model = gh.GraphModel(order=("note", "thing", "answer"),
+                          inputs=(("note", ("text",)), ("thing", ("text",)),
+                                  ("answer", ("note", "thing"))),
+                          fields=("text",), output="answer")
+    before = gh.Decoration(captions=(("note", "∇ 81 chars"), ("thing", "∇ 82 chars")))
+    after = gh.Decoration(captions=(("note", "tie · edit fixes 17/24"),
+                                    ("thing", "tie · edit fixes 11/24"),
+                                    ("answer", "edit fixes 0/24")))
+    old, new = graph_spec(model, before), graph_spec(model, after)
+    assert old["frame"] == new["frame"] and old["height"] == new["height"]
+    assert [(n["id"], n["x"], n["y"]) for n in old["nodes"]] == \
+        [(n["id"], n["x"], n["y"]) for n in new["nodes"]]
+    left, top, right, bottom = new["frame"]
+    for name, (x, y, w, h) in placed_boxes(model, after).items():
+        assert left <= x - w / 2 and x + w / 2 <= right and top <= y - h / 2 \
+            and y + h / 2 <= bottom, name
 
 
 # --- commands the dashboard starts ------------------------------------------------------------

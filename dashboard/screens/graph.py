@@ -8,8 +8,8 @@ import streamlit as st
 from dashboard import data, links, probe_data
 from dashboard.state import need_run, need_step, selection
 from dashboard.views.blame import blame_button, interval_text, just_finished, show_verdict
-from dashboard.views.colors import QUANTITIES, color_nodes
-from dashboard.views.graph_view import draw_graph, node_rows
+from dashboard.views.colors import QUANTITIES
+from dashboard.views.graph_view import coloring, draw_graph, llm_nodes, node_rows
 from dashboard.views.method_compare import compare_section, latest_report
 from dashboard.views.text import md, round_chars, show_text
 
@@ -33,7 +33,7 @@ def graph_panel(sel, graph, quantity: str) -> None:
                "successor sent, before aggregation, for "
                + ("the selected example" if scope != "all" else "all sampled examples")
                + ". They agree only where a node has one successor and the scopes match.")
-    st.caption(color_nodes(node_rows(sel), quantity).legend)
+    st.caption(coloring(sel, graph, quantity).legend)
 
 
 def node_summary(sel, graph) -> None:
@@ -103,8 +103,8 @@ if not has_probes:
                "gradient on every failing example and records which one fixes the answer.")
 blame_button(sel.db, sel.run, step, key="graph_blame", primary=not has_probes)
 if has_probes:  # what the counts below add up to, as `engine blame` and the Learn tour say
-    show_verdict(sel.db, sel.run, step, probes.to_dict("records"),
-                 [n for n in graph.model.order if n not in graph.model.functions])
+    # the same rows, updates and nodes as the drawing's blame colours (graph_view.step_blame)
+    show_verdict(sel.db, sel.run, step, probes.to_dict("records"), llm_nodes(graph))
 graph_panel(sel, graph, quantity)
 with st.expander("Compare methods: each method's gradient efficacy per node",
                  expanded=bool(latest_report(sel.db, sel.run, step)[1])):

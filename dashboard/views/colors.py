@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dashboard.views.text import chars
+from engine.probes.blame import NodeFact
 
 QUANTITIES = {
     "blame": "Blame from probes",
@@ -50,12 +51,16 @@ def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def color_nodes(rows: list[dict], quantity: str) -> Coloring:
-    """Colours and short captions per node from `reader.node_step_stats` rows."""
+def color_nodes(rows: list[dict], quantity: str,
+                facts: list[NodeFact] | None = None) -> Coloring:
+    """Colours and short captions per node from `reader.node_step_stats` rows; "blame"
+    from the verdict's per-node `facts` instead (`blame_coloring`)."""
     colors: dict[str, str] = {}
     captions: dict[str, str] = {}
     if quantity == "blame":
-        return _blame(rows)
+        if facts is None:
+            raise ValueError("blame colours come from the verdict's facts (logged_blame)")
+        return blame_coloring(facts)
     if quantity == "fail_share":
         for r in rows:
             v = r.get("fail_share")
@@ -83,19 +88,64 @@ def color_nodes(rows: list[dict], quantity: str) -> Coloring:
     raise ValueError(f"unknown quantity {quantity!r}")
 
 
-def _blame(rows: list[dict]) -> Coloring:
-    """Per node, from the probes: the share of probed failing examples that following the
-    node's gradient (or replacing its output) turned correct. Red: the probes blame it."""
+BLAMED = reds(1.0)  # the node the verdict names
+TIED = "#6a1b9a"  # every node the verdict ties on: one colour, none above the others
+EVIDENCE = {"gradient": "∇ fixes", "edit": "edit fixes"}
+LEGEND_EVIDENCE = {
+    "gradient": "following its gradient turned k correct",
+    "edit": "its proposed prompt, run alone, turned k correct",
+}
+
+
+def blame_caption(fact: NodeFact) -> str:
+    """A node's label line under "blame": the count the verdict weighed for it, and what
+    the verdict says of it ("blamed", "tie"); "" when it was not compared."""
+    count = f"{fact.flips}/{fact.counted}"
+    if fact.standing in ("blamed", "tied"):
+        return f"{'blamed' if fact.standing == 'blamed' else 'tie'} · " \
+               f"{EVIDENCE[fact.kind]} {count}"
+    if fact.standing == "weighed":
+        return f"{EVIDENCE[fact.kind]} {count}"
+    if fact.standing == "unchanged":
+        return f"unchanged · fixes {count}"
+    if fact.standing == "copied":
+        return "edit copied examples"
+    return ""
+
+
+def blame_coloring(facts: list[NodeFact]) -> Coloring:
+    """Colours and labels per node from the verdict's own facts (engine.probes.blame
+    `weighed`, via `logged_blame`): the node it names deep red, every node it ties on the
+    one tie colour, the others a rose as pale as the share of failing examples their
+    count fixed (never as deep as a named node), and each label the very count the
+    verdict weighed, of the probes it weighed."""
+    compared = [f for f in facts if f.standing not in ("copied", "not probed")]
     colors: dict[str, str] = {}
     captions: dict[str, str] = {}
-    for r in rows:
-        probed = r.get("probed")
-        if _missing(probed) or not probed:
+    for fact in facts:
+        if fact.standing == "copied" and not compared:
             continue
-        flips = 0 if _missing(r.get("flips")) else int(r["flips"])
-        colors[r["node_id"]] = reds(flips / int(probed))
-        captions[r["node_id"]] = f"fixes {flips}/{int(probed)}"
-    return Coloring(colors, captions,
-                    "fixes k/n: of n failing examples probed at this node, following its "
-                    "gradient turned k correct · deeper red: the probes blame this node more · "
-                    "grey: not probed yet")
+        caption = blame_caption(fact)
+        if caption:
+            captions[fact.node] = caption
+        if fact.standing == "blamed":
+            colors[fact.node] = BLAMED
+        elif fact.standing == "tied":
+            colors[fact.node] = TIED
+        elif fact.standing in ("weighed", "unchanged"):
+            colors[fact.node] = reds(0.5 * (fact.share or 0.0))
+    if not compared:
+        return Coloring(colors, captions, "grey: not probed yet: check the blame to colour "
+                                          "the nodes by what the probes fix")
+    kind = compared[0].kind
+    parts = [f"{EVIDENCE[kind]} k/n: of n failing examples probed at this node, "
+             f"{LEGEND_EVIDENCE[kind]} (the counts the verdict weighs)"]
+    if any(f.standing == "blamed" for f in facts):
+        parts.append("deep red: the node the probes blame")
+    if any(f.standing == "tied" for f in facts):
+        parts.append("purple: a tie, the fault lies in one or more of these nodes")
+    parts.append("pale to mid rose: the share fixed, not named")
+    if any(f.standing == "unchanged" for f in facts):
+        parts.append("unchanged: its update left the prompt as it was, so its edit fixes none")
+    parts.append("grey: not compared")
+    return Coloring(colors, captions, " · ".join(parts))

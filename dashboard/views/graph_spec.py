@@ -26,6 +26,10 @@ LINE_HEIGHT = 1.3  # of the font size
 MARGIN = 10  # px of padding inside a box, each side
 H_GAP, V_GAP = 170, 44  # px between columns (room for an edge label), between boxes
 TOOLTIP_CHARS = 600
+# a node's column is laid out as if its caption were at least this long, so that a caption
+# that changes on a live update ("∇ 82 chars" -> "tie · edit fixes 17/24") moves no box and
+# the drawing's frame, fitted once, still holds every box (the component never refits then)
+CAPTION_ROOM = 24
 
 
 def _channel(value: int) -> float:
@@ -58,13 +62,18 @@ def box_size(label: str, font: int) -> tuple[float, float]:
     return width, height
 
 
+def _bare(model: GraphModel, node: str) -> str:
+    """A node's label without a caption."""
+    return f"ƒ {node}" if node in model.functions else node
+
+
 def _labels(model: GraphModel, deco: Decoration) -> dict[str, str]:
     """One line per box: vis-network clips the descenders of every line but the last of a
     multi-line label in some fonts (an underscore vanishes, "failing" reads "failino")."""
     captions = dict(deco.captions)
     labels = {FIELD_PREFIX + f: f for f in model.fields}
     for node in model.order:
-        label = f"ƒ {node}" if node in model.functions else node
+        label = _bare(model, node)
         if captions.get(node):
             label += f" · {captions[node]}"
         labels[node] = " ".join(label.split())
@@ -88,7 +97,9 @@ def placed_boxes(model: GraphModel, deco: Decoration
         names = columns[x]
         sizes = {n: box_size(labels[n], FIELD_FONT if n.startswith(FIELD_PREFIX)
                              else NODE_FONT) for n in names}
-        width = max(w for w, _ in sizes.values())
+        room = [box_size(_bare(model, n) + " · " + "0" * CAPTION_ROOM, NODE_FONT)[0]
+                for n in names if n in model.order]
+        width = max([w for w, _ in sizes.values()] + room)
         total = sum(h for _, h in sizes.values()) + V_GAP * (len(names) - 1)
         top = -total / 2
         for n in names:
@@ -125,7 +136,25 @@ def graph_spec(model: GraphModel, deco: Decoration) -> dict:
     bottom = max((y + h / 2 for _, y, _, h in boxes.values()), default=0)
     height = int(min(max(bottom - top + 120, 220), max(deco.height, 220)))
     return {"nodes": nodes, "edges": _edges(model, deco), "selected": deco.highlight,
-            "height": height}
+            "height": height, "frame": frame(model, deco, boxes)}
+
+
+def frame(model: GraphModel, deco: Decoration,
+          boxes: dict[str, tuple[float, float, float, float]] | None = None) -> list[float]:
+    """[left, top, right, bottom] of what the component fits into view: every column at
+    the width it is laid out with (room for a caption of CAPTION_ROOM characters, see
+    placed_boxes), so a longer caption on a later update still shows whole."""
+    boxes = boxes if boxes is not None else placed_boxes(model, deco)
+    xs, ys = [], []
+    for name, (x, y, w, h) in boxes.items():
+        if name in model.order:
+            w = max(w, box_size(_bare(model, name) + " · " + "0" * CAPTION_ROOM,
+                                NODE_FONT)[0])
+        xs += [x - w / 2, x + w / 2]
+        ys += [y - h / 2, y + h / 2]
+    if not xs:
+        return [0.0, 0.0, 0.0, 0.0]
+    return [round(min(xs), 1), round(min(ys), 1), round(max(xs), 1), round(max(ys), 1)]
 
 
 def _edges(model: GraphModel, deco: Decoration) -> list[dict]:

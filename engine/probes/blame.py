@@ -33,13 +33,14 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.core.claims import gradient_claim
 from engine.core.copies import COPY_REASON
 from engine.data.stats import wilson
 from engine.events import Gradient, same_prompt
 from engine.llm.base import Backend
+from engine.probes.adaptive import Spent, probe_adaptively
 from engine.probes.probe import (
     KINDS,
     LoggedRun,
@@ -55,6 +56,7 @@ from engine.runlog.probing import (
     backward_steps,
     proposal_origin,
     recorded_claims,
+    run_pace,
     sampled_examples,
     step_proposal,
 )
@@ -300,12 +302,20 @@ def weigh(gradients: list[Evidence], edits: list[Evidence]) -> tuple[Verdict, st
     return by_gradient, "gradient", ""
 
 
-def edit_verdict(edits: list[Evidence]) -> Verdict:
-    """The edit probes' verdict, nodes with no proposal compared as unchanged (see weigh)."""
+def compared_edits(edits: list[Evidence]) -> tuple[list[Evidence], list[Evidence], int]:
+    """(the edits probed, the nodes whose update left the prompt as it was, compared as
+    0 of n, and n: the most examples any edit was counted on), as `edit_verdict` and
+    `weighed` compare them (see weigh)."""
     tried = [e for e in edits if e.counted]
     n = max((e.counted for e in tried), default=0)
     kept = [replace(e, probed=n, errors=0, seen=0) for e in edits
             if not e.counted and e.unchanged and not e.copy_rejected and n]
+    return tried, kept, n
+
+
+def edit_verdict(edits: list[Evidence]) -> Verdict:
+    """The edit probes' verdict, nodes with no proposal compared as unchanged (see weigh)."""
+    tried, kept, n = compared_edits(edits)
     compared = tried + kept
     if len(compared) < 2:
         return verdict(compared) if not tried else Verdict(
@@ -371,6 +381,56 @@ def leading_group(ranked: list[Evidence]) -> list[str]:
     return []
 
 
+@dataclass(frozen=True)
+class NodeFact:
+    """One node as a verdict weighed it: the one count a picture of the verdict shows.
+
+    kind: the probes the verdict weighs ("gradient" or "edit", `weigh`); flips of counted:
+    that node's count of them (an unchanged node's edit: 0 of the most any edit was
+    counted on); standing: "blamed" (the verdict names it), "tied" (one of the nodes it
+    ties on), "weighed" (compared, not named), "unchanged" (its update left the prompt as
+    it was: compared as 0 of n), "copied" (its proposal copied training examples: not
+    probed, not compared) or "not probed"."""
+
+    node: str
+    kind: str
+    standing: str
+    flips: int = 0
+    counted: int = 0
+
+    @property
+    def share(self) -> float | None:
+        return self.flips / self.counted if self.counted else None
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.flips, self.counted)
+
+
+def weighed(found: Verdict, evidence: str, gradients: list[Evidence], edits: list[Evidence],
+            nodes: list[str]) -> list[NodeFact]:
+    """Per node of `nodes`, in that order, what `weigh`'s verdict `found` (from the
+    probes of kind `evidence`) rests on: the same counts, the same comparison."""
+    if evidence == "gradient":
+        compared = {e.node_id: e for e in gradients if e.counted}
+        kept: dict[str, Evidence] = {}
+        copied: set[str] = set()
+    else:
+        tried, unchanged, _ = compared_edits(edits)
+        kept = {e.node_id: e for e in unchanged}
+        compared = {e.node_id: e for e in tried + unchanged}
+        copied = {e.node_id for e in edits if e.copy_rejected and not e.counted}
+    facts = []
+    for node in nodes:
+        row = compared.get(node)
+        standing = ("blamed" if node == found.node else "tied" if node in found.tied
+                    else "unchanged" if node in kept else "weighed" if row is not None
+                    else "copied" if node in copied else "not probed")
+        facts.append(NodeFact(node, evidence, standing, row.flips if row else 0,
+                              row.counted if row else 0))
+    return facts
+
+
 def chosen_updates(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Of a step's update rows (several per node under --proposals), the one per node whose
     edit blame probes, by step_proposal's order (engine/runlog/probing.py): the kept
@@ -393,14 +453,28 @@ def chosen_updates(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(chosen.values())
 
 
+class LoggedBlame(NamedTuple):
+    verdict: Verdict
+    evidence: str  # "gradient" or "edit"
+    facts: list[NodeFact]  # per LLM node, in the order given
+
+
 def logged_verdict(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
                    nodes: list[str]) -> tuple[Verdict, str]:
-    """(verdict, evidence kind) by `weigh`'s rule from per-node counts as
+    """(verdict, evidence kind) of `logged_blame`."""
+    found, evidence, _ = logged_blame(rows, updates, nodes)
+    return found, evidence
+
+
+def logged_blame(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
+                 nodes: list[str]) -> LoggedBlame:
+    """(verdict, evidence kind, per-node facts) by `weigh`'s rule from per-node counts as
     reader.node_blame reads them from a step's logged probes (keys node_id, probed, flips,
     leaks, edit_probed, edit_flips), the step's updates (keys node_id, old_prompt,
     new_prompt, reject_reason) and the graph's LLM nodes (a node no probe touched counts
     zero): the verdict a page shows for every probe logged at the step, whichever blame
-    jobs wrote them."""
+    jobs wrote them, and what it rests on per node (`weighed`), which a page's drawing
+    shows: one function for the sentence and the picture."""
     by_node = {u["node_id"]: (str(u.get("old_prompt") or ""), str(u.get("new_prompt") or ""),
                               str(u.get("reject_reason") or "")) for u in chosen_updates(updates)}
     seen = {r["node_id"] for r in rows}
@@ -417,7 +491,7 @@ def logged_verdict(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
                               unchanged=int(kind == "unchanged"),
                               copy_rejected=int(kind == "copied")))
     found, evidence, _ = weigh(gradients, edits)
-    return found, evidence
+    return LoggedBlame(found, evidence, weighed(found, evidence, gradients, edits, nodes))
 
 
 # --- blame ------------------------------------------------------------------------------
@@ -455,10 +529,21 @@ class BlameReport:
     # of one step's blame, each probed edit that came from a candidate prompt set the step
     # did not keep (`proposal_origin`): node -> where it came from
     edit_origins: dict[str, str] = field(default_factory=dict)
+    # adaptive blame (engine/probes/adaptive.py): the probes planned and made, and why the
+    # rest were not; None when every planned probe was made (--exhaustive, pooled steps)
+    spent: Spent | None = None
+    estimate: str = ""  # what it said it would cost before it began
 
     @property
     def step(self) -> int | None:
         return self.steps[0] if len(self.steps) == 1 else None
+
+    @property
+    def facts(self) -> list[NodeFact]:
+        """Per LLM node, what the verdict rests on (`weighed`): the counts the pages draw."""
+        gradients = self.nodes if any(r.probed for r in self.nodes) else []
+        return weighed(self.verdict, self.evidence, gradients, self.edits,
+                       [r.node_id for r in self.nodes])
 
     @property
     def blamed(self) -> list[str]:
@@ -493,6 +578,8 @@ class BlameReport:
                           "rewriter_is_optimizer_model": True},
             "cost": {"calls": self.calls, "model_calls": self.model_calls,
                      "tokens": self.tokens, "seconds": round(self.seconds, 3)},
+            "adaptive": self.spent.as_json() if self.spent else None,
+            "estimate": self.estimate,
         }
 
 
@@ -521,13 +608,17 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
                 methods: list[str] | None = None, repeats: int = 1,
                 forward_backend: Backend | None = None,
                 optimizer_backend: Backend | None = None,
-                progress: Callable[[int, int], None] | None = None) -> BlameReport:
+                progress: Callable[[int, int], None] | None = None,
+                adaptive: bool = True,
+                announce: Callable[[str], None] | None = None) -> BlameReport:
     """Probe every LLM node on the chosen examples of `step` (None: every backward step,
     pooled): follow its gradient on each failing example and run its proposed edit alone
     on them and on the passing validation examples; with `methods`, also follow each
     method's gradients, re-computed on the same logged traces. `repeats` > 1 draws each
     probe again at temperature > 0. Logged like any probe; raises ProbeError on bad input.
-    `progress(done, total)` is called as probes finish."""
+    `progress(done, total)` is called as probes finish. `adaptive` (one step): probe in
+    rounds and stop where probes no longer decide anything (engine/probes/adaptive.py);
+    False: every planned probe. `announce(line)` gets the estimate before the first probe."""
     which = examples
     if which not in EXAMPLE_CHOICES and not [e for e in which.split(",") if e.strip()]:
         raise ProbeError(f"--examples must be one of {', '.join(EXAMPLE_CHOICES)} or a list "
@@ -540,6 +631,7 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
         load_run(db, run_id, 1)  # says why: no run, or no complete step
     started = time.perf_counter()
     plans, results, probers, empty = [], [], [], []
+    spent, estimate = None, ""
     calls = model_calls = tokens = 0
     try:
         for s in steps:
@@ -558,9 +650,20 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
         temperature = float(plans[0]["run"].config.get("temperature", 0.0)) if plans else 0.0
         draws = repeats if temperature > 0 else 1
         total = sum(len(p["jobs"]) for p in plans) * draws
+        adaptive = adaptive and len(plans) == 1
+        estimate = blame_estimate(plans, draws, adaptive)
+        if announce:
+            announce(estimate)
         done = 0
         if progress:
             progress(0, total)
+
+        def skip(count: int) -> None:  # planned probes adaptive blame will not make
+            nonlocal total
+            total -= count * draws
+            if progress and count:
+                progress(done, total)
+
         for plan, prober in zip(plans, probers):
 
             async def one(job: dict, index: int, prober: Prober = prober) -> ProbeResult:
@@ -571,8 +674,18 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
                     progress(done, total)
                 return result
 
-            results.extend(await asyncio.gather(*(one(job, i) for job in plan["jobs"]
-                                                  for i in range(draws))))
+            async def probe_all(jobs: list[dict]) -> list[ProbeResult]:
+                return list(await asyncio.gather(*(one(job, i) for job in jobs
+                                                   for i in range(draws))))
+
+            if adaptive:
+                made, spent = await probe_adaptively(
+                    plan, run_id, probe_all, own_counts,
+                    lambda rs, plan=plan: summarize(run_id, steps, which, [plan], rs).blamed,
+                    skip)
+                results.extend(made)
+            else:
+                results.extend(await probe_all(plan["jobs"]))
             tokens += sum((c.prompt_tokens or 0) + (c.completion_tokens or 0)
                           for c in prober.calls if not c.cache_hit)
             prober.save()
@@ -586,6 +699,8 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
             model_calls += prober.ctx.client.stats.network_calls
             await prober.ctx.client.aclose()
     report = summarize(run_id, steps, which, plans, results)
+    report.spent = spent if adaptive else None
+    report.estimate = estimate
     report.repeats = draws
     report.repeats_note = "" if repeats == 1 else (
         f"each probe drawn {repeats} times at temperature {temperature:g}" if draws > 1 else
@@ -752,6 +867,42 @@ def _tally(row: Evidence, draws: list[ProbeResult], claim: bool | None = None) -
     if claim is not None:
         row.claimed += int(claim)
         row.claim_agree += int(claim == (fixed and not leaked))
+
+
+def own_counts(results: list[ProbeResult], kind: str) -> dict[str, tuple[int, int]]:
+    """Per node, (flips, counted) of the run's own gradient probes or of the edit probes
+    made so far, counted as the verdict counts them (`Evidence`)."""
+    rows: dict[str, Evidence] = {}
+    for (k, method, node, *_), draws in _group(results).items():
+        if k == kind and not method:
+            _tally(rows.setdefault(node, Evidence(node, kind)), draws)
+    return {n: (r.flips, r.counted) for n, r in rows.items()}
+
+
+def blame_estimate(plans: list[dict], draws: int, adaptive: bool) -> str:
+    """One line before the first probe: the probes planned, their model calls (a gradient
+    probe: its rewrite and the nodes below; an edit probe: the node and those below; cached
+    calls count too) and the time at the run's own pace (`run_pace`)."""
+    calls = probes = 0
+    for plan in plans:
+        graph = plan["run"].graph
+        below = {n: sum(1 for d in descendants(graph, n) if graph.node(d).kind == "llm")
+                 for n in plan["nodes"]}
+        for job in plan["jobs"]:
+            probes += draws
+            calls += draws * (below[job["node_id"]] + 1)
+    run = plans[0]["run"]
+    pace = run_pace(run.db, run.run_id)
+    when = (f", about {_duration(calls * pace)} at this run's pace ({pace:.1f} s a model "
+            "call; cached calls are faster)" if pace else "")
+    how = ("adaptive: probed in rounds of a few examples, it stops where the probes no "
+           "longer decide anything, so it usually makes far fewer; --exhaustive makes all"
+           if adaptive else "every planned probe is made")
+    return (f"blame: up to {probes} probes, about {calls} model calls{when}; {how}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
