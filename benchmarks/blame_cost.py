@@ -8,6 +8,11 @@
 
     .venv/bin/python benchmarks/blame_cost.py [--skip-local] [--skip-gsm8k]
         [--latency 0.2] [--data-dir ../shared/datasets]
+    .venv/bin/python benchmarks/blame_cost.py --adaptive 0,1 [--examples val]
+
+3. With --adaptive: the demo on the embedded pair (Qwen2.5-Coder-0.5B forward, 1.5B
+   optimizer) per seed, then adaptive and exhaustive blame on the same run, each on its
+   own copy of the run log: probes, model calls, seconds and the verdict of each.
 """
 
 from __future__ import annotations
@@ -68,13 +73,58 @@ def gsm8k_on_fake_server(tmp: str, latency: float, data_dir: str) -> None:
                                "1 step (16 train, 16 val)", False)
 
 
+def adaptive_against_exhaustive(tmp: str, seeds: list[int], examples: str) -> None:
+    """The demo on the embedded pair (its defaults: one step), then blame on its `examples`
+    twice, adaptive and exhaustive, each on its own copy of the run log (so neither is
+    served the other's probes from the cache): calls, wall time and verdict of each."""
+    import shutil
+
+    rows = []
+    for seed in seeds:
+        db = Path(tmp) / f"demo-{seed}.duckdb"
+        config = RunConfig(graph=str(ROOT / "sample_graphs" / "demo.yaml"), backend="local",
+                           seed=seed, db=str(db))
+        started = time.perf_counter()
+        result = asyncio.run(execute(config))
+        print(f"seed {seed}: the demo run took {time.perf_counter() - started:.0f} s, "
+              f"{result.stats.network_calls} model calls, status {result.status}", flush=True)
+        for adaptive in (True, False):
+            copy = Path(tmp) / f"demo-{seed}-{'adaptive' if adaptive else 'exhaustive'}.duckdb"
+            shutil.copy(db, copy)
+            report = asyncio.run(blame(str(copy), result.run_id, 1, examples,
+                                       adaptive=adaptive, announce=print))
+            probes = len(report.results)
+            rows.append((seed, "adaptive" if adaptive else "exhaustive", probes,
+                         report.model_calls, report.seconds, report.verdict.named))
+            print(f"  {rows[-1][1]}: {probes} probes, {report.model_calls} model calls, "
+                  f"{report.seconds:.0f} s; blames {report.verdict.named}", flush=True)
+    print(f"\nblame on the demo's {examples} examples, embedded pair, step 1")
+    print(f"{'seed':>4}  {'blame':<10} {'probes':>6} {'model calls':>11} {'seconds':>7}  verdict")
+    for seed, how, probes, calls, seconds, named in rows:
+        print(f"{seed:>4}  {how:<10} {probes:>6} {calls:>11} {seconds:>7.0f}  {named}")
+    for seed in seeds:
+        pair = [r for r in rows if r[0] == seed]
+        same = pair[0][5] == pair[1][5]
+        print(f"seed {seed}: the same verdict: {'yes' if same else 'NO'}; adaptive took "
+              f"{pair[0][4] / max(pair[1][4], 1e-9):.0%} of exhaustive's time")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets"))
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--skip-gsm8k", action="store_true")
+    parser.add_argument("--adaptive", metavar="SEEDS",
+                        help="only: adaptive against exhaustive blame on the demo run of each "
+                             "seed (e.g. 0,1) on the embedded pair")
+    parser.add_argument("--examples", default="val", help="with --adaptive: which examples")
     args = parser.parse_args()
+    if args.adaptive:
+        with tempfile.TemporaryDirectory() as tmp:
+            adaptive_against_exhaustive(tmp, [int(s) for s in args.adaptive.split(",")],
+                                        args.examples)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_gsm8k:
             gsm8k_on_fake_server(tmp, args.latency, args.data_dir)

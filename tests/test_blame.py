@@ -49,6 +49,7 @@ def logged_run(tmp_path, misleading: bool = False, **config) -> str:
 
 
 def run_blame(db: str, misleading: bool = False, examples: str = "failing", **kw):
+    kw.setdefault("adaptive", False)  # what every planned probe shows (adaptive: below)
     return asyncio.run(blame(db, "bf", kw.pop("step", 1), examples,
                              forward_backend=ScriptedBackend(
                                  responder=blame_fault_responder(misleading)), **kw))
@@ -259,7 +260,8 @@ def test_blame_command_prints_the_table_and_the_verdict(tmp_path, capsys, monkey
     db = logged_run(tmp_path, misleading=True)
     monkeypatch.setattr("engine.llm.factory.make_backend",
                         lambda *a, **k: ScriptedBackend(responder=blame_fault_responder(True)))
-    assert main(["blame", "bf", "--db", db, "--step", "1", "--examples", "sampled"]) == 0
+    assert main(["blame", "bf", "--db", db, "--step", "1", "--examples", "sampled",
+                 "--exhaustive"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     numbers = next(ln for ln in lines if ln.startswith("│ numbers"))
@@ -432,7 +434,7 @@ def test_repeated_draws_become_one_flip_by_strict_majority(tmp_path, capsys, mon
     db = logged_run(tmp_path, temperature=0.7)
     backend = ScriptedBackend(responder=disagreeing_draws)
     report = asyncio.run(blame(db, "bf", 1, "failing", repeats=DRAWS,
-                               forward_backend=backend))
+                               forward_backend=backend, adaptive=False))
     assert report.repeats == DRAWS
     assert {r.sample_index for r in report.results} == set(range(DRAWS))
     firsts = {e: first_number(json.loads(f)["text"]) for e, f in rows(
@@ -452,8 +454,8 @@ def test_repeated_draws_become_one_flip_by_strict_majority(tmp_path, capsys, mon
     assert sorted(q.sample_index for q in rewrites) == sorted(list(range(DRAWS)) * 8)
     monkeypatch.setattr("engine.llm.factory.make_backend",
                         lambda *a, **k: ScriptedBackend(responder=disagreeing_draws))
-    assert main(["blame", "bf", "--db", db, "--step", "1", "--repeats", str(DRAWS),
-                 "--json"]) == 0
+    assert main(["blame", "bf", "--db", db, "--step", "1", "--exhaustive", "--repeats",
+                 str(DRAWS), "--json"]) == 0
     data = {n["node"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}["numbers"]
     low, high = wilson(4, 7)
     assert (data["probed"], data["errors"], data["flips"], data["interval"],

@@ -30,7 +30,7 @@ def scripted(monkeypatch):
 def blame_json(db: str, capsys, examples: str) -> dict:
     capsys.readouterr()
     assert main(["blame", "bf", "--db", db, "--step", "1", "--examples", examples,
-                 "--json"]) == 0
+                 "--exhaustive", "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 

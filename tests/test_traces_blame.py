@@ -42,9 +42,11 @@ def test_the_walkthrough_prints_the_verdict_with_intervals_and_stays_small(tmp_p
     out = capsys.readouterr().out
     assert code == 0, out
     lines = out.splitlines()
-    assert "  numbers  flips 6/6  90% [0.69, 1.00]  leaks 0  errors 0" in lines
-    assert "  who      flips 0/6  90% [0.00, 0.31]  leaks 0  errors 0" in lines
-    assert "  total    flips 0/6  90% [0.00, 0.31]  leaks 0  errors 0" in lines
+    # adaptive blame: after a round of 4 of the 6 examples numbers is clear of the others
+    assert "  numbers  flips 4/4  90% [0.60, 1.00]  leaks 0  errors 0" in lines
+    assert "  who      flips 0/4  90% [0.00, 0.40]  leaks 0  errors 0" in lines
+    assert "  total    flips 0/4  90% [0.00, 0.40]  leaks 0  errors 0" in lines
+    assert "adaptive: 12 of 24 planned probes made (--exhaustive makes all)" in lines
     assert any(line.startswith("verdict: blames numbers (right): ") for line in lines)
     assert any(line.startswith("traced 6 runs of the pipeline (18 calls) in ") for line in lines)
     assert ("imported 6 traces: calls who, numbers, total; flows numbers -> total, who -> "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,9 @@ def register_cli(sub: Any) -> None:
                         "follow their gradients")
     p.add_argument("--repeats", type=int, default=1, metavar="R",
                    help="draw each probe R times (temperature > 0) and report agreement")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="make every planned probe (default: adaptive, in rounds of a few "
+                        "examples, stopping where the probes no longer decide anything)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_blame)
 
@@ -142,7 +146,14 @@ def _say_if_busy(db: str, run_id: str, console: Any) -> None:
 
 
 def cmd_blame(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from engine.console import console, out
     from engine.probes.blame import blame, parse_methods
@@ -152,8 +163,9 @@ def cmd_blame(args: argparse.Namespace) -> int:
         raise ProbeError(f"--repeats must be 1 or more, not {args.repeats}")
     _say_if_busy(args.db, args.run_id, console)
     bar = Progress(TextColumn("[bold]probes"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=console)
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=console)
     task = bar.add_task("probes", total=None)
+    started = time.monotonic()
 
     def progress(done: int, total: int) -> None:
         if console.is_terminal:
@@ -161,11 +173,19 @@ def cmd_blame(args: argparse.Namespace) -> int:
                 bar.start()
             bar.update(task, completed=done, total=total)
         elif done == total or done % -(-total // 10) == 0:  # a log file: about ten lines
-            console.print(f"probes {done}/{total} done", markup=False, highlight=False)
+            left = (time.monotonic() - started) / done * (total - done) if done else None
+            console.print(f"probes {done}/{total} done"
+                          + (f", about {left:.0f} s left" if left is not None and done < total
+                             else ""), markup=False, highlight=False)
+
+    def announce(line: str) -> None:
+        if not args.json:
+            console.print(line, markup=False, highlight=False)
 
     try:
         report = asyncio.run(blame(args.db, args.run_id, args.step, args.examples,
-                                   methods=methods, repeats=args.repeats, progress=progress))
+                                   methods=methods, repeats=args.repeats, progress=progress,
+                                   adaptive=not args.exhaustive, announce=announce))
     finally:
         if bar.live.is_started:  # stopping a bar never shown prints a blank line
             bar.stop()
@@ -287,6 +307,10 @@ def blame_lines(report: Any, out: Any) -> list[str]:
     lines.append(f"rewriter: the optimizer model ({report.rewriter}) follows each gradient; "
                  f"a strong rewriter can solve the example itself (forward model: "
                  f"{report.forward_model})")
+    if report.spent:
+        lines.append(f"adaptive: {report.spent.made} of {report.spent.planned} planned probes "
+                     f"made (--exhaustive makes all)")
+        lines += [f"  {note}" for note in report.spent.notes]
     lines.append(f"cost: {report.calls} calls ({report.model_calls} to the model, "
                  f"{report.tokens} tokens), {report.seconds:.1f} s")
     return lines

@@ -176,3 +176,17 @@ def sampled_examples(db: str | Path, run_id: str, step: int,
     chosen = sample_failures(records, int(config.get("failures_per_step", 2)),
                              int(config.get("seed", 0)), step)
     return [losses[i][0] for i in chosen]
+
+
+def run_pace(db: str | Path, run_id: str) -> float | None:
+    """Seconds of wall time per model call (cache hits left out) over the run's steps, its
+    concurrency included: what a probe's calls will take on the same model and machine.
+    None when the run made no model call in a timed step."""
+    with connect(db, read_only=True) as con:
+        row = con.execute(
+            "SELECT sum(s.ended_at - s.started_at), sum(c.calls) FROM steps s JOIN ("
+            "  SELECT step, count(*) AS calls FROM llm_calls WHERE run_id = $run AND NOT "
+            "  coalesce(cache_hit, false) GROUP BY step) c USING (step) "
+            "WHERE s.run_id = $run AND s.ended_at > s.started_at", {"run": run_id}).fetchone()
+    seconds, calls = row if row else (None, None)
+    return seconds / calls if seconds and calls else None
