@@ -143,3 +143,19 @@ def edit_origin(db: str, run_id: str, step: int, node_id: str) -> str | None:
     """Where the edit blame probes for a node came from, when it is not the kept
     candidate's (engine.runlog.probing.proposal_origin); None otherwise."""
     return _edit_origin(db, run_id, int(step), node_id, stamp(db))
+
+
+@st.cache_data(**CACHE_OPTIONS)
+def _blame_estimate(db: str, run_id: str, step: int, examples: str, version: Stamp) -> str:
+    from engine.probes.blame import estimate_from_log
+
+    try:
+        return estimate_from_log(db, run_id, step, examples)
+    except Exception:  # noqa: BLE001 - an estimate is a courtesy: the button still works
+        return ""
+
+
+def blame_estimate(db: str, run_id: str, step: int, examples: str) -> str:
+    """What blame on the step's `examples` would cost at most, before it starts (the line
+    `blame` prints first), from the run log alone."""
+    return _blame_estimate(db, run_id, int(step), examples, stamp(db))

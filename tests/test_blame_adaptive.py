@@ -81,3 +81,29 @@ def test_adaptive_blame_names_what_exhaustive_blame_names_with_fewer_probes(tmp_
     assert said[-1].startswith(f"blame: up to {planned} probes, about ")
     assert adaptive.as_json()["adaptive"]["made"] == made
     assert any("they named numbers" in note for note in adaptive.spent.notes)
+
+
+def test_the_estimate_from_the_log_bounds_what_blame_plans(tmp_path):
+    import asyncio
+    import re
+
+    from engine.llm.scripted import ScriptedBackend
+    from engine.probes.blame import blame, estimate_from_log
+    from tests.support.blame_fault_script import blame_fault_responder
+    from tests.test_blame import logged_run
+
+    db = logged_run(tmp_path)
+    before = estimate_from_log(db, "bf", 1, "failing")
+    said: list[str] = []
+    asyncio.run(blame(db, "bf", 1, "failing", adaptive=False, announce=said.append,
+                      forward_backend=ScriptedBackend(responder=blame_fault_responder())))
+
+    def figures(line: str) -> tuple[int, int]:
+        found = re.match(r"blame: up to (\d+) probes, about (\d+) model calls", line)
+        return int(found[1]), int(found[2])
+
+    planned, calls = figures(said[0])
+    bound, bound_calls = figures(before)
+    assert planned <= bound and calls <= bound_calls
+    assert bound <= 2 * planned  # an estimate, not a guess off by an order
+    assert "at this run's pace" in before

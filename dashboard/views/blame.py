@@ -73,6 +73,10 @@ def blame_button(db: str, run: str, step: int, *, key: str, label: str = LABEL,
     flag = None if examples == "failing" else examples  # `failing` is blame's default
     command = f"python -m engine blame {run} --step {step}" + (f" --examples {flag}"
                                                                 if flag else "")
+    estimate = probe_data.blame_estimate(db, run, step, examples)
+    if estimate:
+        st.caption(estimate.removeprefix("blame: ").replace("--exhaustive", "exhaustive "
+                                                             "blame (the command line)"))
     if st.button(label, key=key, type="primary" if primary else "secondary",
                  icon=":material/troubleshoot:",
                  help=f"Follow the gradient at every node, and run each node's proposed "

@@ -58,6 +58,7 @@ from engine.runlog.probing import (
     recorded_claims,
     run_pace,
     sampled_examples,
+    step_failing,
     step_proposal,
 )
 
@@ -885,20 +886,44 @@ def blame_estimate(plans: list[dict], draws: int, adaptive: bool) -> str:
     calls count too) and the time at the run's own pace (`run_pace`)."""
     calls = probes = 0
     for plan in plans:
-        graph = plan["run"].graph
-        below = {n: sum(1 for d in descendants(graph, n) if graph.node(d).kind == "llm")
-                 for n in plan["nodes"]}
+        below = _llm_below(plan["run"].graph, plan["nodes"])
         for job in plan["jobs"]:
             probes += draws
             calls += draws * (below[job["node_id"]] + 1)
     run = plans[0]["run"]
-    pace = run_pace(run.db, run.run_id)
+    return _estimate_line(probes, calls, run_pace(run.db, run.run_id), adaptive)
+
+
+def estimate_from_log(db: str, run_id: str, step: int, examples: str = "failing") -> str:
+    """The line `blame_estimate` prints, before any model call, from the run log alone (the
+    dashboard's button shows it): the step's logged failing examples of the chosen split,
+    one gradient and one edit probe each per LLM node, and each edit on the passing
+    validation examples; an upper bound, as blame's own plan is."""
+    run = load_run(db, run_id, step)
+    nodes = [n for n in run.graph.topological_order() if run.graph.node(n).kind == "llm"]
+    counts = step_failing(db, run_id, step)
+    split = "val" if examples == "val" else "train"
+    failing = counts.get(split, (0, 0))[0] + (counts.get("val", (0, 0))[0]
+                                               if examples == "all" else 0)
+    passing = counts.get("val", (0, 0))[1] - counts.get("val", (0, 0))[0]
+    below = _llm_below(run.graph, nodes)
+    probes = sum(2 * failing + passing for _ in nodes)
+    calls = sum((2 * failing + passing) * (below[n] + 1) for n in nodes)
+    return _estimate_line(probes, calls, run_pace(db, run_id), True)
+
+
+def _llm_below(graph: Any, nodes: list[str]) -> dict[str, int]:
+    return {n: sum(1 for d in descendants(graph, n) if graph.node(d).kind == "llm")
+            for n in nodes}
+
+
+def _estimate_line(probes: int, calls: int, pace: float | None, adaptive: bool) -> str:
     when = (f", about {_duration(calls * pace)} at this run's pace ({pace:.1f} s a model "
             "call; cached calls are faster)" if pace else "")
     how = ("adaptive: probed in rounds of a few examples, it stops where the probes no "
            "longer decide anything, so it usually makes far fewer; --exhaustive makes all"
            if adaptive else "every planned probe is made")
-    return (f"blame: up to {probes} probes, about {calls} model calls{when}; {how}")
+    return f"blame: up to {probes} probes, about {calls} model calls{when}; {how}"
 
 
 def _duration(seconds: float) -> str:

@@ -190,3 +190,12 @@ def run_pace(db: str | Path, run_id: str) -> float | None:
             "WHERE s.run_id = $run AND s.ended_at > s.started_at", {"run": run_id}).fetchone()
     seconds, calls = row if row else (None, None)
     return seconds / calls if seconds and calls else None
+
+
+def step_failing(db: str | Path, run_id: str, step: int) -> dict[str, tuple[int, int]]:
+    """Per split, (failing, scored) examples in the step's logged losses."""
+    with connect(db, read_only=True) as con:
+        rows = con.execute("SELECT split, count(*) FILTER (WHERE score < 1), count(*) FROM "
+                           "losses WHERE run_id = ? AND step = ? GROUP BY split",
+                           [run_id, step]).fetchall()
+    return {split: (int(failing), int(total)) for split, failing, total in rows}
