@@ -390,3 +390,16 @@ def test_push_never_takes_a_run_backwards(lake, tmp_path):
     pulled = engine(["runlog", "pull", str(older), "--from", lake, "--json"], tmp_path)
     assert json.loads(pulled.stdout)["runs_updated"] == ["r"]
     assert rows(older, "SELECT status, notes FROM runs") == [("finished", "seen by the team")]
+
+
+def test_traces_exported_from_a_file_log_import_into_a_lake(lake, tmp_path):
+    from tests.support.otlp_traces import exported_diamond_run
+
+    graph, spans = exported_diamond_run(tmp_path)
+    done = engine(["import-traces", str(spans), "--db", lake, "--run-id", "imported"],
+                  tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    traces = rows(lake, "SELECT count(*) FROM examples WHERE run_id = 'imported'")[0][0]
+    assert traces > 0
+    assert rows(lake, "SELECT count(DISTINCT node_id) FROM node_outputs WHERE "
+                      "run_id = 'imported'")[0][0] >= 2
