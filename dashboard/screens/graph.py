@@ -98,13 +98,19 @@ if just_finished(sel.run, step):  # the blame just checked here: show it
 links.page_option("color", "blame" if has_probes else "grad_chars", list(QUANTITIES))
 quantity = st.radio("Colour nodes by", list(QUANTITIES), format_func=QUANTITIES.get,
                     horizontal=True, key="color")
-if not has_probes:
-    st.caption(f"No probes at step {step} yet: checking the blame follows each node's "
-               "gradient on every failing example and records which one fixes the answer.")
-blame_button(sel.db, sel.run, step, key="graph_blame", primary=not has_probes)
-if has_probes:  # what the counts below add up to, as `engine blame` and the Learn tour say
-    # the same rows, updates and nodes as the drawing's blame colours (graph_view.step_blame)
-    show_verdict(sel.db, sel.run, step, probes.to_dict("records"), llm_nodes(graph))
+# One block for what changes as a blame job starts, runs and ends (the hint, the button or
+# the job's progress, the verdict): the drawing below keeps its place among the page's
+# elements. Moved, it would be a new frame, and Streamlit can drop the new frame's first
+# message, leaving the drawing blank until a reload.
+with st.container():
+    if not has_probes:
+        st.caption(f"No probes at step {step} yet: checking the blame follows each node's "
+                   "gradient on every failing example and records which one fixes the "
+                   "answer.")
+    blame_button(sel.db, sel.run, step, key="graph_blame", primary=not has_probes)
+    if has_probes:  # what the counts below add up to, as `engine blame` and Learn say
+        # the same rows, updates and nodes as the drawing's colours (graph_view.step_blame)
+        show_verdict(sel.db, sel.run, step, probes.to_dict("records"), llm_nodes(graph))
 graph_panel(sel, graph, quantity)
 with st.expander("Compare methods: each method's gradient efficacy per node",
                  expanded=bool(latest_report(sel.db, sel.run, step)[1])):
