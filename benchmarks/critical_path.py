@@ -1,8 +1,9 @@
 """Critical-path ratio of one optimization step against a fake OpenAI-compatible server.
 
 Starts the project's fake server with a fixed latency (200 ms), runs step 0 and one
-optimization step of the paper's GSM8K graph shape (two hint nodes feeding a final node;
-16 train and 16 validation examples) through the real `openai` SDK, and prints
+optimization step of the paper's GSM8K graph shape (two hint nodes feeding a final node:
+tests/support/graphs.py's TWO_HINTS, on its arithmetic rows; 16 train and 16 validation
+examples) through the real `openai` SDK, and prints
 
     ratio = wall time of step 1 / (dependent call rounds x latency)
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import sys
@@ -31,25 +31,8 @@ from engine.llm.limits import AdaptiveLimit  # noqa: E402
 from engine.runlog.schema import connect  # noqa: E402
 from engine.runs.execute import SHARED_LIMIT, RunConfig, execute  # noqa: E402
 from tests.support.fake_openai import FakeOpenAIServer  # noqa: E402
+from tests.support.graphs import TWO_HINTS, arithmetic_rows, write_graph  # noqa: E402
 
-GRAPH = """
-name: gsm8k-2x2
-dataset: data.jsonl
-input_fields: [question]
-target_field: answer
-metric: numeric
-nodes:
-  - id: hint_a
-    prompt: Work out an intermediate step that helps solve the problem.
-    inputs: [question]
-  - id: hint_b
-    prompt: Work out an intermediate step that helps solve the problem.
-    inputs: [question]
-  - id: final
-    prompt: Solve the problem.
-    inputs: [question, hint_a, hint_b]
-    output: true
-"""
 ROUNDS = 6
 # calls per dependent round of step 1, in order: train hints, train finals, backward,
 # updates, validation hints, validation finals
@@ -90,12 +73,7 @@ def measure_run(latency: float, concurrency: int | str | None = None,
     log's `steps` table, with step 1's retries (llm_calls) and the run's requests."""
     os.environ.pop("OPENAI_API_KEY", None)
     with tempfile.TemporaryDirectory() as tmp, server_process(latency, server) as base_url:
-        graph = Path(tmp) / "graph.yaml"
-        graph.write_text(GRAPH)
-        with open(Path(tmp) / "data.jsonl", "w") as fh:
-            for i in range(40):
-                fh.write(json.dumps({"id": f"q{i}", "question": f"Tom has {i} apples and buys "
-                                     f"{i + 3} more. How many?", "answer": str(2 * i + 3)}) + "\n")
+        graph = write_graph(Path(tmp), TWO_HINTS, arithmetic_rows(40))
         config = RunConfig(graph=str(graph), backend="openai", base_url=base_url,
                            model="fake-small", optimizer_model="fake-large", steps=1, train=16,
                            val=16, cache="off", node_gates=node_gates,

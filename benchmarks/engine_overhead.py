@@ -1,7 +1,8 @@
 """Engine overhead: node executions per second with the scripted backend at zero latency.
 
 Measures (1) the forward pass alone (no run log) and (2) whole optimization steps with the
-run log written, on the teaching diamond shape (three nodes feeding one).
+run log written, on the teaching diamond shape (three nodes feeding one: tests/support/
+graphs.py's DIAMOND).
 
     .venv/bin/python benchmarks/engine_overhead.py [--examples 500] [--repeats 3]
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -25,19 +25,7 @@ from engine.data.examples import Example  # noqa: E402
 from engine.llm.client import LLMClient  # noqa: E402
 from engine.llm.scripted import ScriptedBackend  # noqa: E402
 from engine.runs.execute import RunConfig, execute  # noqa: E402
-
-GRAPH = """
-name: overhead
-dataset: data.jsonl
-input_fields: [question]
-target_field: answer
-metric: numeric
-nodes:
-  - {id: a, prompt: Find the first quantity., inputs: [question]}
-  - {id: b, prompt: Find the second quantity., inputs: [question]}
-  - {id: c, prompt: Find the operation., inputs: [question]}
-  - {id: final, prompt: Solve the problem., inputs: [question, a, b, c], output: true}
-"""
+from tests.support.graphs import DIAMOND, write_graph  # noqa: E402
 
 
 def examples(n: int) -> list[Example]:
@@ -46,7 +34,7 @@ def examples(n: int) -> list[Example]:
 
 
 async def forward_only(n: int) -> float:
-    graph = parse_graph(GRAPH)
+    graph = parse_graph(DIAMOND)
     client = LLMClient(forward_backend=ScriptedBackend(), forward_model="scripted",
                        concurrency=16)
     ctx = RunContext(graph, client, lambda event: None, "bench", 0)
@@ -57,11 +45,8 @@ async def forward_only(n: int) -> float:
 
 def full_run(n: int) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as tmp:
-        graph = Path(tmp) / "graph.yaml"
-        graph.write_text(GRAPH)
-        with open(Path(tmp) / "data.jsonl", "w") as fh:
-            for ex in examples(2 * n):
-                fh.write(json.dumps({"id": ex.id, **ex.fields, "answer": ex.target}) + "\n")
+        rows = [{"id": ex.id, **ex.fields, "answer": ex.target} for ex in examples(2 * n)]
+        graph = write_graph(Path(tmp), DIAMOND, rows)
         config = RunConfig(graph=str(graph), backend="scripted", steps=2, train=n, val=n,
                            db=str(Path(tmp) / "runs.duckdb"), cache="off")
         started = time.perf_counter()
