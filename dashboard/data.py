@@ -1,20 +1,24 @@
 """Cached access to the run log for the pages (pages write no SQL).
 
-Every cached function takes the database path, the run, and the run log's stamp (mtime
-and size of the database and its WAL; a lake's newest snapshot id) as arguments, never a
-connection: a new write changes the stamp, so a live run is re-read, and an unchanged log
-is served from memory. The reader underneath opens short-lived read-only connections that
-retry while the engine holds the write lock (a lake has no lock: each commit is a
-snapshot).
+Every read is a function of the database path and the run (never a connection), made
+cached by `@cached`: its cache is keyed on those arguments and the run log's stamp (mtime
+and size of the database and its WAL; a lake's newest snapshot id), so a new write changes
+the stamp and a live run is re-read, and an unchanged log is served from memory. The
+reader underneath opens short-lived read-only connections that retry while the engine
+holds the write lock (a lake has no lock: each commit is a snapshot).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ParamSpec, TypeVar, overload
 
 import pandas as pd
 import streamlit as st
@@ -89,29 +93,86 @@ class RunGraph:
 # --- cached queries ---------------------------------------------------------------------
 
 
-@st.cache_data(**CACHE_OPTIONS)
-def _runs(db: str, version: Stamp) -> pd.DataFrame:
+P = ParamSpec("P")
+T = TypeVar("T")
+# an annotation that makes a parameter an int -> whether None passes as None (a string
+# under `from __future__ import annotations`)
+_INTS = {"int": False, int: False, "int | None": True, int | None: True}
+
+
+@overload
+def cached(read: Callable[P, T], *, absent: Callable[[], T] | None = None) -> Callable[P, T]:
+    ...
+
+
+@overload
+def cached(read: None = None, *, absent: Callable[[], T] | None = None
+           ) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    ...
+
+
+def cached(read=None, *, absent=None):
+    """`read(db, ...)` served from memory while the run log's stamp is unchanged.
+
+    The decorated function keeps its name, signature and docstring; a call computes the
+    stamp and looks up (db, stamp, the other arguments) in a `st.cache_data` cache of its
+    own (CACHE_OPTIONS), reading only on a miss. Defaults are filled in first, so a
+    default passed or left out is one entry; a parameter annotated `int` (`int | None`) is
+    passed as a Python int (None stays None), so numpy's int64 from a frame and a plain int
+    share an entry; `**options` are sorted by name. With `absent`, a run log that does not
+    exist (see exists()) gives `absent()`, unread and uncached."""
+    if read is None:
+        return functools.partial(cached, absent=absent)
+    signature = inspect.signature(read)
+    ints = {name: _INTS[p.annotation] for name, p in signature.parameters.items()
+            if p.annotation in _INTS}
+
+    def fetch(db: str, version: Stamp, args: tuple, options: tuple):
+        return read(db, *args, **dict(options))
+
+    # st.cache_data keys a function's cache on its module, qualified name and source: each
+    # read gets a name of its own, and its own source (inspect follows __wrapped__), so an
+    # edit to one read's body is a new cache of that read alone, as a hand-written one was
+    fetch.__signature__ = inspect.signature(fetch)  # the arguments' names, for the cache
+    fetch.__module__ = read.__module__
+    fetch.__name__ = f"_{read.__name__}"
+    fetch.__qualname__ = f"{read.__qualname__}.<cached>"
+    fetch.__wrapped__ = read
+    cache = st.cache_data(**CACHE_OPTIONS)(fetch)
+
+    @functools.wraps(read)
+    def serve(db: str, *args, **kwargs):
+        if absent is not None and not exists(db):
+            return absent()
+        bound = signature.bind(db, *args, **kwargs)
+        bound.apply_defaults()
+        for name, optional in ints.items():
+            value = bound.arguments[name]
+            bound.arguments[name] = None if optional and value is None else int(value)
+        return cache(db, stamp(db), bound.args[1:], tuple(sorted(bound.kwargs.items())))
+
+    serve.cache = cache  # its st.cache_data function (.clear())
+    return serve
+
+
+def _no_runs() -> pd.DataFrame:
+    return pd.DataFrame(columns=["run_id", "graph_name", "method", "status"])
+
+
+@cached(absent=_no_runs)
+def runs(db: str) -> pd.DataFrame:
+    """One row per run (see reader.list_runs); empty when the file does not exist yet."""
     return reader.list_runs(db)
 
 
-def runs(db: str) -> pd.DataFrame:
-    """One row per run (see reader.list_runs); empty when the file does not exist yet."""
-    if not exists(db):
-        return pd.DataFrame(columns=["run_id", "graph_name", "method", "status"])
-    return _runs(db, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _run(db: str, run_id: str, version: Stamp) -> dict | None:
+@cached
+def run(db: str, run_id: str) -> dict | None:
     return reader.run_record(db, run_id)
 
 
-def run(db: str, run_id: str) -> dict | None:
-    return _run(db, run_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _graph(db: str, run_id: str, version: Stamp) -> RunGraph | None:
+@cached
+def graph(db: str, run_id: str) -> RunGraph | None:
+    """The run's graph as logged when it started (not the file on disk today)."""
     from engine.api.support import read_logged_graph
     from engine.core.graph import GraphError
 
@@ -126,183 +187,101 @@ def _graph(db: str, run_id: str, version: Stamp) -> RunGraph | None:
                     graph.description, graph.metric, tuple((n.id, n.prompt) for n in graph.nodes))
 
 
-def graph(db: str, run_id: str) -> RunGraph | None:
-    """The run's graph as logged when it started (not the file on disk today)."""
-    return _graph(db, run_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _steps(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+@cached
+def steps(db: str, run_id: str) -> pd.DataFrame:
     return reader.step_table(db, run_id)
 
 
-def steps(db: str, run_id: str) -> pd.DataFrame:
-    return _steps(db, run_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _split_sizes(db: str, run_id: str, version: Stamp) -> dict[str, int]:
+@cached
+def split_sizes(db: str, run_id: str) -> dict[str, int]:
+    """Examples per split of a run (see reader.split_sizes)."""
     return reader.split_sizes(db, run_id)
 
 
-def split_sizes(db: str, run_id: str) -> dict[str, int]:
-    """Examples per split of a run (see reader.split_sizes)."""
-    return _split_sizes(db, run_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _step_examples(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
+@cached
+def step_examples(db: str, run_id: str, step: int) -> pd.DataFrame:
     return reader.step_examples(db, run_id, step)
 
 
-def step_examples(db: str, run_id: str, step: int) -> pd.DataFrame:
-    return _step_examples(db, run_id, int(step), stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _node_stats(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
+@cached
+def node_stats(db: str, run_id: str, step: int) -> pd.DataFrame:
     return reader.node_step_stats(db, run_id, step)
 
 
-def node_stats(db: str, run_id: str, step: int) -> pd.DataFrame:
-    return _node_stats(db, run_id, int(step), stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _flows(db: str, run_id: str, step: int, example_id: str | None, version: Stamp
-           ) -> pd.DataFrame:
+@cached
+def flows(db: str, run_id: str, step: int, example_id: str | None = None) -> pd.DataFrame:
     return reader.gradient_flows(db, run_id, step, example_id)
 
 
-def flows(db: str, run_id: str, step: int, example_id: str | None = None) -> pd.DataFrame:
-    return _flows(db, run_id, int(step), example_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _node_view(db: str, run_id: str, step: int, example_id: str, node_id: str,
-               version: Stamp) -> dict[str, pd.DataFrame]:
+@cached
+def node_view(db: str, run_id: str, step: int, example_id: str, node_id: str
+              ) -> dict[str, pd.DataFrame]:
     return reader.node_view(db, run_id, step, example_id, node_id)
 
 
-def node_view(db: str, run_id: str, step: int, example_id: str, node_id: str
-              ) -> dict[str, pd.DataFrame]:
-    return _node_view(db, run_id, int(step), example_id, node_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _example_trace(db: str, run_id: str, step: int, example_id: str, version: Stamp
-                   ) -> dict[str, pd.DataFrame]:
+@cached
+def example_trace(db: str, run_id: str, step: int, example_id: str) -> dict[str, pd.DataFrame]:
     return reader.example_trace(db, run_id, step, example_id)
 
 
-def example_trace(db: str, run_id: str, step: int, example_id: str) -> dict[str, pd.DataFrame]:
-    return _example_trace(db, run_id, int(step), example_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _updates(db: str, run_id: str, step: int | None, version: Stamp) -> pd.DataFrame:
+@cached
+def updates(db: str, run_id: str, step: int | None = None) -> pd.DataFrame:
     return reader.step_updates(db, run_id, step)
 
 
-def updates(db: str, run_id: str, step: int | None = None) -> pd.DataFrame:
-    return _updates(db, run_id, None if step is None else int(step), stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _prompt_history(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+@cached
+def prompt_history(db: str, run_id: str) -> pd.DataFrame:
     return reader.prompt_history(db, run_id)
 
 
-def prompt_history(db: str, run_id: str) -> pd.DataFrame:
-    return _prompt_history(db, run_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _paired_gradients(db: str, run_a: str, run_b: str, step: int, node_id: str,
-                      version: Stamp) -> pd.DataFrame:
-    return reader.paired_gradients(db, run_a, run_b, step, node_id)
-
-
+@cached
 def paired_gradients(db: str, run_a: str, run_b: str, step: int, node_id: str
                      ) -> pd.DataFrame:
     """One node's gradients in two runs, example by example (reader.paired_gradients)."""
-    return _paired_gradients(db, run_a, run_b, int(step), node_id, stamp(db))
+    return reader.paired_gradients(db, run_a, run_b, step, node_id)
 
 
-@st.cache_data(**CACHE_OPTIONS)
-def _example_gradients(db: str, run_id: str, step: int, example_id: str, version: Stamp
-                       ) -> pd.DataFrame:
+@cached
+def example_gradients(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
     return reader.example_gradients(db, run_id, step, example_id)
 
 
-def example_gradients(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
-    return _example_gradients(db, run_id, int(step), example_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _token_totals(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+@cached
+def token_totals(db: str, run_id: str) -> pd.DataFrame:
     return reader.token_totals(db, run_id)
 
 
-def token_totals(db: str, run_id: str) -> pd.DataFrame:
-    return _token_totals(db, run_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _step_phase_costs(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
+@cached
+def step_phase_costs(db: str, run_id: str) -> pd.DataFrame:
     return reader.step_phase_costs(db, run_id)
 
 
-def step_phase_costs(db: str, run_id: str) -> pd.DataFrame:
-    return _step_phase_costs(db, run_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _step_totals(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
-    return reader.step_totals(db, run_id)
-
-
+@cached
 def step_totals(db: str, run_id: str) -> pd.DataFrame:
-    return _step_totals(db, run_id, stamp(db))
+    return reader.step_totals(db, run_id)
 
 
 # --- debugging views: examples, traces, prompt history, per-example compare -------------
 
 
-@st.cache_data(**CACHE_OPTIONS)
-def _example_rows(db: str, run_id: str, step: int, options: tuple, version: Stamp
-                  ) -> pd.DataFrame:
-    return debug.example_rows(db, run_id, step, **dict(options))
-
-
+@cached
 def example_rows(db: str, run_id: str, step: int, **options) -> pd.DataFrame:
     """One page of the step's examples table (see debug.example_rows for the options)."""
-    return _example_rows(db, run_id, int(step), tuple(sorted(options.items())), stamp(db))
+    return debug.example_rows(db, run_id, step, **options)
 
 
-@st.cache_data(**CACHE_OPTIONS)
-def _example_calls(db: str, run_id: str, step: int, example_id: str, version: Stamp
-                   ) -> pd.DataFrame:
+@cached
+def example_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
     return debug.example_calls(db, run_id, step, example_id)
 
 
-def example_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
-    return _example_calls(db, run_id, int(step), example_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _node_history(db: str, run_id: str, node_id: str, version: Stamp
-                  ) -> dict[str, pd.DataFrame]:
+@cached
+def node_history(db: str, run_id: str, node_id: str) -> dict[str, pd.DataFrame]:
     return debug.node_history(db, run_id, node_id)
 
 
-def node_history(db: str, run_id: str, node_id: str) -> dict[str, pd.DataFrame]:
-    return _node_history(db, run_id, node_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _compare_rows(db: str, a: str, b: str, step_a: int, step_b: int, version: Stamp
-                  ) -> pd.DataFrame:
+@cached
+def _compare_rows(db: str, a: str, b: str, step_a: int, step_b: int) -> pd.DataFrame:
     return debug.compare_rows(db, a, b, step_a, step_b)
 
 
@@ -311,7 +290,7 @@ def compare_rows(db: str, a: str, b: str, step_a: int, step_b: int, metric: str 
     """The shared examples with each side's graded answer (`answer_a`, `answer_b`):
     `disagree` when the graded answers or the scores differ, `raw_differs` when only the
     raw text does (`Yes.` against `Yes.\n</output>` is no disagreement)."""
-    rows = _compare_rows(db, a, b, int(step_a), int(step_b), stamp(db)).copy()
+    rows = _compare_rows(db, a, b, step_a, step_b).copy()
     rows["answer_a"] = [graded_answer(metric, p, t) for p, t in
                         zip(rows["prediction_a"], rows["target"])]
     rows["answer_b"] = [graded_answer(metric, p, t) for p, t in
@@ -339,45 +318,28 @@ def graded_answer(metric: str, prediction: object, target: object) -> str:
         return normalize_text(text)
 
 
-@st.cache_data(**CACHE_OPTIONS)
-def _backpropagated_steps(db: str, run_id: str, version: Stamp) -> list[int]:
+@cached
+def backpropagated_steps(db: str, run_id: str) -> list[int]:
+    """Steps at which the run back-propagated (sent gradients or targets)."""
     return debug.backpropagated_steps(db, run_id)
 
 
-def backpropagated_steps(db: str, run_id: str) -> list[int]:
-    """Steps at which the run back-propagated (sent gradients or targets)."""
-    return _backpropagated_steps(db, run_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _backward_calls(db: str, run_id: str, step: int, example_id: str, version: Stamp
-                    ) -> pd.DataFrame:
+@cached
+def backward_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
     return debug.backward_calls(db, run_id, step, example_id)
 
 
-def backward_calls(db: str, run_id: str, step: int, example_id: str) -> pd.DataFrame:
-    return _backward_calls(db, run_id, int(step), example_id, stamp(db))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _test_scores(db: str, version: Stamp) -> dict[str, float]:
-    frame = debug.test_scores(db)
-    return dict(zip(frame["run_id"], frame["test_score"]))
-
-
-@st.cache_data(**CACHE_OPTIONS)
-def _forks(db: str, run_id: str, version: Stamp) -> list[str]:
+@cached
+def forks(db: str, run_id: str) -> list[str]:
+    """Runs forked from `run_id`, newest first."""
     return debug.forks(db, run_id)
 
 
-def forks(db: str, run_id: str) -> list[str]:
-    """Runs forked from `run_id`, newest first."""
-    return _forks(db, run_id, stamp(db))
-
-
+@cached(absent=dict)
 def test_scores(db: str) -> dict[str, float]:
     """run id -> test-split score, for the runs that evaluated one."""
-    return _test_scores(db, stamp(db)) if exists(db) else {}
+    frame = debug.test_scores(db)
+    return dict(zip(frame["run_id"], frame["test_score"]))
 
 
 # --- derived values ---------------------------------------------------------------------
@@ -488,16 +450,10 @@ def fixed_prompts(db: str, run_id: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items() if isinstance(v, str | int)}
 
 
-@st.cache_data(**CACHE_OPTIONS)
-def _collected(db: str, version: Stamp) -> Collected:
-    from engine.runlog.collected import collected_heads
-
-    return collected_overview(collected_heads(db))
-
-
+@cached(absent=lambda: EMPTY_COLLECTED)
 def collected(db: str) -> Collected:
     """The spans `engine collect` received into the run log, per service and per trace
     (dashboard.views.collected); empty before the file exists."""
-    if not exists(db):
-        return EMPTY_COLLECTED
-    return _collected(db, stamp(db))
+    from engine.runlog.collected import collected_heads
+
+    return collected_overview(collected_heads(db))
