@@ -59,3 +59,22 @@ def lake(postgres, tmp_path, monkeypatch):
     monkeypatch.setenv("PGPASSWORD", PASSWORD)
     monkeypatch.setenv("SEMBACK_DATA_PATH", str(data))
     return f"ducklake:postgres:{postgres.dsn(name)}"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for a module's browser tests (tests/support/browser.py)."""
+    from tests.support.browser import chromium
+
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh 1400x1800 tab that dismisses dialogs and records requests leaving the machine
+    (`page.outside`); a module overrides it for another size (tests/support/browser.py)."""
+    from tests.support.browser import open_page
+
+    with open_page(browser) as tab:
+        yield tab

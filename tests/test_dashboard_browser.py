@@ -1,5 +1,6 @@
 """The dashboard in a real browser: Debian's chromium driven by Playwright against
-`streamlit run dashboard/app.py` on a free localhost port.
+`streamlit run dashboard/app.py` on a free localhost port (tests/support/browser.py: the
+server, and the `browser` and `page` fixtures of tests/conftest.py).
 
 Opens deep links to the inspector and Step through (the graph drawing, clicks on it
 and every page's deep link are in test_dashboard_browser_graph.py), and checks that the
@@ -9,114 +10,19 @@ and in every iframe) while its literal text is visible. Saves a screenshot of ev
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from tests.support.dashboard_log import ADDED_WORDS, HINT_A_OUTPUT, build_run_log
-
-CHROMIUM = Path("/usr/bin/chromium")
-ROOT = Path(__file__).resolve().parents[1]
-SHOTS = ROOT / "test-artifacts" / "screenshots"
-LOCAL = ("http://localhost", "http://127.0.0.1", "data:", "blob:", "about:")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - depends on the machine
-    sync_playwright = None
+from tests.support.browser import SHOTS, expect, no_script_ran, serve, settle
+from tests.support.dashboard_log import ADDED_WORDS, HINT_A_OUTPUT
 
 pytestmark = pytest.mark.browser
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     yield from serve(tmp_path_factory.mktemp("browser"))
-
-
-def serve(folder: Path, env: dict[str, str] | None = None, build=build_run_log):
-    """Build the run log in `folder` (`build(folder)`, whose result has `.db`), start the
-    dashboard on it (with `env` added), yield (base URL, that result), stop the server."""
-    log = build(folder)
-    port = free_port()
-    streamlit = Path(sys.executable).with_name("streamlit")
-    cmd = [str(streamlit)] if streamlit.exists() else [sys.executable, "-m", "streamlit"]
-    cmd += ["run", "dashboard/app.py", "--server.headless", "true", "--server.port", str(port),
-            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    env = {**os.environ, "SEMBACK_DB": str(log.db), "SEMBACK_JOBS_DIR": str(folder / "jobs"),
-           **(env or {})}
-    out = open(folder / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://localhost:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as reply:
-                if reply.read().decode().strip() == "ok":
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("streamlit did not start:\n" + (folder / "server.log").read_text())
-        time.sleep(0.2)
-    yield base, log
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    out.close()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1800})
-    tab = context.new_page()
-    tab.on("dialog", lambda d: d.dismiss())  # an alert() would mean the payload ran
-    tab.outside = []  # requests that would leave the machine (offline: there must be none)
-    tab.on("request", lambda r: r.url.startswith(LOCAL) or tab.outside.append(r.url))
-    yield tab
-    context.close()
-
-
-def settle(page, timeout: float = 30_000) -> None:
-    """Wait until the script finished and no placeholder is left."""
-    page.wait_for_selector("[data-test-script-state='notRunning']", timeout=timeout)
-    page.wait_for_function("!document.querySelector('[data-testid=\"stSkeleton\"]')",
-                           timeout=timeout)
-    page.wait_for_timeout(300)
-
-
-def no_script_ran(page) -> None:
-    """The payload's onerror never ran, in the page or any iframe; nothing was fetched
-    from outside (the dashboard works offline)."""
-    for frame in page.frames:
-        assert frame.evaluate("typeof window.__xss") == "undefined", frame.url
-    assert page.outside == []
 
 
 def test_inspector_deep_link_shows_the_payload_as_text(server, page):

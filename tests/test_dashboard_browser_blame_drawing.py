@@ -1,5 +1,5 @@
 """The drawing agrees with the verdict, in a real browser (same server, browser and checks
-as test_dashboard_browser.py, with a run log of its own).
+as tests/support/browser.py, with a run log of its own).
 
 The run: sample_graphs/demo.yaml on tests/support/tie_script.py, a scripted model whose
 updates repair `note` and `thing` each in part. On the validation examples no gradient
@@ -25,18 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import test_dashboard_browser as shared
-from test_dashboard_browser import ROOT, SHOTS, no_script_ran, serve, settle
 
 from dashboard.views.colors import BLAMED, TIED, reds
+from tests.support.browser import ROOT, SHOTS, expect, no_script_ran, serve, settle
 
-browser, page = shared.browser, shared.page  # the same fixtures, on this module's server
-pytestmark = shared.pytestmark
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # pragma: no cover - skipped by pytestmark
-    expect = None
+pytestmark = pytest.mark.browser
 
 RUN = "tie"
 MODEL = f"{ROOT / 'tests' / 'support' / 'tie_script.py'}:tie_responder"

@@ -4,7 +4,7 @@ the fake OpenAI server with only OTEL_EXPORTER_OTLP_ENDPOINT set (the standard
 opentelemetry-exporter-otlp-proto-http exporter behind a BatchSpanProcessor), the page
 shows its traces arriving while it runs, and **Import as a run** makes a run of them,
 linked to the Runs page. Stopping the dashboard stops the receiver. Same server, browser
-and checks as test_dashboard_browser.py; the receiver's port is a free one
+and checks as tests/support/browser.py; the receiver's port is a free one
 ($SEMBACK_COLLECT_PORT). Screenshots: traces-live, traces-imported, traces-run
 (test-artifacts/screenshots/)."""
 
@@ -20,22 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import test_dashboard_browser as shared
-from test_dashboard_browser import SHOTS, free_port, no_script_ran, serve, settle
 
 from engine.runlog.schema import connect
+from tests.support.browser import ROOT, SHOTS, dashboard, expect, free_port, no_script_ran, settle
 from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.pipeline_responders import langchain_responder
 
-browser, page = shared.browser, shared.page  # the same fixtures, on this module's server
-pytestmark = shared.pytestmark
+pytestmark = pytest.mark.browser
 
-try:
-    from playwright.sync_api import expect
-except ImportError:  # pragma: no cover - skipped by pytestmark
-    expect = None
-
-ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ROOT / "sample_graphs" / "langchain_pipeline.py"
 SENTENCES = 17  # every sentence of sample_graphs/data/langchain_cities.jsonl
 LATENCY = 0.2  # seconds per model call: the pipeline runs for a dozen seconds
@@ -52,12 +44,9 @@ class EmptyLog:
 def server(tmp_path_factory):
     """The dashboard on a run log that does not exist yet; (base URL, log, stop())."""
     folder = tmp_path_factory.mktemp("browser-collect")
-    port = free_port()
-    running = serve(folder, env={"SEMBACK_COLLECT_PORT": str(port)},
-                    build=lambda f: EmptyLog(f / "runs.duckdb", port))
-    base, log = next(running)
-    yield base, log, lambda: next(running, None)
-    next(running, None)
+    log = EmptyLog(folder / "runs.duckdb", free_port())
+    with dashboard(log.db, folder, {"SEMBACK_COLLECT_PORT": str(log.port)}) as app:
+        yield app.url, log, app.stop
 
 
 def summary(main) -> tuple[int, ...] | None:

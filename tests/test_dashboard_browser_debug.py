@@ -1,5 +1,5 @@
 """The debugging pages in a real browser (same server, browser and checks as
-test_dashboard_browser.py): deep links to Examples, the trace, Prompt history and Compare
+tests/support/browser.py): deep links to Examples, the trace, Prompt history and Compare
 survive a reload with their full state in the address; a link to an unknown run warns;
 Copy link copies the address; model text with HTML in it shows as text in the trace.
 Screenshots go to test-artifacts/screenshots/."""
@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlparse
 
-import test_dashboard_browser as shared
-from test_dashboard_browser import SHOTS, no_script_ran, settle
+import pytest
 
+from tests.support.browser import SHOTS, expect, no_script_ran, serve, settle
 from tests.support.dashboard_log import XSS
 
-server, browser, page = shared.server, shared.browser, shared.page  # the same fixtures
-pytestmark = shared.pytestmark
+pytestmark = pytest.mark.browser
 
-try:
-    from playwright.sync_api import expect
-except ImportError:  # pragma: no cover - skipped by pytestmark
-    expect = None
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from serve(tmp_path_factory.mktemp("browser-debug"))
 
 
 def params(url: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """Compare's "Why do they differ?" in a real browser (same browser and checks as
-test_dashboard_browser.py, on its own server and run log: a fork with one hand-edited
+tests/support/browser.py, on its own server and run log: a fork with one hand-edited
 middle prompt beside its parent, tests/support/diff_script.py). A deep link opens the Compare page
 on a differing example, the diff button explains it by the edited node, the address still
 carries the view, and a reload of that address shows the verdict again (read back from the
@@ -7,73 +7,45 @@ log). Screenshot: test-artifacts/screenshots/compare_why.png."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import duckdb
 import pytest
-import test_dashboard_browser as shared
-from test_dashboard_browser import ROOT, SHOTS, free_port, no_script_ran, settle
 
+from tests.support.browser import SHOTS, expect, no_script_ran, serve, settle
 from tests.support.diff_script import CHAIN, forked
 
 EXPLAINS_COLOR = "#5bb85d"  # dashboard/screens/compare.py (a page script: not importable)
 
-browser, page = shared.browser, shared.page  # the same browser; `server` is this module's
-pytestmark = shared.pytestmark
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # pragma: no cover - skipped by pytestmark
-    expect = None
+pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("browser_diff")
+@dataclass(frozen=True)
+class ForkLog:
+    db: Path
+    example: str  # a validation example the fork and its parent score differently
+
+
+def build_fork_log(folder: Path) -> ForkLog:
     db = forked(folder, CHAIN, {"plan": "Plan the sum CAREFULLY."})
     with duckdb.connect(str(db), read_only=True) as con:
         example = con.execute(
             "SELECT a.example_id FROM losses a JOIN losses b USING (split, example_id, step) "
             "WHERE a.run_id = 'child' AND b.run_id = 'parent' AND a.split = 'val' "
             "AND a.score <> b.score ORDER BY a.example_id").fetchall()[0][0]
-    port = free_port()
-    streamlit = Path(sys.executable).with_name("streamlit")
-    cmd = [str(streamlit)] if streamlit.exists() else [sys.executable, "-m", "streamlit"]
-    cmd += ["run", "dashboard/app.py", "--server.headless", "true", "--server.port", str(port),
-            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    env = {**os.environ, "SEMBACK_DB": str(db), "SEMBACK_JOBS_DIR": str(folder / "jobs")}
-    out = open(folder / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://localhost:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as reply:
-                if reply.read().decode().strip() == "ok":
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("streamlit did not start:\n" + (folder / "server.log").read_text())
-        time.sleep(0.2)
-    yield base, (db, example)
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    out.close()
+    return ForkLog(db, example)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from serve(tmp_path_factory.mktemp("browser_diff"), build=build_fork_log)
 
 
 def test_why_do_they_differ_from_a_deep_link(server, page):
-    base, (db, example) = server
+    base, log = server
+    db, example = log.db, log.example
     page.goto(f"{base}/compare?run=child&other=parent&step=0&pair={example}")
     settle(page, 120_000)
     main = page.locator("[data-testid='stMain']")

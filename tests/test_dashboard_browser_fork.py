@@ -3,7 +3,7 @@ demo run (sample_graphs/demo.yaml), the hand-fixed `note` prompt typed in
 (sample_graphs/data/demo_fixed_prompts.yaml), the fork followed to its end with no reload,
 then Compare (parent against fork) showing the fork's validation above the parent's, each
 with its examples and interval (same server, browser and checks as
-test_dashboard_browser.py).
+tests/support/browser.py).
 
 The model is sample_graphs/demo_responder.py, a scripted model that obeys prompts
 literally: the starting prompts get every answer wrong, the fixed `note` prompt every one
@@ -19,22 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import test_dashboard_browser as shared
 import yaml
-from test_dashboard_browser import SHOTS, no_script_ran, serve, settle
 
 from engine.runs.execute import RunConfig, execute
+from tests.support.browser import ROOT, SHOTS, expect, no_script_ran, serve, settle
 from tests.support.runlog import rows
 
-browser, page = shared.browser, shared.page  # the same fixtures, on this module's server
-pytestmark = shared.pytestmark
+pytestmark = pytest.mark.browser
 
-try:
-    from playwright.sync_api import expect
-except ImportError:  # pragma: no cover - skipped by pytestmark
-    expect = None
-
-ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "sample_graphs" / "demo.yaml"
 DEMO_MODEL = f"{ROOT / 'sample_graphs' / 'demo_responder.py'}:demo_responder"
 FIXED = yaml.safe_load((ROOT / "sample_graphs" / "data" / "demo_fixed_prompts.yaml")

@@ -1,5 +1,5 @@
 """The graph drawing, deep links on every page, the What if panel and the Fork button in
-a real browser (same server, browser and checks as test_dashboard_browser.py; this module
+a real browser (same server, browser and checks as tests/support/browser.py; this module
 gets its own server and run log).
 
 - clicking a node in the drawing selects it (sidebar picker, address, page);
@@ -19,19 +19,17 @@ import os
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-import test_dashboard_browser as shared
-from test_dashboard_browser import ROOT, SHOTS, no_script_ran, settle
 
+from tests.support.browser import ROOT, SHOTS, expect, no_script_ran, serve, settle
 from tests.support.dashboard_log import HINT_A_OUTPUT, XSS
 
-server, browser, page = shared.server, shared.browser, shared.page  # the same fixtures
-pytestmark = shared.pytestmark
+pytestmark = pytest.mark.browser
 DOCS_IMG = ROOT / "docs" / "img"
 
-try:
-    from playwright.sync_api import expect
-except ImportError:  # pragma: no cover - skipped by pytestmark
-    expect = None
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from serve(tmp_path_factory.mktemp("browser-graph"))
 
 
 def params(url: str) -> dict[str, str]:

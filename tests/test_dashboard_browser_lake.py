@@ -4,7 +4,7 @@ Parquet data folder) at once; three short runs finish, the fourth is slowed by i
 scripted model and keeps running. The dashboard, started on the lake's URL, lists the
 runs of all four processes on its Runs page while the fourth runs, and shows the
 fourth's newest step once it commits, through its own live refresh: no reload (same
-server, browser and checks as test_dashboard_browser.py). Screenshot: runs-lake
+server, browser and checks as tests/support/browser.py). Screenshot: runs-lake
 (test-artifacts/screenshots/, and the test's tmp folder)."""
 
 from __future__ import annotations
@@ -18,20 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import test_dashboard_browser as shared
-from test_dashboard_browser import CHROMIUM, FLAGS, SHOTS, no_script_ran, serve, settle
 
+from tests.support.browser import ROOT, SHOTS, expect, no_script_ran, serve, settle
 from tests.support.runlog import rows
 
-page = shared.page  # the same page fixture, on this module's browser
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - skipped by the browser marker
-    expect = sync_playwright = None
-
-ROOT = Path(__file__).resolve().parents[1]
 GRAPH = ROOT / "sample_graphs" / "diamond.yaml"
 QUICK = ("lake-a", "lake-b", "lake-c")  # run ids: three runs that finish
 SLOW = "lake-slow"  # ... and one that is still running
@@ -54,15 +46,6 @@ SIZES = ["--train", "2", "--val", "2", "--test", "0"]
 @dataclass(frozen=True)
 class TeamLake:
     db: str  # the lake's URL (what --db and $SEMBACK_DB take)
-
-
-@pytest.fixture
-def browser():
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Background work started from the Learn tour and the Graph page, followed in a real
 browser to its result with no reload (same server, browser and checks as
-test_dashboard_browser.py; this module gets its own server and run log, and its demo
+tests/support/browser.py; this module gets its own server and run log, and its demo
 buttons use the scripted backend so a paired run takes seconds):
 
 - Learn "Check the blame": the stage shows the probes' verdict once the job has ended;
@@ -20,16 +20,10 @@ from __future__ import annotations
 import re
 
 import pytest
-import test_dashboard_browser as shared
-from test_dashboard_browser import SHOTS, no_script_ran, serve, settle
 
-browser, page = shared.browser, shared.page  # the same fixtures, on this module's server
-pytestmark = shared.pytestmark
+from tests.support.browser import ROOT, SHOTS, expect, no_script_ran, serve, settle
 
-try:
-    from playwright.sync_api import expect
-except ImportError:  # pragma: no cover - skipped by pytestmark
-    expect = None
+pytestmark = pytest.mark.browser
 
 JOB_TIMEOUT = 120_000  # ms: an engine process on two shared cores
 
@@ -201,7 +195,7 @@ def test_learn_tour_without_a_run_in_the_link_shows_the_sibling_aware_demo_run(s
         [sys.executable, "-m", "engine", "run", str(log.db.parent / "demo.yaml"), "--backend",
          "scripted", "--method", "textgrad", "--steps", "1", "--train", "4", "--val", "4",
          "--test", "0", "--seed", "0", "--db", str(log.db), "--run-id", "demo-textgrad-newer"],
-        cwd=shared.ROOT, capture_output=True, text=True, timeout=120)
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert newer.returncode == 0, newer.stderr
     page.goto(f"{base}/learn")
     settle(page)

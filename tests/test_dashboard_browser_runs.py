@@ -1,5 +1,5 @@
 """The Runs page at 1,400 px while a run started from the dashboard runs (issue 59, item
-10), in a real browser (same server, browser and checks as test_dashboard_browser.py):
+10), in a real browser (same server, browser and checks as tests/support/browser.py):
 the running job's progress is on the first screen, above the runs table, and the table's
 calls, tokens and cost columns are in view beside the demo's generated run id and its
 models, with no sideways scrolling. Screenshot: runs-1400 (test-artifacts/screenshots/,
@@ -12,18 +12,11 @@ import re
 import time
 
 import pytest
-import test_dashboard_browser as shared
-from test_dashboard_browser import SHOTS, no_script_ran, serve, settle
 
 from dashboard import jobs
+from tests.support.browser import SHOTS, expect, no_script_ran, open_page, serve, settle
 
-browser = shared.browser  # the same browser fixture, on this module's server
-pytestmark = shared.pytestmark
-
-try:
-    from playwright.sync_api import expect
-except ImportError:  # pragma: no cover - skipped by pytestmark
-    expect = None
+pytestmark = pytest.mark.browser
 
 WIDTH, HEIGHT = 1400, 900  # a laptop's window
 HEADER = 35  # px: the grid's header row
@@ -47,13 +40,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
-    tab = context.new_page()
-    tab.on("dialog", lambda d: d.dismiss())
-    tab.outside = []
-    tab.on("request", lambda r: r.url.startswith(shared.LOCAL) or tab.outside.append(r.url))
-    yield tab
-    context.close()
+    with open_page(browser, WIDTH, HEIGHT) as tab:
+        yield tab
 
 
 @pytest.fixture
