@@ -77,8 +77,9 @@ def test_adaptive_blame_names_what_exhaustive_blame_names_with_fewer_probes(tmp_
     # the progress line's total falls to what is made, never below what is done
     assert seen[0] == (0, planned) and seen[-1] == (made, made)
     assert all(done <= total for done, total in seen)
-    # the estimate came first, with the probes planned
-    assert said[-1].startswith(f"blame: up to {planned} probes, about ")
+    # before any model call, the estimate from the log; once planned, the probes planned
+    assert said[-2].startswith("blame: up to ")
+    assert said[-1].startswith(f"blame: planned: up to {planned} probes, about ")
     assert adaptive.as_json()["adaptive"]["made"] == made
     assert any("they named numbers" in note for note in adaptive.spent.notes)
 
@@ -99,10 +100,12 @@ def test_the_estimate_from_the_log_bounds_what_blame_plans(tmp_path):
                       forward_backend=ScriptedBackend(responder=blame_fault_responder())))
 
     def figures(line: str) -> tuple[int, int]:
-        found = re.match(r"blame: up to (\d+) probes, about (\d+) model calls", line)
+        found = re.match(r"blame: (?:planned: )?up to (\d+) probes, about (\d+) model calls",
+                         line)
         return int(found[1]), int(found[2])
 
-    planned, calls = figures(said[0])
+    assert figures(said[0]) == figures(before)  # said first, before any model call
+    planned, calls = figures(said[1])
     bound, bound_calls = figures(before)
     assert planned <= bound and calls <= bound_calls
     assert bound <= 2 * planned  # an estimate, not a guess off by an order

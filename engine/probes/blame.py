@@ -634,6 +634,8 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
     plans, results, probers, empty = [], [], [], []
     spent, estimate = None, ""
     calls = model_calls = tokens = 0
+    if announce and len(steps) == 1:  # before any model call: from the run log alone
+        announce(estimate_from_log(db, run_id, steps[0], which, adaptive))
     try:
         for s in steps:
             run = load_run(db, run_id, s)
@@ -654,7 +656,7 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
         adaptive = adaptive and len(plans) == 1
         estimate = blame_estimate(plans, draws, adaptive)
         if announce:
-            announce(estimate)
+            announce(estimate.replace("blame: up to", "blame: planned: up to", 1))
         done = 0
         if progress:
             progress(0, total)
@@ -894,7 +896,8 @@ def blame_estimate(plans: list[dict], draws: int, adaptive: bool) -> str:
     return _estimate_line(probes, calls, run_pace(run.db, run.run_id), adaptive)
 
 
-def estimate_from_log(db: str, run_id: str, step: int, examples: str = "failing") -> str:
+def estimate_from_log(db: str, run_id: str, step: int, examples: str = "failing",
+                      adaptive: bool = True) -> str:
     """The line `blame_estimate` prints, before any model call, from the run log alone (the
     dashboard's button shows it): the step's logged failing examples of the chosen split,
     one gradient and one edit probe each per LLM node, and each edit on the passing
@@ -909,7 +912,11 @@ def estimate_from_log(db: str, run_id: str, step: int, examples: str = "failing"
     below = _llm_below(run.graph, nodes)
     probes = sum(2 * failing + passing for _ in nodes)
     calls = sum((2 * failing + passing) * (below[n] + 1) for n in nodes)
-    return _estimate_line(probes, calls, run_pace(db, run_id), True)
+    # examples the step did not back-propagate need a backward pass first: about a
+    # gradient call per node each
+    fresh = failing - (len(set(backpropagated(run))) if split == "train" else 0)
+    calls += max(fresh, 0) * len(nodes)
+    return _estimate_line(probes, calls, run_pace(db, run_id), adaptive)
 
 
 def _llm_below(graph: Any, nodes: list[str]) -> dict[str, int]:
