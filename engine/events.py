@@ -168,8 +168,9 @@ class StructuredFallback:
 
 @dataclass
 class Progress:
-    """Where a run is: the step, its phase (forward, loss, backward, update, gate, test)
-    and model calls done against those expected for the phase (0 when unknown)."""
+    """Where a run is: the step, its phase (forward, loss, backward, update, gate,
+    node_gates, prune, test) and model calls done against those expected for the phase (0
+    when unknown)."""
 
     run_id: str
     step: int
@@ -191,6 +192,19 @@ class CandidatesScored:
 
 
 @dataclass
+class PruningStarted:
+    """An accepted step's kept candidate changed several prompts: it is about to score
+    `passes` validation passes, each without one of its edits (the edits the gain does not
+    need are dropped), expected to make `calls` node calls the gate has not made yet.
+    Progress counts them as the `prune` phase. Not written to the run log."""
+
+    run_id: str
+    step: int
+    passes: int
+    calls: int
+
+
+@dataclass
 class RunFinished:
     run_id: str
     status: str  # finished | failed | stopped
@@ -198,7 +212,8 @@ class RunFinished:
 
 
 Event = (CallRecord | Activation | LossRecord | Gradient | Proposal | PromptVersion
-         | StepFinished | RunFinished | StructuredFallback | Progress | CandidatesScored)
+         | StepFinished | RunFinished | StructuredFallback | Progress | CandidatesScored
+         | PruningStarted)
 Listener = Callable[[Any], None]
 
 

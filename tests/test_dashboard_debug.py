@@ -173,7 +173,9 @@ def test_history_timeline_verdicts_scores_reasons_and_flips(open_page, log):
     at = open_page("history", run=log.semantic, node="hint_a")
     timeline = frame(at, "verdict")
     assert list(timeline["step"]) == [1, 2]
-    assert list(timeline["verdict"]) == ["accepted", "rejected"]
+    # step 1's kept candidate did not need hint_a's edit (its output is canned): dropped
+    assert list(timeline["verdict"]) == ["dropped", "rejected"]
+    assert timeline["reason"].iloc[0].startswith("dropped from the kept candidate: ")
     assert timeline["edit alone"].iloc[1] == 0.5
     # each score after with its 95% interval on the run's validation examples
     from engine.data.stats import bracketed, score_interval
@@ -186,10 +188,13 @@ def test_history_timeline_verdicts_scores_reasons_and_flips(open_page, log):
     assert any(f"on {n_val} examples" in e.proto.label for e in at.expander)
     assert timeline["reason"].iloc[1] == REASON
     assert any(REASON in w.value for w in at.warning)  # copying training data: a caveat
-    flips = frame(at, "score before").set_index("example")
-    assert flips.loc["q01", "flipped"] == "fixed"
     assert ADDED_WORDS.split()[0] in "".join(h.proto.body for h in at.get("html"))
     assert at.query_params["node"] == "hint_a"
+    # an edit the step kept (hint_b's) lists the examples that flipped with it
+    kept = open_page("history", run=log.semantic, node="hint_b")
+    assert list(frame(kept, "verdict")["verdict"]) == ["accepted", "rejected"]
+    flips = frame(kept, "score before").set_index("example")
+    assert flips.loc["q01", "flipped"] == "fixed"
 
 
 # --- Compare -----------------------------------------------------------------------------
@@ -332,13 +337,13 @@ def test_set_notes_rejects_an_unknown_run(log, tmp_path):
 
 def test_history_labels_each_of_a_steps_candidates(log, tmp_path):
     """--proposals 2: the timeline and the cards say which candidate each row of a step
-    is ("2 of 2"); a step with one candidate names none."""
+    is ("2 of 2"); a step with one candidate names none. hint_b: an edit step 1 kept."""
     from tests.support.dashboard_log import open_page as open_on
     from tests.support.dashboard_log import with_second_candidate
 
     db = with_second_candidate(log.db, tmp_path / "candidates.duckdb", log.semantic,
                                " Second draw.", "candidate 2 scored 0 on validation")
-    at = open_on(db, "screens/history.py", run=log.semantic, node="hint_a")
+    at = open_on(db, "screens/history.py", run=log.semantic, node="hint_b")
     timeline = frame(at, "verdict")
     assert list(timeline["step"]) == [1, 1, 2]
     assert list(timeline["candidate"].fillna("-")) == ["1 of 2", "2 of 2", "-"]
@@ -350,7 +355,7 @@ def test_history_labels_each_of_a_steps_candidates(log, tmp_path):
     # flips follow the kept candidate's edit only: a rejected one never ran
     from engine.runlog.debug import node_history
 
-    flips = node_history(db, log.semantic, "hint_a")["flips"]
+    flips = node_history(db, log.semantic, "hint_b")["flips"]
     fixed = list(timeline["fixed after"])
     assert fixed[0] == ((flips["step"] == 1) & (flips["flipped"] == "fixed")).sum() > 0
     assert all(v is None or v != v for v in fixed[1:]), fixed
@@ -358,16 +363,16 @@ def test_history_labels_each_of_a_steps_candidates(log, tmp_path):
     assert list(timeline["blame probes"]) == ["this edit", "", "this edit"]
     probed = "of this step's candidates, the edit blame's edit probes run"
     assert texts(at).count(probed) == 1
-    one = open_on(log.db, "screens/history.py", run=log.semantic, node="hint_a")
+    one = open_on(log.db, "screens/history.py", run=log.semantic, node="hint_b")
     assert "candidate" not in frame(one, "verdict").columns
     assert "blame probes" not in frame(one, "verdict").columns
     assert probed not in texts(one)
-    # the kept set left hint_a as it was: blame probes the changed, rejected second's edit
+    # the kept set left hint_b as it was: blame probes the changed, rejected second's edit
     with duckdb.connect(str(db)) as con:
         con.execute("UPDATE updates SET accepted = false, new_prompt = old_prompt WHERE "
-                    "run_id = ? AND step = 1 AND node_id = 'hint_a' AND candidate = 0",
+                    "run_id = ? AND step = 1 AND node_id = 'hint_b' AND candidate = 0",
                     [log.semantic])
-    again = frame(open_on(db, "screens/history.py", run=log.semantic, node="hint_a"),
+    again = frame(open_on(db, "screens/history.py", run=log.semantic, node="hint_b"),
                   "verdict")
     assert list(again["blame probes"]) == ["", "this edit", "this edit"]
 
@@ -392,7 +397,7 @@ def test_history_counts_an_accepted_edits_validation_flips_in_a_one_step_run(log
     with duckdb.connect(str(db)) as con:
         for table in ("losses", "steps", "updates", "node_outputs"):
             con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step = 2", [log.semantic])
-    at = open_on(db, "screens/history.py", run=log.semantic, node="hint_a")
+    at = open_on(db, "screens/history.py", run=log.semantic, node="hint_b")  # kept at 1
     timeline = frame(at, "verdict")
     assert list(timeline["step"]) == [1] and list(timeline["verdict"]) == ["accepted"]
     assert list(timeline["fixed after"]) == [2] and list(timeline["broke after"]) == [0]

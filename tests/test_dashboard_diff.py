@@ -146,7 +146,8 @@ def test_runs_on_two_models_are_not_patched_into_each_other(monkeypatch, tmp_pat
 
 @pytest.fixture(scope="module")
 def gsm(tmp_path_factory):
-    """GSM8K, scripted, seed 0 with 24 examples: step 1's edit passes the gate."""
+    """GSM8K, scripted, seed 0 with 24 examples: step 1's edits pass the gate, and of
+    them the gain needs hint_b's only (the others are dropped)."""
     from tests.support.graphs import SHARED_DATASETS, run_engine
 
     if not SHARED_DATASETS.is_dir():
@@ -163,10 +164,10 @@ def test_prompt_history_shows_what_an_accepted_edit_changed(gsm, monkeypatch, tm
     monkeypatch.setenv("SEMBACK_DB", str(gsm))
     with like_a_live_server():
         at = AppTest.from_file(str(APP), default_timeout=90)
-        at.query_params.update({"run": "gsm", "node": "final"})
+        at.query_params.update({"run": "gsm", "node": "hint_b"})
         at.run()
         at.switch_page("screens/history.py").run()
-        at.button(key="changed_final_1").click().run()
+        at.button(key="changed_hint_b_1").click().run()
     assert not at.exception, [e.value for e in at.exception]
     with duckdb.connect(str(gsm), read_only=True) as con:
         truth = con.execute(

@@ -302,9 +302,10 @@ def test_prompt_history_counts_one_proposal_as_one(open_page, log, tmp_path):
     db = tmp_path / "one.duckdb"
     shutil.copy(log.db, db)
     with duckdb.connect(str(db)) as con:
-        con.execute("DELETE FROM updates WHERE run_id = ? AND node_id = 'hint_a' AND step > 1",
+        con.execute("DELETE FROM updates WHERE run_id = ? AND node_id = 'hint_b' AND step > 1",
                     [log.semantic])
-    at = open_page("history", db=db, run=log.semantic, step=1, node="hint_a")
+    # hint_b: its step-1 edit was kept (hint_a's was dropped: the gain did not need it)
+    at = open_page("history", db=db, run=log.semantic, step=1, node="hint_b")
     body = texts(at)
     assert "the starting prompt, 1 proposal (1 accepted)" in body and "1 proposals" not in body
 

@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 from engine.core.graph import load_graph
+from engine.events import StepFinished
 from engine.llm.factory import default_model
 from engine.llm.schema import token_budget
 from engine.prompts.structured import schema_for
@@ -466,7 +467,13 @@ def test_candidates_that_repeat_requests_are_estimated_from_what_earlier_runs_as
     assert candidates(estimate) == 40
     result = asyncio.run(execute(again))
     assert val_calls_after_step_0(again.db, result.run_id) == (40, 48)
-    assert estimate.calls() == result.stats.calls - result.stats.cache_hits == 80
+    # with the pruning of an accepted step's edits, which the estimate counts at the share
+    # of steps accepted (1 in 6 here: none of 1 earlier step, the prior's 25% as 2 steps)
+    # and this run, accepting none, does not make
+    assert not any(s.accepted for s in result.events.of(StepFinished))
+    pruning = next(p.expected for p in estimate.phases if "pruning" in p.name)
+    assert pruning == round(8 * 5 / 6 * 40 / 48)
+    assert estimate.calls() - pruning == result.stats.calls - result.stats.cache_hits == 80
     # replies a run log already holds from another run are not counted as repeats
     rerun = asyncio.run(execute(replace(again, run_id=None)))
     assert val_calls_after_step_0(again.db, rerun.run_id)[0] == 0  # all from the cache

@@ -186,8 +186,10 @@ def test_auto_scores_edits_alone_only_after_a_rejection(tmp_path):
         alone[mode] = (rows["hint_a"][3], rows["hint_b"][3])
         step1 = [s for s in result.events.of(StepFinished) if s.step == 1][0]
         gate_calls[mode] = step1.metrics.get("node_gate_calls")
-    # accepted jointly: auto spends nothing on the question "which edit helped?"
-    assert alone["auto"] == (None, None) and gate_calls["auto"] is None
+    # accepted jointly: auto's gates spend nothing on the question "which edit helped?";
+    # the accepted candidate's pruning left hint_b's edit out, which is hint_a's alone, and
+    # dropped it: hint_b's alone was never scored
+    assert alone["auto"] == (1.0, None) and gate_calls["auto"] is None
     # on: today's behaviour, each edit scored alone beside the joint pass: the old hints
     # (2 x 4) and the final node on (plain, plain) (4); hint_a alone shows the final node
     # the joint pass's inputs as text, so those calls are shared

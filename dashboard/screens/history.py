@@ -1,6 +1,7 @@
 """Prompt history: the versions of one node's prompt over the run, as a timeline: each
-step's proposal with its validation score, accepted or rejected (and why), the score of
-the edit alone where the per-node gate measured it, the examples that flipped after each
+step's proposal with its validation score, accepted, rejected or dropped from a kept
+candidate whose gain did not need it (and why), the score of the edit alone where the
+per-node gate or the pruning measured it, the examples that flipped after each
 accepted edit, "What it changed" (the diff of that step against the one before: which
 examples it flipped and which node's change explains each), and a before | after diff
 (inline as an option)."""
@@ -11,6 +12,7 @@ import streamlit as st
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.text import fmt, md, plural, show_side_by_side, show_text
+from engine.core.optimizer import PRUNED_REASON
 from engine.data.stats import bracketed, score_interval
 from engine.events import same_prompt
 from engine.probes.blame import chosen_updates
@@ -19,9 +21,14 @@ COPY_WORDS = ("copies", "copy", "training example", "leak")
 
 
 def verdict(edit: dict) -> str:
+    """accepted, rejected, unchanged, or dropped: an edit of the kept candidate that its
+    gain did not need (engine/core/optimizer.py prune_edits)."""
     changed = not same_prompt(edit.get("old_prompt"), edit.get("new_prompt"))
     if edit.get("accepted"):
         return "accepted"
+    reason = edit.get("reject_reason")
+    if changed and isinstance(reason, str) and reason.startswith(PRUNED_REASON):
+        return "dropped"
     return "rejected" if changed else "unchanged"
 
 
@@ -88,7 +95,7 @@ def timeline(edits: pd.DataFrame, flips: pd.DataFrame, probed: list[bool], val_n
 def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, only: bool,
               val_n: int = 0, probed: bool = False) -> None:
     kind = verdict(edit)
-    color = {"accepted": "green", "rejected": "red"}.get(kind, "gray")
+    color = {"accepted": "green", "rejected": "red", "dropped": "orange"}.get(kind, "gray")
     label = candidate_label(edit)
     title = (f"step {edit['step']}{f' · candidate {label}' if label else ''} · {kind} · "
              f"validation {fmt(edit['val_before'])} → {fmt(edit['val_after'])}"
@@ -196,6 +203,9 @@ st.dataframe(timeline(edits, flips, probed, val_n), hide_index=True, column_conf
         help=f"95% interval of the validation score after, on {plural(val_n, 'example')}"),
     "edit alone": st.column_config.NumberColumn(
         format="%.3f", help="validation score with only this node's edit applied"),
+    "verdict": st.column_config.TextColumn(
+        help="dropped: an edit of the step's kept candidate that the gain did not need "
+             "(validation scored as well without it); the reason says by how much"),
     "blame probes": st.column_config.TextColumn(
         help="of a step's candidate prompt sets, the one whose edit of this node blame's "
              "edit probes run: the kept candidate's, else the best-scored that changed it")})

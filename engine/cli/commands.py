@@ -294,10 +294,10 @@ def _changes(accepted: int, step: StepFinished) -> str:
 def print_summary(result: Any, db: str = "runs.duckdb",
                   phase_of: dict[str, str] | None = None) -> None:
     """Per step: score, accepted edits, model calls (cache misses) and their tokens and
-    cost, cache hits apart (free); then the same per phase (the progress line's phases,
-    from `phase_of`: call id -> phase; else the call's purpose), and the totals. A run that
-    did not finish (stopped, out of budget, failed) ends with the command that resumes
-    it."""
+    cost, cache hits apart (free); each edit an accepted step dropped (its gain did not
+    need it) and why; then the same per phase (the progress line's phases, from
+    `phase_of`: call id -> phase; else the call's purpose), and the totals. A run that did
+    not finish (stopped, out of budget, failed) ends with the command that resumes it."""
     per_step: dict[int, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     per_phase: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0.0, False])
     for call in result.events.of(CallRecord):
@@ -335,6 +335,13 @@ def print_summary(result: Any, db: str = "runs.duckdb",
             out.print(f"step {s.step}: the fork's starting state, "
                       f"{_plural(_hand_set(s), 'prompt')} set by hand (not counted as "
                       "accepted edits)", markup=False, highlight=False)
+    from engine.core.optimizer import PRUNED_REASON
+
+    for p in result.events.of(Proposal):  # edits an accepted step's gain did not need
+        if (p.reject_reason or "").startswith(f"{PRUNED_REASON}: "):
+            why = p.reject_reason[len(PRUNED_REASON) + 2:].replace("this edit", "it", 1)
+            out.print(f"step {p.step}: dropped the edit of {p.node_id}: {why}", markup=False,
+                      highlight=False)
     phases = ", ".join(f"{phase} {calls} calls {tokens} tokens {_money(cost, unknown)}"
                        + (f" ({_plural(hits, 'cache hit')})" if hits else "")
                        for phase, (calls, tokens, hits, cost, unknown) in per_phase.items())
@@ -358,6 +365,14 @@ def print_summary(result: Any, db: str = "runs.duckdb",
                   f"{sum(m['node_gate_calls'] for m in gates):.0f} calls "
                   f"({sum(m['node_gate_model_calls'] for m in gates):.0f} to the model), "
                   f"{sum(m['node_gate_seconds'] for m in gates):.1f} s")
+    pruned = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
+              if "prune_calls" in s.metrics]
+    if pruned:
+        out.print(f"pruning: {_plural(len(pruned), 'accepted step')}, each edit left out "
+                  f"in turn: {sum(m['edits_pruned'] for m in pruned):.0f} dropped, "
+                  f"{sum(m['prune_calls'] for m in pruned):.0f} calls "
+                  f"({sum(m.get('prune_model_calls', 0) for m in pruned):.0f} to the model), "
+                  f"{sum(m.get('prune_seconds', 0) for m in pruned):.1f} s")
 
 
 def _money(cost: float, unknown: bool) -> str:

@@ -15,6 +15,15 @@ is scored on validation and the best (the first among equals) is kept if it stri
 improves. A small model's edit from the same gradients is right some times and not others
 (docs/probes.md), so the better of two is right more often; each extra candidate costs
 its update calls and one validation pass of the nodes its edits reach.
+
+A kept candidate that changes several prompts keeps only the edits its gain needs (with the
+gate on): the kept set is scored on validation without each of its edits in turn, the
+output end of the graph first (one pass each, its node calls shared with the gate's where
+identical), and an edit whose absence scores at least as well is dropped; the last edit
+left is kept. A dropped edit is recorded as a rejected proposal with its reason
+(PRUNED_REASON), and the step's validation record, score and prompts are those of the set
+kept. Accepted steps are the rare ones, so the passes are paid rarely: each costs the
+validation calls of the nodes the left-out edit reaches.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from engine.events import (
     LossRecord,
     PromptVersion,
     Proposal,
+    PruningStarted,
     StepFinished,
     same_prompt,
 )
@@ -47,6 +57,8 @@ REJECTED_SHOWN = 3
 CANDIDATE_TEMPERATURE = 0.8
 # --node-gates auto scores edits alone after a rejected step that made at most this many
 NODE_GATES_AUTO_MAX = 4
+# the reason of an edit dropped from an accepted candidate (its gain did not need it)
+PRUNED_REASON = "dropped from the kept candidate"
 
 
 @dataclass
@@ -193,6 +205,7 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
     best = scored[0] if scored else candidates[0]
     val_before, accepted = state.val_score, False
     val_alone, gate_calls, gate_timing = {}, {}, {}
+    kept, pruning = Pruned(dict(best.changes), best.score), False
     if scored:
         started_gate = time.perf_counter()
         # The joint candidate is scored first; identical node calls of the passes below are
@@ -200,9 +213,13 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
         # paper's. `on` scores each edit alone (the others as they were) beside the joint
         # pass; `auto` only once the joint candidate is rejected, where "which edit helped?"
         # tells the next step something, at the price of the passes' rounds after it.
+        # The step's validation record is the pass of the prompts kept: held until the
+        # pruning below says which they are.
         gate_ctx = replace(ctx, shared=SharedCalls())
+        alone_ran = config.node_gates == "on" and node_gates_apply("on", len(best.changes))
         if len(scored) == 1:
-            joint = evaluate(replace(gate_ctx, pass_label="joint"),
+            joint_events: list = []
+            joint = evaluate(replace(gate_ctx, emit=joint_events.append, pass_label="joint"),
                              prompts.updated(best.changes), splits.val, "val")
             if config.node_gates == "on":
                 (best.score, _, _), val_alone = await asyncio.gather(
@@ -210,7 +227,8 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
             else:
                 best.score, _, _ = await joint
         else:
-            best = await score_candidates(gate_ctx, prompts, scored, splits)
+            best, joint_events = await score_candidates(gate_ctx, prompts, scored, splits)
+            alone_ran = config.node_gates == "on" and node_gates_apply("on", len(best.changes))
             if config.node_gates == "on":
                 val_alone = await score_edits_alone(gate_ctx, prompts, best.changes, splits,
                                                     "on")
@@ -221,37 +239,55 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
         gate_calls, gate_timing = node_gate_cost(gate_ctx.shared, val_alone, started_gate)
         if len(best.changes) == 1:  # the joint candidate is that edit alone
             val_alone = {n: best.score for n in best.changes}
+        kept = Pruned(dict(best.changes), best.score, joint_events)
+        pruning = accepted and config.gate and len(best.changes) > 1
+        if pruning:
+            started_prune = time.perf_counter()
+            seen = [c.changes for c in scored] + (
+                [{n: change} for n, change in best.changes.items()] if alone_ran else [])
+            kept = await prune_edits(gate_ctx, prompts, kept, splits, seen)
+            val_alone = {**kept.alone, **val_alone}
+            prune_calls, prune_timing = prune_cost(gate_ctx.shared, started_prune)
+            gate_calls, gate_timing = {**gate_calls, **prune_calls}, {**gate_timing,
+                                                                      **prune_timing}
+        for event in kept.events:
+            ctx.emit(event)
     for c in candidates:
         won = accepted and c is best
         same = c.same_as
         for n, p in zip(nodes, c.proposals):
             changed = n in c.changes
             repeated = same is not None and n in same.changes
+            pruned = c is best and n in kept.dropped
             problem = p.error or p.parse_error or (
                 None if changed or repeated or n in c.copies or n in c.dropped
                 else "proposal left the prompt unchanged")
             ctx.emit(Proposal(ctx.run_id, step, n, prompts.text[n], p.new_prompt,
-                              won and changed, val_before, (same or c).score, p.call_id,
+                              won and changed and not pruned, val_before,
+                              kept.dropped[n][1] if pruned else kept.score if won
+                              else (same or c).score, p.call_id,
                               problem, p.reasoning, val_alone.get(n) if c is best else None,
                               COPY_REASON if n in c.copies else
                               DROPPED_REASON.format(", ".join(
                                   "{" + v + "}" for v in c.dropped[n])) if n in c.dropped else
                               f"the same edits as candidate {same.index + 1}" if repeated else
+                              pruned_reason(*kept.dropped[n]) if pruned else
                               candidate_reason(c, best, accepted, val_before,
                                                val_alone.get(n)) if changed else None,
                               candidate=c.index))
             if changed:
-                ctx.emit(PromptVersion(ctx.run_id, n, *c.changes[n], step, won))
+                ctx.emit(PromptVersion(ctx.run_id, n, *c.changes[n], step,
+                                       won and not pruned))
     rejected = {n: list(r) for n, r in state.rejected.items()}
     if accepted:
-        prompts, val_score = prompts.updated(best.changes), best.score
-        for n in best.changes:  # a new prompt: proposals rejected for the old one no longer apply
+        prompts, val_score = prompts.updated(kept.changes), kept.score
+        for n in kept.changes:  # a new prompt: proposals rejected for the old one no longer apply
             rejected[n] = []
     else:
         val_score = state.val_score
     for c in candidates:  # in candidate order, as the run log's versions are
         for n in c.changes:
-            if not (accepted and n in best.changes):
+            if not (accepted and n in kept.changes):
                 rejected[n].append(c.changes[n][1])
     ctx.emit(StepFinished(ctx.run_id, step, train_score, val_score, accepted, started,
                           time.time(), timings=gate_timing, metrics={
@@ -264,6 +300,9 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
                                  if best.score is not None else {}),
                               **({"candidates_scored": float(len(scored))}
                                  if config.proposals > 1 else {}),
+                              # edits of the kept candidate its gain did not need
+                              **({"edits_pruned": float(len(kept.dropped))}
+                                 if pruning else {}),
                               **gate_calls,
                           }))
     return OptimizerState(step, prompts, val_score, train_score, versions, rejected)
@@ -309,11 +348,12 @@ def candidate_context(ctx: RunContext, index: int) -> RunContext:
 
 
 async def score_candidates(ctx: RunContext, prompts: Prompts, scored: list[Candidate],
-                           splits: Splits) -> Candidate:
+                           splits: Splits) -> tuple[Candidate, list]:
     """Score every candidate on validation at once (identical node calls made once through
-    `ctx.shared`) and return the best, the first among equals. Only the best's pass is
-    recorded as the step's validation pass; in `ctx.shared` it is the joint pass, so the
-    per-node gates that may follow count only their own calls."""
+    `ctx.shared`) and return the best, the first among equals, with the events of its pass
+    (the step's validation record unless pruning keeps fewer of its edits). In
+    `ctx.shared` its pass is the joint pass, so the per-node gates that may follow count
+    only their own calls."""
     buffers: list[list] = [[] for _ in scored]
     results = await asyncio.gather(*(
         evaluate(replace(ctx, emit=buffer.append, pass_label=f"candidate {c.index}"),
@@ -324,14 +364,108 @@ async def score_candidates(ctx: RunContext, prompts: Prompts, scored: list[Candi
     order = max(range(len(scored)), key=lambda i: (
         scored[i].score if scored[i].score is not None else float("-inf"), -i))
     best = scored[order]
-    for event in buffers[order]:
-        ctx.emit(event)
     used = ctx.shared.used
     joint = used.pop(f"candidate {best.index}", set())
     for c in scored:
         used.pop(f"candidate {c.index}", None)
     used["joint"] = joint
-    return best
+    return best, buffers[order]
+
+
+@dataclass
+class Pruned:
+    """What an accepted candidate keeps: its edits (node -> (version, prompt)), their
+    validation score and the events of the pass that scored them; after pruning, the edits
+    dropped (node -> (the score without it, the score with it) when it was left out) and
+    the scores of single edits a pass measured (node -> score)."""
+
+    changes: dict[str, tuple[int, str]]
+    score: float | None
+    events: list = field(default_factory=list)
+    dropped: dict[str, tuple[float, float]] = field(default_factory=dict)
+    alone: dict[str, float | None] = field(default_factory=dict)
+
+
+async def prune_edits(ctx: RunContext, prompts: Prompts, kept: Pruned, splits: Splits,
+                      seen: list[dict[str, tuple[int, str]]]) -> Pruned:
+    """Keep only the edits of an accepted candidate that its gain needs: each edit in turn,
+    the output end of the graph first (leaving out a later node's edit re-runs fewer
+    nodes), the kept set is scored on validation without it (its identical node calls made
+    once through `ctx.shared`, with the gate's passes too; `seen`: the edit sets those
+    scored), and the edit is dropped if that scores at least as well as the kept set: the
+    gain does not need it. The next edit is tried against the smaller set; the last edit
+    left is kept (it is the accepted step's gain). Deterministic given the passes' calls,
+    so a resumed run prunes as the first did."""
+    kept = replace(kept, changes=dict(kept.changes), dropped={}, alone={})
+    seen = list(seen)
+    for index, node in enumerate(reversed(list(kept.changes))):
+        if len(kept.changes) < 2 or kept.score is None:
+            break
+        trial = {n: change for n, change in kept.changes.items() if n != node}
+        ctx.emit(PruningStarted(ctx.run_id, ctx.step, 1,
+                                len(splits.val) * new_node_calls(ctx.graph, [trial], seen)))
+        seen.append(trial)
+        events: list = []
+        score, _, _ = await evaluate(replace(ctx, emit=events.append,
+                                             pass_label=f"prune {index}: without {node}"),
+                                     prompts.updated(trial), splits.val, "val")
+        if len(trial) == 1:
+            kept.alone[next(iter(trial))] = score
+        if score is not None and score >= kept.score:
+            kept.dropped[node] = (score, kept.score)
+            kept.changes, kept.score, kept.events = trial, score, events
+    return kept
+
+
+def pruned_reason(without: float, with_it: float) -> str:
+    """Why an edit was dropped from the kept candidate (PRUNED_REASON, then why)."""
+    same = "as" if without == with_it else "more than"
+    return (f"{PRUNED_REASON}: without this edit validation scored {without:.4g}, {same} "
+            f"with it ({with_it:.4g}): the gain does not need it")
+
+
+def graph_reach(graph: Any) -> dict[str, set[str]]:
+    """Each node with its ancestors: the nodes whose prompts shape its calls."""
+    reach: dict[str, set[str]] = {}
+    for node in graph.topological_order():
+        reach[node] = {node}.union(*(reach[p] for p in graph.predecessors(node)))
+    return reach
+
+
+def new_node_calls(graph: Any, passes: list[dict[str, tuple[int, str]]],
+                   seen: list[dict[str, tuple[int, str]]]) -> int:
+    """LLM node calls per example that forward passes with the edit sets `passes` make
+    beyond those of passes with the edit sets `seen` (identical calls made once): a node's
+    call differs only by which edits (node and version) reach it, its own and its
+    ancestors'."""
+    reach = graph_reach(graph)
+    count = 0
+    for node in (n.id for n in graph.nodes if n.kind != "function" and n.id in reach):
+        made = {_reaching(edits, reach[node]) for edits in seen}
+        for edits in passes:
+            if _reaching(edits, reach[node]) not in made:
+                made.add(_reaching(edits, reach[node]))
+                count += 1
+    return count
+
+
+def _reaching(edits: dict[str, tuple[int, str]], reach: set[str]) -> frozenset:
+    return frozenset((n, change[0]) for n, change in edits.items() if n in reach)
+
+
+def prune_cost(shared: SharedCalls, started: float) -> tuple[dict[str, float], dict[str, float]]:
+    """What pruning added to the gate: the metric `prune_calls` (node calls no other pass
+    of the gate needed; logged), `prune_model_calls` (those the cache did not answer) and
+    `prune_seconds` (summary only)."""
+    mine = set().union(*(keys for name, keys in shared.used.items()
+                         if name.startswith("prune ")))
+    others = set().union(*(keys for name, keys in shared.used.items()
+                           if not name.startswith("prune ")))
+    extra = mine - others
+    model = sum(1 for key in extra if not shared.cache_hit.get(key, False))
+    return ({"prune_calls": float(len(extra))},
+            {"prune_model_calls": float(model),
+             "prune_seconds": time.perf_counter() - started})
 
 
 def candidate_reason(candidate: Candidate, best: Candidate, accepted: bool,

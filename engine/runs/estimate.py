@@ -8,7 +8,10 @@ after a rejected one repeats its train pass (cache hits), after an accepted one 
 reached; a candidate re-runs on validation only the nodes an edit reaches (after a run of
 the graph: the share of its later validation passes' calls that were new requests to the
 run, which also counts a candidate repeating another's edit);
-`--node-gates auto` scores each edit alone after a rejection only; nodes that start with the
+`--node-gates auto` scores each edit alone after a rejection only; an accepted step (with
+the gate on) scores its candidate without each of its edits in turn (pruning: one pass per
+edit, each counted against the whole candidate; fewer once a drop leaves one edit), at the
+share of steps accepted; nodes that start with the
 same prompt and inputs share their calls until an accepted edit tells them apart; a step
 that samples a failure an earlier step back-propagated under the same prompts repeats its
 backward calls (cache hits). Which steps are accepted, and whether the steps find failing
@@ -219,6 +222,27 @@ def node_gate_calls(graph: GraphSpec, changed: list[str], cached: bool) -> int:
     return extra
 
 
+def prune_calls(graph: GraphSpec, changed: list[str], cached: bool, alone: bool = False) -> int:
+    """Node calls per validation example that pruning (an accepted candidate scored without
+    each of its edits in turn) adds to the joint pass, and to the passes of each edit alone
+    that `--node-gates on` runs beside it (`alone`): per node, the distinct sets of edits
+    reaching it once one edit is left out, less those the gate's passes made (and, with the
+    cache, less the empty set: the old prompts' calls, seen before). Each pass is counted
+    against the whole candidate: after a dropped edit the sets are smaller, and once one
+    edit is left no pass is made, so a run makes at most about this many."""
+    if len(changed) < 2:
+        return 0
+    reach = _reach(graph)
+    extra = 0
+    for node in (n.id for n in graph.nodes if n.kind == "llm"):
+        edits = frozenset(changed) & reach[node]
+        seen = {edits} | ({frozenset({n}) & reach[node] for n in changed} if alone else set())
+        if cached:
+            seen.add(frozenset())
+        extra += len({edits - {n} for n in changed} - seen)
+    return extra
+
+
 def estimate_calls(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int,
                    models: tuple[str, str] = ("", ""), prices: dict | None = None,
                    start: int = 0, baseline: bool = True, edited: list[str] | None = None,
@@ -322,6 +346,22 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
             if judge and gates_expected:
                 phases.append(Phase(f"{span}: judge per-node gates", "optimizer",
                                     round(gated * n_val * k), steps * n_val * k))
+        if config.gate and k >= 2:
+            # an accepted candidate scored without each of its edits: after acceptances only
+            pruned = proposing * sizes.accepted_share
+            on = gates_expected and mode == "on"
+            per = prune_calls(graph, changed, cached, alone=on), prune_calls(graph, changed,
+                                                                              False, alone=on)
+            # under auto a step scores its edits alone (rejected) or prunes them (accepted),
+            # never both: the two phases' at-most add up to the dearer of the two a step
+            most = max(0, per[1] - gate_nodes[1]) if gates_expected and mode == "auto" \
+                else per[1]
+            phases.append(Phase(f"{span}: pruning the kept edits", "forward",
+                                round(pruned * n_val * per[0]), steps * n_val * most,
+                                "forward", "val", logged=pruned * n_val * per[1]))
+            if judge:
+                phases.append(Phase(f"{span}: judge pruning", "optimizer",
+                                    round(pruned * n_val * k), steps * n_val * k))
     if n_test:
         # identical initial prompts stay shared unless some step was accepted
         some_accepted = 1 - (1 - sizes.accepted_share) ** steps

@@ -7,15 +7,18 @@ step scores train and validation together: step 0, or the step a fork starts fro
 re-measures its edited prompts), then `loss` (judge calls), `backward` and `update`;
 forward calls after the step's update calls are the validation `gate` (under
 `--node-gates auto`, the calls past the candidate's are `node_gates`: each edit scored
-alone after a rejected candidate); forward calls of the last step after its StepFinished
-are the `test` split.
+alone after a rejected candidate; `prune`: an accepted candidate that changed several
+prompts scored without each of its edits, from the optimizer's PruningStarted on); forward
+calls of the last step after its StepFinished are the `test` split.
 
 Calls expected are an estimate from the graph and the split sizes: exact for forward,
 gate and test (one call per LLM node per example; cached replies count as calls), an
 upper bound for backward (k sampled examples times the method's `backward_calls`; repairs
 can add a few), update and the gate under per-node gates (every proposal counted as a
 change; under `auto` they are counted once the gate makes more calls than the candidate
-alone needs, which is when they run).
+alone needs, which is when they run); `prune` expects the node calls its passes make that
+the gate's passes did not (the optimizer counts them by which edits reach each node: an
+upper bound, as a dropped edit that changed no output leaves its successors' calls alike).
 """
 
 from __future__ import annotations
@@ -28,9 +31,16 @@ from typing import Any
 
 from engine.core.backward import Method
 from engine.core.optimizer import ChangeClaims, node_gates_apply, nodes_to_update
-from engine.events import CallRecord, CandidatesScored, Gradient, Progress, StepFinished
+from engine.events import (
+    CallRecord,
+    CandidatesScored,
+    Gradient,
+    Progress,
+    PruningStarted,
+    StepFinished,
+)
 
-PHASES = ("forward", "loss", "backward", "update", "gate", "node_gates", "test")
+PHASES = ("forward", "loss", "backward", "update", "gate", "node_gates", "prune", "test")
 
 
 class ProgressTracker:
@@ -51,6 +61,7 @@ class ProgressTracker:
         self.node_gates = node_gates
         self.proposals = max(1, proposals)  # candidates: their update calls and gate passes
         self.scored: dict[int, int] = {}  # step -> distinct candidates its gate scores
+        self.pruning: dict[int, int] = {}  # step -> node calls its pruning passes expect
         self.backward = failures * method.backward_calls(graph)
         self.step, self.phase, self.done, self.total = -1, "", 0, 0
         self.finished: set[int] = set()
@@ -67,6 +78,15 @@ class ProgressTracker:
                 self.step, self.phase, self.done = event.step, "gate", 0
                 self.emit(Progress(self.run_id, event.step, "gate", 0,
                                    self.expected("gate", event.step), self.total))
+        elif isinstance(event, PruningStarted):
+            # an accepted candidate's edits scored one left out at a time: a phase of its
+            # own (a round after a dropped edit adds its calls to the phase's)
+            if event.step not in self.finished:
+                self.pruning[event.step] = self.pruning.get(event.step, 0) + event.calls
+                if (self.step, self.phase) != (event.step, "prune"):
+                    self.step, self.phase, self.done = event.step, "prune", 0
+                self.emit(Progress(self.run_id, event.step, "prune", self.done,
+                                   self.expected("prune", event.step), self.total))
         elif isinstance(event, Gradient) and self.claims is not None:
             self.claims(event)
         elif isinstance(event, CallRecord):
@@ -91,6 +111,8 @@ class ProgressTracker:
             return "update"
         if call.purpose == "backward":
             return "backward"
+        if self.phase == "prune":  # nothing but pruning passes follow it in a step
+            return "prune"
         if self.seen_update:
             # under auto, the per-node gates run once the candidate is rejected: their
             # own phase, so the gate's count does not grow from 48 to 144 mid-phase
@@ -116,6 +138,8 @@ class ProgressTracker:
             return candidate * (passes + (alone if self.node_gates == "on" else 0))
         if phase == "node_gates":  # under auto: each edit alone, after a rejected candidate
             return candidate * alone
+        if phase == "prune":  # as the optimizer counted them
+            return self.pruning.get(step, 0)
         return {"test": self.sizes["test"] * n,
                 "backward": self.backward, "update": self.updates(step)}.get(phase, 0)
 

@@ -8,10 +8,11 @@ output of `hint_a`, and a canned update reply gives `hint_a` a known prompt edit
 can check escaping and the diff's added words.
 
 The wording of hint_b's and final's prompts is chosen so that the scripted replies give
-the scenario the tests read: the semantic run accepts hint_a's edit at step 1 and rejects
-it at step 2, q01 and q09 fail at step 1 and are back-propagated there (q09 by textgrad
-too), some example flips between steps 0 and 1, and gtbp back-propagates the same first
-example. A change to the scripted backend or the templates can break that; then pick
+the scenario the tests read: the semantic run accepts step 1's candidate and keeps its
+hint_b and final edits (hint_a's is dropped: its output is canned, so the gain does not
+need it), rejects the edits of step 2, q01 and q09 fail at step 1 and are
+back-propagated there (q09 by textgrad too), some example flips between steps 0 and 1,
+and gtbp back-propagates the same first example. A change to the scripted backend or the templates can break that; then pick
 another wording that gives it back.
 """
 
