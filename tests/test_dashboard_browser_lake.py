@@ -1,4 +1,4 @@
-"""One run log for a team (issue 58), in a real browser: four engine processes, each in its
+"""One run log for a team, in a real browser: four engine processes, each in its
 own working folder with its own HOME, write one fresh lake (a Postgres catalog and a
 Parquet data folder) at once; three short runs finish, the fourth is slowed by its
 scripted model and keeps running. The dashboard, started on the lake's URL, lists the

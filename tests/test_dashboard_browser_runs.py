@@ -1,5 +1,5 @@
-"""The Runs page at 1,400 px while a run started from the dashboard runs (issue 59, item
-10), in a real browser (same server, browser and checks as tests/support/browser.py):
+"""The Runs page at 1,400 px while a run started from the dashboard runs, in a real
+browser (same server, browser and checks as tests/support/browser.py):
 the running job's progress is on the first screen, above the runs table, and the table's
 calls, tokens and cost columns are in view beside the demo's generated run id and its
 models, with no sideways scrolling. Screenshot: runs-1400 (test-artifacts/screenshots/,

@@ -1,4 +1,4 @@
-"""The dashboard's view of a lake run log (issue 58): its stamp is the lake's newest
+"""The dashboard's view of a lake run log: its stamp is the lake's newest
 snapshot (read at most every LAKE_STAMP_SECONDS), a lake that cannot be read never serves
 a stale page, and the jobs it starts get the lake's URL as typed, not a path made of it
 (the browser test is test_dashboard_browser_lake.py)."""

@@ -1,4 +1,4 @@
-"""Training is scored at the start of each step, before its update (issue 59, item 8).
+"""Training is scored at the start of each step, before its update.
 
 On a one-step demo run whose step kept an edit, Curves drew the train line flat at the
 starting prompts' score (steps 0 and 1 both scored those prompts), and Compare against a

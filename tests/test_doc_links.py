@@ -105,7 +105,7 @@ def test_relative_links_resolve(path: Path) -> None:
 
 
 def test_readme_is_short() -> None:
-    """The README is read in five minutes (issue 59): the rest lives in docs/."""
+    """The README is read in five minutes: the rest lives in docs/."""
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 200
 

@@ -268,7 +268,8 @@ def test_held_out_traces_are_validation_that_gates_the_proposals_and_tests_each_
         assert len(graded) == 4 and not graded & val_ids
         assert update == (FIXED_NUMBERS, True, 0.0, 1.0)
 
-        assert main(["blame", "held", "--db", db, "--examples", "val", "--json"]) == 0
+        assert main(["blame", "held", "--db", db, "--examples", "val", "--exhaustive",
+                     "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
     edits = {row["node"]: row["edit"] for row in report["nodes"]}
     assert (report["examples"], report["probed_examples"]) == ("val", 4)

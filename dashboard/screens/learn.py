@@ -40,8 +40,8 @@ TEXT = {
 The **update** rewrites each trainable prompt from a few failing examples: for each, the
 node's input, its output and the gradient it received. All new prompts are tried
 together on the validation split and kept only if the score strictly improves (the
-*gate*). Below: the proposed edit as a word-level diff (green added, red removed) and the
-gate's verdict.""",
+*gate*), less any edit the gain did not need. Below: the proposed edit as a word-level
+diff (green added, red removed) and the gate's verdict.""",
     "Without siblings": """
 The same step run with a **sibling-blind** method (`semantic-nosibling`, or TextGrad)
 writes each input's message from that input alone. Below: the same node's gradient on the
@@ -49,10 +49,13 @@ same example, from the paired run with the same seed, beside the sibling-aware o
 for what the sibling-aware message can say that the other cannot: what the other inputs
 already covered.""",
     "The gate": """
-A proposal is kept only if the validation score **strictly improves** with it: the
-*gate*. Below: a proposal the gate accepted and one it rejected, from this run where it
-has them, with the validation score before and after, and the score of the edit alone
-where the engine measured it (per-node gates).""",
+A candidate is kept only if the validation score **strictly improves** with it: the
+*gate*. When a kept candidate changed several prompts, each edit is then left out in turn
+and validation scored again: an edit the score does not need (as good or better without
+it) is dropped, so the run keeps only the edits that earned their place. Below: a
+proposal the gate accepted and one it rejected or dropped (its reason says which), from
+this run where it has them, with the validation score before and after, and the score of
+the edit alone where the engine measured it (per-node gates, or the pruning).""",
     "Check the blame": """
 A gradient is a claim: "had this node's output been like this, the answer would have been
 right". A **probe** tests it: the optimizer model rewrites the node's output the way its

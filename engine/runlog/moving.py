@@ -121,7 +121,8 @@ def _copy(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None) -> Copied:
         if table == "runs":
             out.runs_added = [r[0] for r in con.execute(
                 f"SELECT run_id FROM {_SRC}.runs WHERE list_contains($runs, run_id) AND "
-                f"run_id NOT IN (SELECT run_id FROM {_DST}.runs)", {"runs": runs}).fetchall()]
+                f"run_id NOT IN (SELECT run_id FROM {_DST}.runs) ORDER BY started_at, run_id",
+                {"runs": runs}).fetchall()]
             out.runs_updated = _update_runs(con, runs, set(out.runs_added))
             added = f"SELECT {names} FROM {_SRC}.runs WHERE list_contains($added, run_id)"
             params = {"added": out.runs_added}
