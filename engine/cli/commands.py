@@ -358,21 +358,25 @@ def print_summary(result: Any, db: str = "runs.duckdb",
     if result.status != "finished":
         out.print(f"to continue it: python -m engine resume {result.run_id} --db {db}",
                   markup=False, highlight=False)
-    gates = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
-             if "node_gate_calls" in s.metrics]
+    gates = _steps_with(result, "node_gate_calls")
     if gates:
         out.print(f"per-node gates: {_plural(len(gates), 'step')} scored edits alone, "
                   f"{sum(m['node_gate_calls'] for m in gates):.0f} calls "
                   f"({sum(m['node_gate_model_calls'] for m in gates):.0f} to the model), "
                   f"{sum(m['node_gate_seconds'] for m in gates):.1f} s")
-    pruned = [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
-              if "prune_calls" in s.metrics]
+    pruned = _steps_with(result, "prune_calls")
     if pruned:
         out.print(f"pruning: {_plural(len(pruned), 'accepted step')}, each edit left out "
                   f"in turn: {sum(m['edits_pruned'] for m in pruned):.0f} dropped, "
                   f"{sum(m['prune_calls'] for m in pruned):.0f} calls "
                   f"({sum(m.get('prune_model_calls', 0) for m in pruned):.0f} to the model), "
                   f"{sum(m.get('prune_seconds', 0) for m in pruned):.1f} s")
+
+
+def _steps_with(result: Any, metric: str) -> list[dict[str, float]]:
+    """The metrics and timings of each step that logged `metric`."""
+    return [{**s.metrics, **s.timings} for s in result.events.of(StepFinished)
+            if metric in s.metrics]
 
 
 def _money(cost: float, unknown: bool) -> str:
