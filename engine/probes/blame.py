@@ -925,7 +925,7 @@ def _llm_below(graph: Any, nodes: list[str]) -> dict[str, int]:
 
 
 def _estimate_line(probes: int, calls: int, pace: float | None, adaptive: bool) -> str:
-    when = (f", about {_duration(calls * pace)} at this run's pace ({pace:.1f} s a model "
+    when = (f", about {_duration(calls * pace)} at this run's pace ({pace:.2g} s a model "
             "call; cached calls are faster)" if pace else "")
     how = ("adaptive: probed in rounds of a few examples, it stops where the probes no "
            "longer decide anything, so it usually makes far fewer; --exhaustive makes all"
@@ -934,6 +934,8 @@ def _estimate_line(probes: int, calls: int, pace: float | None, adaptive: bool) 
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under a second"
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
