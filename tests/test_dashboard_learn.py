@@ -584,3 +584,35 @@ def test_a_step_with_two_candidates_shows_each_as_its_own_pane(log, tmp_path):
     one = learn(log.db, "Update", run=log.demo, step=1)
     assert "candidate prompt sets" not in text(one)
     assert not [m.value for m in one.markdown if "· candidate" in m.value]
+
+
+def test_a_run_with_a_contrast_shows_both_gradients_without_a_paired_run(tmp_path):
+    """A demo run whose graph sets `contrast:` wrote the sibling-blind gradients beside its
+    own: the stage shows both for the tour's example, from this run, and offers no paired
+    run (the log holds no other)."""
+    from engine.runs.execute import RunConfig, execute
+
+    repo = Path(__file__).resolve().parents[1]
+    db = tmp_path / "demo.duckdb"
+    config = RunConfig(graph=str(repo / "sample_graphs" / "demo.yaml"), backend="scripted",
+                       scripted_responder=f"{repo}/sample_graphs/demo_responder.py:"
+                                          "demo_responder",
+                       steps=1, seed=0, db=str(db), run_id="d-one",
+                       contrast="semantic-nosibling")
+    assert asyncio.run(execute(config)).status == "finished"
+    with duckdb.connect(str(db), read_only=True) as con:
+        example, mine, theirs = con.execute("""
+            SELECT g.example_id, g.content, c.content FROM gradients g JOIN gradients c
+            ON c.run_id = g.run_id AND c.step = g.step AND c.example_id = g.example_id
+            AND c.node_id = g.node_id AND c.kind = 'contrast'
+            WHERE g.run_id = 'd-one' AND g.step = 1 AND g.node_id = 'note'
+              AND g.kind = 'gradient' ORDER BY g.example_id LIMIT 1""").fetchone()
+    at = learn(db, "Without siblings", run="d-one", step=1, example=example)
+    body = text(at)
+    assert "No second run: this run made both calls." in body
+    assert "left with its siblings (`semantic`" in body
+    assert "right without (`semantic-nosibling`" in body
+    shown = [c.value for c in at.code]
+    assert mine in shown and theirs in shown
+    assert not [b for b in at.button if str(b.key).startswith("learn_pair_")]
+    assert not at.exception

@@ -69,6 +69,8 @@ def _non_default(name: str):
         return {"k": 1} if name == "method_options" else {"openai": 2}
     if name in ("method", "backend", "optimizer_backend"):
         return "textgrad" if name == "method" else "openai"
+    if name == "contrast":
+        return "semantic-nosibling"
     if name in ("cache", "update_mode", "update_when", "node_gates", "prompts", "structured",
                 "local_serving"):
         return {"cache": "off", "update_mode": "one", "update_when": "always",

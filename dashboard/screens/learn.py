@@ -43,11 +43,12 @@ together on the validation split and kept only if the score strictly improves (t
 *gate*), less any edit the gain did not need. Below: the proposed edit as a word-level
 diff (green added, red removed) and the gate's verdict.""",
     "Without siblings": """
-The same step run with a **sibling-blind** method (`semantic-nosibling`, or TextGrad)
-writes each input's message from that input alone. Below: the same node's gradient on the
-same example, from the paired run with the same seed, beside the sibling-aware one. Look
-for what the sibling-aware message can say that the other cannot: what the other inputs
-already covered.""",
+A **sibling-blind** method (`semantic-nosibling`, or TextGrad) writes each input's
+message from that input alone. Below: the same node's gradient on the same example, with
+its siblings and without. A run whose graph sets `contrast:` (the demo does) made both
+backward calls on the same forward pass; otherwise the sibling-blind one comes from a
+paired run with the same seed. Look for what the sibling-aware message can say that the
+other cannot: what the other inputs already covered.""",
     "The gate": """
 A candidate is kept only if the validation score **strictly improves** with it: the
 *gate*. When a kept candidate changed several prompts, each edit is then left out in turn

@@ -149,10 +149,46 @@ def _start_pair_buttons(tour: Selection, graph: data.RunGraph, node: str,
             st.rerun()
 
 
-def _gradient_row(db: str, run: str, step: int, example: str, node: str) -> dict | None:
+def _gradient_row(db: str, run: str, step: int, example: str, node: str,
+                  kind: str = "gradient") -> dict | None:
+    """The first gradient row of `kind` the node received: 'gradient' (the run's own), or
+    'contrast' (a sibling-blind method's, written beside it on the same forward pass)."""
     received = data.node_view(db, run, step, example, node)["received"]
-    rows = received[received["kind"] == "gradient"]
+    rows = received[received["kind"] == kind]
     return None if rows.empty else rows.iloc[0].to_dict()
+
+
+def _side_by_side(pair: tuple[tuple[dict | None, str], tuple[dict | None, str]]) -> None:
+    """Two gradients in two columns, each with the backward prompt that wrote it."""
+    for column, (row, label) in zip(st.columns(2), pair):
+        with column:
+            if row is None:
+                st.caption(f"{label}: this run did not back-propagate this example at this "
+                           "step.")
+                continue
+            show_text(f"gradient {label}", row["content"], expanded=True)
+            mark(row["content"], row.get("messages"))
+            show_messages(f"backward prompt {label}", row.get("messages"))
+
+
+def contrast_in_run(tour: Selection, node: str, output: str) -> bool:
+    """The run wrote a sibling-blind method's gradients beside its own (`contrast:`): show
+    both for the tour's example from this one run; False when it wrote none here."""
+    theirs = _gradient_row(tour.db, tour.run, tour.step, tour.example, node, "contrast")
+    if theirs is None:
+        return False
+    mine = _gradient_row(tour.db, tour.run, tour.step, tour.example, node)
+    method = (data.run(tour.db, tour.run) or {}).get("method", "semantic")
+    st.markdown(f"What {code(node)} received from {code(output)} on example "
+                f"{code(tour.example)} at step {tour.step}, from the same forward pass and "
+                f"the same feedback: left with its siblings ({code(method)}, the gradient "
+                f"the update used), right without ({code(theirs['method'])}, written beside "
+                "it for this comparison only). No second run: this run made both calls.")
+    _side_by_side(((mine, "with siblings"), (theirs, "without siblings")))
+    if mine and mine.get("content", "").strip() == str(theirs.get("content") or "").strip():
+        st.info("Here the two messages are the same: the siblings changed nothing on this "
+                "example. Pick another failing example in the sidebar.")
+    return True
 
 
 def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
@@ -163,6 +199,8 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
         st.caption("This graph has no node with siblings.")
         return
     node = receivers[0]
+    if contrast_in_run(tour, node, model.output):
+        return
     pairs = paired_runs(tour.db, tour)
     order = pair_order(graph, node)
     if pairs.empty:
@@ -187,17 +225,7 @@ def without_siblings(tour: Selection, graph: data.RunGraph) -> None:
                 f"{code(tour.example)} at step {tour.step}: left with its siblings "
                 f"({code(method)}, run {md(tour.run)}), right without "
                 f"({code(pair['method'])}, run {md(pair['run_id'])}).")
-    left, right = st.columns(2)
-    for column, row, label in ((left, mine, "with siblings"), (right, theirs,
-                                                              "without siblings")):
-        with column:
-            if row is None:
-                st.caption(f"{label}: this run did not back-propagate this example at this "
-                           "step.")
-                continue
-            show_text(f"gradient {label}", row["content"], expanded=True)
-            mark(row["content"], row.get("messages"))
-            show_messages(f"backward prompt {label}", row.get("messages"))
+    _side_by_side(((mine, "with siblings"), (theirs, "without siblings")))
     compared = data.paired_gradients(tour.db, tour.run, pair["run_id"], tour.step, node)
     if not compared.empty:
         n = len(compared)

@@ -91,10 +91,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("run needs a graph file (or --fork RUN_ID --from-step S)")
     settings = given_settings(args)
     settings.setdefault("backend", default_backend_kind())
+    if settings.get("contrast"):
+        method = settings.get("method", "semantic")
+        if not _contrastable(method):
+            raise UsageError(f"--contrast writes sibling-blind gradients beside a "
+                             f"sibling-aware method's (semantic, semantic-evaluative); "
+                             f"--method {method} has none to contrast")
     graph = _graph_with_functions(args)
     # the graph's own defaults (the demo's: 1 step, 2 candidates), under --steps, --proposals
     for name, value in (graph or load_graph(args.graph)).run_defaults().items():
-        settings.setdefault(name, value)
+        if name != "contrast" or _contrastable(settings.get("method", "semantic")):
+            settings.setdefault(name, value)  # a graph's contrast: only where it applies
     config = RunConfig(graph=args.graph, **settings)
     _check_local_models(config)
     if not args.dry_run:  # a run log it cannot write: its refusal is the only line printed
@@ -105,6 +112,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     return _with_progress(lambda listeners: execute(config, listeners=listeners, graph=graph),
                           config.steps, progress_file=args.progress_file, db=config.db)
+
+
+def _contrastable(method: str) -> bool:
+    """The method writes sibling-aware gradients that a sibling-blind method's can be
+    written beside (--contrast)."""
+    from engine.methods import METHODS
+
+    return method in METHODS and METHODS[method].contrastable
 
 
 def _check_local_models(config: Any) -> None:

@@ -71,6 +71,9 @@ class Method:
     uses_gradients = True
     # the gradient an input receives is conditioned on the other inputs of the same node
     sibling_aware = True
+    # `--contrast`: a sibling-blind method's gradients can be written beside this method's
+    # on the same examples (only a joint call conditioned on the siblings has a contrast)
+    contrastable = False
     # (option, label, default) for forms that start a run with this method
     form_options: tuple[tuple[str, str, int], ...] = ()
 
@@ -250,3 +253,33 @@ async def repair_gradients(ctx: RunContext, request, reply: str, grads: dict[str
         else "one repair request supplied it")
     earlier = (problem or "")[:(problem or "").rfind("no block for")].rstrip("; ")
     return grads, "; ".join(p for p in (earlier, note) if p)
+
+
+def contrast_nodes(graph) -> list[str]:
+    """The nodes whose backward call a sibling-blind method makes differently from a
+    sibling-aware one: LLM nodes (or described tools) with two inputs or more. With one
+    input there is no sibling to leave out."""
+    return [n.id for n in asking_nodes(graph) if len(graph.predecessors(n.id)) > 1]
+
+
+def contrast_calls(graph, contrast: str | None) -> int:
+    """Calls `--contrast` adds per back-propagated example: one per (node, input) pair at
+    the contrast nodes (both sibling-blind methods ask about one input a call)."""
+    return 0 if not contrast else sum(len(graph.predecessors(n)) for n in contrast_nodes(graph))
+
+
+async def contrast_gradients(ctx: RunContext, contrast: Method, prompts: Prompts,
+                             trace: ExampleTrace, feedback: dict[str, str]) -> None:
+    """The sibling-blind method's gradients on the same forward pass: at each contrast node
+    that acted on feedback in the run's own backward pass, the `contrast` method's backward
+    calls with that same aggregated feedback, recorded as kind 'contrast' (and the
+    contrast method's name) beside the run's own. Nothing flows further from them and no
+    update reads them: they show what the gradient would have said without the siblings."""
+    async def one(node_id: str) -> None:
+        grads = await contrast.node_gradients(ctx, prompts, trace, node_id, feedback[node_id])
+        for pred in ctx.graph.predecessors(node_id):
+            if pred in grads:
+                ctx.emit(contrast._gradient(ctx, trace, pred, node_id, grads[pred],
+                                            kind="contrast"))
+
+    await asyncio.gather(*(one(n) for n in contrast_nodes(ctx.graph) if feedback.get(n)))

@@ -31,8 +31,15 @@ GRAPH_KEYS = {
     "splits": "default split sizes: {train, val, test}",
     "steps": "default number of optimization steps for `run` (its --steps; default 4)",
     "proposals": "default candidate prompt sets per step for `run` (its --proposals; default 1)",
+    "contrast": "a sibling-blind method whose gradients `run` writes beside a sibling-aware "
+                "method's (its --contrast: semantic-nosibling or textgrad)",
     "nodes": "the list of nodes",
 }
+# Sibling-blind methods whose gradients a sibling-aware run can write beside its own
+# (`contrast:`, `run --contrast`): never used for an update; the Learn tour's "Without
+# siblings" shows both from one run (engine/core/backward.py: contrast_gradients).
+CONTRAST_METHODS = ("semantic-nosibling", "textgrad")
+
 NODE_KEYS = {
     "id": "unique node id",
     "prompt": "the node's instruction (its trainable parameter)",
@@ -130,6 +137,7 @@ class GraphSpec:
     splits: dict[str, int] = field(default_factory=dict)
     steps: int | None = None  # `run`'s default --steps for this graph (None: run's own)
     proposals: int | None = None  # `run`'s default --proposals for this graph
+    contrast: str | None = None  # `run`'s default --contrast for this graph
     path: str = ""
     yaml_text: str = ""
     # a Python metric (engine.api.builder): (example, prediction) -> float | (float, feedback)
@@ -176,7 +184,8 @@ class GraphSpec:
         """The run settings this graph file sets for itself (`steps`, `proposals`), which
         `run` takes under its own flags."""
         return {name: value for name, value in (("steps", self.steps),
-                                                ("proposals", self.proposals))
+                                                ("proposals", self.proposals),
+                                                ("contrast", self.contrast))
                 if value is not None}
 
     @property
@@ -247,6 +256,11 @@ def parse_graph(text: str, path: str | Path = "<graph>",
     splits = _splits(top, path)
     steps = _whole(top, "steps", path, 0)
     proposals = _whole(top, "proposals", path, 1)
+    contrast = None if scalar("contrast") is None else str(scalar("contrast"))
+    if contrast is not None:
+        if contrast not in CONTRAST_METHODS:
+            raise GraphError(path, f"unknown contrast '{contrast}' (allowed: "
+                                   f"{', '.join(CONTRAST_METHODS)})", line=top["contrast"][1])
 
     if "nodes" not in top:
         raise GraphError(path, "missing required key 'nodes'", line=1)
@@ -267,6 +281,7 @@ def parse_graph(text: str, path: str | Path = "<graph>",
         splits=splits,
         steps=steps,
         proposals=proposals,
+        contrast=contrast,
         path=str(path),
         yaml_text=text,
     )

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.core.backward import Method, UpdateSample
+from engine.core.backward import Method, UpdateSample, contrast_gradients
 from engine.core.copies import COPY_REASON, find_copies
 from engine.core.forward import ExampleTrace, Prompts, RunContext, SharedCalls, forward_pass
 from engine.core.loss import compute_losses, mean_score
@@ -76,6 +76,9 @@ class OptimizerConfig:
     # (the claim the run log records with the gradient); always: one per trainable node
     update_when: str = "asked"
     proposals: int = 1  # candidate prompt sets per step, each scored on validation
+    # a sibling-blind Method (one of CONTRAST_METHODS) whose gradients are written beside a
+    # sibling-aware method's on the same back-propagated examples, for comparison only
+    contrast: Method | None = None
 
 
 @dataclass
@@ -164,6 +167,9 @@ async def optimization_step(ctx: RunContext, method: Method, splits: Splits,
     claims = ChangeClaims(ctx.emit)
     feedback = await asyncio.gather(*(method.backward(replace(ctx, emit=claims), prompts,
                                                       traces[i], losses[i]) for i in chosen))
+    if config.contrast is not None and method.contrastable:
+        await asyncio.gather(*(contrast_gradients(ctx, config.contrast, prompts, traces[i], fb)
+                               for i, fb in zip(chosen, feedback)))
     trainable, mode = ctx.graph.trainable_nodes, config.update_mode
     every = nodes_to_update(trainable, mode, step) if chosen else []
     nodes = nodes_to_update(trainable, mode, step, None if config.update_when == "always"

@@ -23,6 +23,7 @@ class SemanticBackprop(Method):
     name = "semantic"
     mode = "directional"
     role = "backward_joint"
+    contrastable = True
 
     async def node_gradients(self, ctx: RunContext, prompts: Prompts, trace: ExampleTrace,
                              node_id: str, feedback: str) -> dict[str, NodeGradient]:

@@ -157,11 +157,16 @@ def compact(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
 
 
-def backward_calls_per_example(graph: GraphSpec, method: str) -> int:
-    """Backward calls for one back-propagated example, as the method counts them."""
+def backward_calls_per_example(graph: GraphSpec, method: str, contrast: str | None = None
+                               ) -> int:
+    """Backward calls for one back-propagated example, as the method counts them, and the
+    sibling-blind ones `contrast` adds beside a method that has one."""
+    from engine.core.backward import contrast_calls
     from engine.methods import METHODS
 
-    return METHODS[method].backward_calls(graph)
+    kind = METHODS[method]
+    return kind.backward_calls(graph) + (contrast_calls(graph, contrast)
+                                         if kind.contrastable else 0)
 
 
 def repeated_sample_share(steps: int, k: int, failing: int, accepted: float) -> float:
@@ -290,7 +295,8 @@ def _phases(graph: GraphSpec, config: Any, n_train: int, n_val: int, n_test: int
     # identical requests in flight together are made once whatever the cache setting
     initial = distinct_calls(graph)
     sampled = min(config.failures_per_step, n_train)
-    backward = sampled * backward_calls_per_example(graph, config.method)
+    backward = sampled * backward_calls_per_example(graph, config.method,
+                                                    getattr(config, "contrast", None))
     mode, k = config.node_gates, len(changed)
     candidates = getattr(config, "proposals", 1)  # each: its update calls, a validation pass
     gates_expected = node_gates_apply(mode, k)

@@ -301,7 +301,7 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
         trainable=graph.trainable_nodes, update_mode=config.update_mode,
         update_when=config.update_when,
         node_gates=config.node_gates, emit=bus.emit, baseline_step=baseline_step,
-        proposals=config.proposals))
+        proposals=config.proposals, contrast=config.contrast))
     if new:
         writer.start_run({**run_row(config.run_id, graph, config.to_json(),
                                     client.forward_backend.name, client.forward_model,
@@ -319,7 +319,8 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
     opt = OptimizerConfig(config.steps, config.failures_per_step, config.gate,
                           config.update_mode, config.seed, config.node_gates,
                           allow_copies=config.allow_copies, update_when=config.update_when,
-                          proposals=config.proposals)
+                          proposals=config.proposals,
+                          contrast=make_method(config.contrast) if config.contrast else None)
     loop = asyncio.get_running_loop()
     current = asyncio.current_task()
     try:

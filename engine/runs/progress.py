@@ -29,7 +29,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from engine.core.backward import Method
+from engine.core.backward import Method, contrast_calls
 from engine.core.optimizer import ChangeClaims, node_gates_apply, nodes_to_update
 from engine.events import (
     CallRecord,
@@ -50,7 +50,8 @@ class ProgressTracker:
                  trainable: list[str], method: type[Method], run_id: str,
                  emit: Callable[[Any], None], update_mode: str = "all",
                  update_when: str = "asked", node_gates: str = "off",
-                 baseline_step: int | None = 0, proposals: int = 1):
+                 baseline_step: int | None = 0, proposals: int = 1,
+                 contrast: str | None = None):
         llm = [n.id for n in graph.nodes if n.kind != "function"]
         self.per_example = len(llm)
         self.sizes, self.run_id, self.emit = sizes, run_id, emit
@@ -62,7 +63,8 @@ class ProgressTracker:
         self.proposals = max(1, proposals)  # candidates: their update calls and gate passes
         self.scored: dict[int, int] = {}  # step -> distinct candidates its gate scores
         self.pruning: dict[int, int] = {}  # step -> node calls its pruning passes expect
-        self.backward = failures * method.backward_calls(graph)
+        self.backward = failures * (method.backward_calls(graph) + (
+            contrast_calls(graph, contrast) if method.contrastable else 0))
         self.step, self.phase, self.done, self.total = -1, "", 0, 0
         self.finished: set[int] = set()
         self.seen_update = 0  # update calls seen in this step

@@ -88,6 +88,12 @@ def _methods() -> list[str]:
     return sorted(METHODS)
 
 
+def _contrast_methods() -> list[str]:
+    from engine.core.graph import CONTRAST_METHODS
+
+    return list(CONTRAST_METHODS)
+
+
 def _prompt_sets() -> list[str]:
     from engine.prompts.sets import PROMPT_SETS
 
@@ -186,6 +192,14 @@ class RunConfig:
                                   "gradients (the first greedy, the others sampled), each "
                                   "scored on validation: the best is kept if it improves "
                                   "(1: the paper's single proposal; a graph may set its own)")
+    contrast: str | None = setting(None, choices=_contrast_methods, metavar="METHOD",
+                                   help="with a sibling-aware method (semantic): also write "
+                                        "METHOD's sibling-blind gradients (semantic-nosibling "
+                                        "or textgrad) for the same back-propagated examples, "
+                                        "from the same forward pass, at the nodes with two "
+                                        "inputs or more; never used for an update: the Learn "
+                                        "tour's 'Without siblings' shows both, no second run "
+                                        "(default: the graph's `contrast:`)")
     temperature: float = setting(0.0, type=float,
                                  help="sampling temperature of every call (0: greedy)")
     max_tokens: int | None = setting(None, type=positive_int, help="forward generation limit")
