@@ -1,31 +1,39 @@
-"""How much the demo's score depends on its prompts, on an embedded model (--model).
+"""How much a teaching graph's score depends on its prompts, on an embedded model (--model).
 
-Scores sample_graphs/demo.yaml's forward pass (the engine's own forward calls, parser and
-grader; no optimizer calls) on every example of its dataset, twice: with the graph's
-starting prompts, and with the hand-fixed prompts in sample_graphs/data/demo_fixed_prompts.yaml
-(what a person writes in the What-if and Fork panels). Goal: starting prompts at most
-0.35, fixed prompts at least 0.75, on at least 24 examples, so that the demo has a fix to
-find. Prints exactly
+Scores a graph's forward pass (the engine's own forward calls, parser and grader; no
+optimizer calls) on every example of its dataset with each of its prompt sets: the graph's
+starting prompts, the hand fix, and (the method-case graphs) the generic rewrites, each with
+its 95% Wilson interval.
 
-    starting prompts X, fixed prompts Y on N examples
+- sample_graphs/demo.yaml (the default): the hand-fixed prompts of
+  sample_graphs/data/demo_fixed_prompts.yaml (what a person writes in the What-if and Fork
+  panels). Goal: starting prompts at most 0.35, fixed prompts at least 0.75, on at least 24
+  examples, so that the demo has a fix to find. Prints first, exactly,
 
-then each score's 95% Wilson interval and the wall time. `--backend scripted` scores the
-same prompts on sample_graphs/demo_responder.py, the scripted model that plays the demo in
-the browser tests (starting prompts 0, fixed prompts 1: a check of that model, in seconds).
+      starting prompts X, fixed prompts Y on N examples
+
+- the method-case graphs (sample_graphs/case_pick.yaml, case_units.yaml; issue: the
+  method's case): data/<graph>_prompts.yaml holds `fixed` (the hand fix of the node at
+  fault) and `generic` (rewrites of the kind an edit made without gradients writes). Goal:
+  the hand fix high and every generic rewrite low, their intervals apart, so that only an
+  edit that knows what the sibling says can repair the graph.
+
+`--backend scripted` scores the demo's prompts on sample_graphs/demo_responder.py, the
+scripted model that plays the demo in the browser tests (starting prompts 0, fixed prompts
+1: a check of that model, in seconds).
 
 Local models are served as a run serves them (`--local-serving`, default auto: llama-server
 when installed): the two sample differently (llama-server counts the prompt in its
 repeat-penalty window), and only the run's serving tells what the demo will do.
 
-    .venv/bin/python benchmarks/demo_prompts.py [--examples N] [--backend local|scripted]
-        [--local-serving auto|server|in-process]
+    .venv/bin/python benchmarks/demo_prompts.py [--graph sample_graphs/case_pick.yaml]
+        [--examples N] [--backend local|scripted] [--local-serving auto|server|in-process]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 import time
 from pathlib import Path
@@ -39,9 +47,11 @@ from engine.core.forward import Prompts, RunContext  # noqa: E402
 from engine.core.graph import load_graph  # noqa: E402
 from engine.core.optimizer import evaluate  # noqa: E402
 from engine.data.datasets import load_examples, with_target  # noqa: E402
+from engine.data.stats import wilson  # noqa: E402
 
 GRAPH = ROOT / "sample_graphs" / "demo.yaml"
 FIXED = ROOT / "sample_graphs" / "data" / "demo_fixed_prompts.yaml"
+Z95 = 1.96
 
 
 def fixed_prompts() -> dict[str, str]:
@@ -49,13 +59,19 @@ def fixed_prompts() -> dict[str, str]:
     return {str(k): str(v) for k, v in yaml.safe_load(FIXED.read_text()).items()}
 
 
-def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+def prompt_sets(graph_path: Path) -> list[tuple[str, dict[str, str]]]:
+    """(label, prompts replacing the graph's) for each set to score, the starting prompts
+    first: the demo's hand fix, or a method-case graph's `fixed` and `generic` sets from
+    data/<graph>_prompts.yaml."""
+    sets: list[tuple[str, dict[str, str]]] = [("starting prompts", {})]
+    if graph_path.resolve() == GRAPH.resolve():
+        return [*sets, ("fixed prompts", fixed_prompts())]
+    spec = yaml.safe_load((graph_path.parent / "data" / f"{graph_path.stem}_prompts.yaml")
+                          .read_text("utf-8"))
+    sets.append(("fixed prompts", {str(k): str(v) for k, v in spec["fixed"].items()}))
+    for i, generic in enumerate(spec.get("generic") or [], 1):
+        sets.append((f"generic rewrite {i}", {str(k): str(v) for k, v in generic.items()}))
+    return sets
 
 
 def make_backend(kind: str, model: str | None = None, serving: str = "auto"):
@@ -72,11 +88,12 @@ def make_backend(kind: str, model: str | None = None, serving: str = "auto"):
 
 
 async def score(prompts: dict[str, str], limit: int | None, backend_kind: str = "local",
-                model: str | None = None, serving: str = "auto") -> tuple[float, int]:
+                model: str | None = None, serving: str = "auto",
+                graph_path: Path = GRAPH) -> tuple[float, int]:
     from engine.llm.client import LLMClient
 
-    graph = load_graph(str(GRAPH))
-    examples = with_target(load_examples(graph.dataset, graph_dir=str(GRAPH.parent)),
+    graph = load_graph(str(graph_path))
+    examples = with_target(load_examples(graph.dataset, graph_dir=str(graph_path.parent)),
                            graph.target_field)[:limit]
     backend = make_backend(backend_kind, model, serving)
     client = LLMClient(forward_backend=backend,
@@ -93,6 +110,9 @@ async def score(prompts: dict[str, str], limit: int | None, backend_kind: str = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--graph", type=Path, default=GRAPH,
+                        help="the demo (default) or a method-case graph "
+                             "(sample_graphs/case_pick.yaml, case_units.yaml)")
     parser.add_argument("--examples", type=int, default=None,
                         help="score only the first N examples (default: all)")
     parser.add_argument("--backend", choices=("local", "scripted"), default="local",
@@ -104,15 +124,26 @@ def main() -> None:
                         default="auto", help="with --backend local: as `run`'s flag (default "
                                              "auto: llama-server when installed, as a run)")
     args = parser.parse_args()
+    if args.backend == "scripted" and args.graph.resolve() != GRAPH.resolve():
+        parser.error("--backend scripted plays the demo graph only")
     started = time.perf_counter()
-    start, n = asyncio.run(score({}, args.examples, args.backend, args.model,
-                                   args.local_serving))
-    fixed, _ = asyncio.run(score(fixed_prompts(), args.examples, args.backend, args.model,
-                                   args.local_serving))
+    scores = []
+    for label, prompts in prompt_sets(args.graph):
+        value, n = asyncio.run(score(prompts, args.examples, args.backend, args.model,
+                                     args.local_serving, args.graph))
+        scores.append((label, value, n))
+    (_, start, n), (_, fixed, _) = scores[:2]
     print(f"starting prompts {start:.2f}, fixed prompts {fixed:.2f} on {n} examples")
-    (a, b), (c, d) = wilson(start * n, n), wilson(fixed * n, n)
-    print(f"95% intervals: starting [{a:.2f}, {b:.2f}], fixed [{c:.2f}, {d:.2f}]; "
-          f"wall {time.perf_counter() - started:.0f} s")
+    print(f"{args.graph.name}, {args.backend} backend, 95% Wilson intervals:")
+    for label, value, n in scores:
+        low, high = wilson(value * n, n, Z95)
+        print(f"  {label:<20} {value:.2f} ({round(value * n)}/{n})  [{low:.2f}, {high:.2f}]")
+    fixed_low = wilson(fixed * n, n, Z95)[0]
+    generic = [(label, wilson(v * n, n, Z95)[1]) for label, v, _ in scores[2:]]
+    if generic:
+        apart = all(high < fixed_low for _, high in generic)
+        print(f"hand fix apart from every generic rewrite: {'yes' if apart else 'NO'}")
+    print(f"wall {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     metrics = run_metrics(args.db, [c.run_id for c in cells if c.run_id])
     rows = result_rows(cells, metrics)
     out_dir = Path(args.out) if args.out else Path("results") / plan.name
-    md_path, csv_path = write_results(out_dir, plan, rows, metrics, args.db)
+    md_path, csv_path = write_results(out_dir, plan, rows, metrics, args.db, cells)
     out.print("\n".join(markdown_table([r for r in rows if r["level"] != "task"], True)),
               markup=False, highlight=False)
     out.print(f"results: {md_path} and {csv_path}; open any run with the dashboard "

@@ -101,15 +101,137 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+# --- counted by runs, and paired ------------------------------------------------------
+
+PAIRED_COLUMNS = ("entry", "reference", "method", "pairs", "both_pass", "reference_only",
+                  "method_only", "neither", "difference_pct", "difference_low_pct",
+                  "difference_high_pct", "mcnemar_p")
+
+
+def learned_runs(cells: list[Cell], metrics: dict[str, dict]) -> list[dict]:
+    """Per (entry, variant): of its finished runs, how many ended above their starting
+    prompts on validation (the run is the unit: seeds vary the sample, the candidates and
+    the model's sampling), with Wilson's 95% interval over runs."""
+    out = []
+    for entry in dict.fromkeys(c.entry.name for c in cells):
+        mine = [c for c in cells if c.entry.name == entry and not c.task]
+        for variant in dict.fromkeys(c.variant for c in mine):
+            found = [metrics[c.run_id] for c in mine if c.variant == variant
+                     and c.run_id in metrics]
+            learned = sum(1 for m in found if m.get("val") is not None
+                          and m.get("val0") is not None and m["val"] > m["val0"])
+            low, high = wilson(learned, len(found), Z95) if found else (None, None)
+            out.append({"entry": entry, "method": variant.name, "learned": learned,
+                        "runs": len(found), "low_pct": _pct(low), "high_pct": _pct(high)})
+    return out
+
+
+def _span(low: float | None, high: float | None) -> str:
+    return "" if low is None or high is None else f"{low:.0f}–{high:.0f}%"
+
+
+def mcnemar_p(reference_only: int, method_only: int) -> float:
+    """Exact two-sided McNemar test: the discordant pairs against a fair coin."""
+    n, k = reference_only + method_only, min(reference_only, method_only)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_difference(both: int, ref_only: int, other_only: int, neither: int
+                      ) -> tuple[float, float, float]:
+    """The reference's pass rate minus the other's over the same pairs, with the 95%
+    interval of Agresti and Min's adjusted Wald (half a pair added to each cell)."""
+    n = both + ref_only + other_only + neither
+    b, c, m = ref_only + 0.5, other_only + 0.5, n + 2
+    diff = (b - c) / m
+    half = Z95 * math.sqrt(max(b + c - (b - c) ** 2 / m, 0.0)) / m
+    return (ref_only - other_only) / n if n else 0.0, max(-1.0, diff - half), \
+        min(1.0, diff + half)
+
+
+def paired_rows(cells: list[Cell], outcomes: dict[str, dict[str, float]],
+                reference: str = "semantic") -> list[dict]:
+    """Per entry, `reference` against each other variant on the same seeds and the same
+    test examples: each pair is (seed, example), both runs finished and scored it; the
+    counts of the four outcomes, the difference of pass rates with its interval, and the
+    exact McNemar p. Entries without the reference, or with graded (non 0/1) scores, have
+    none."""
+    out = []
+    for entry in dict.fromkeys(c.entry.name for c in cells):
+        mine = [c for c in cells if c.entry.name == entry and not c.task and c.run_id]
+        by_seed = {(c.variant.name, c.seed): outcomes.get(c.run_id, {}) for c in mine}
+        seeds = sorted({s for v, s in by_seed if v == reference})
+        for method in dict.fromkeys(c.variant.name for c in mine):
+            if method == reference:
+                continue
+            counts = [0, 0, 0, 0]  # both, reference only, method only, neither
+            for seed in seeds:
+                ours, theirs = by_seed[(reference, seed)], by_seed.get((method, seed))
+                if theirs is None:
+                    continue
+                for example in ours.keys() & theirs.keys():
+                    a, b = ours[example], theirs[example]
+                    if a not in (0.0, 1.0) or b not in (0.0, 1.0):
+                        return []
+                    counts[0 if a and b else 1 if a else 2 if b else 3] += 1
+            if not sum(counts):
+                continue
+            diff, low, high = paired_difference(*counts)
+            out.append(dict(zip(PAIRED_COLUMNS, (
+                entry, reference, method, sum(counts), *counts, _pct(diff), _pct(low),
+                _pct(high), round(mcnemar_p(counts[1], counts[2]), 4)))))
+    return out
+
+
+def runs_and_pairs_markdown(learned: list[dict], paired: list[dict]) -> list[str]:
+    """The two sections under the main table: runs that learned, and the paired test."""
+    lines = ["", "## Counted by runs", "",
+             "Runs that ended above their starting prompts on validation, of the runs "
+             "finished, with Wilson's 95% interval over runs (the run is the unit that "
+             "varies with the seed).", "",
+             "| entry | method | runs that learned | 95% |", "|---|---|---|---|"]
+    lines += [f"| {r['entry']} | {r['method']} | {r['learned']} of {r['runs']} | "
+              f"{_span(r['low_pct'], r['high_pct'])} |" for r in learned]
+    if paired:
+        lines += ["", "## Paired: the reference method against each other method", "",
+                  "Pairs are (seed, test example) that both runs scored: same seeds, same "
+                  "examples. *difference*: the reference's test pass rate minus the other's, "
+                  "in points, with the 95% interval of Agresti and Min's adjusted Wald; *p*: "
+                  "the exact McNemar test on the pairs where exactly one passed.", "",
+                  "| entry | reference | against | pairs | both pass | reference only | "
+                  "other only | neither | difference | 95% | p |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['entry']} | {r['reference']} | {r['method']} | {r['pairs']} | "
+                  f"{r['both_pass']} | {r['reference_only']} | {r['method_only']} | "
+                  f"{r['neither']} | {r['difference_pct']:+.1f} | "
+                  f"{r['difference_low_pct']:+.1f} to {r['difference_high_pct']:+.1f} | "
+                  f"{r['mcnemar_p']:.3f} |" for r in paired]
+    return lines
+
+
 def write_results(out_dir: Path, plan: Plan, rows: list[dict], metrics: dict[str, dict],
-                  db: str) -> tuple[Path, Path]:
+                  db: str, cells: list[Cell] | None = None) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "results.csv", out_dir / "results.md"
     with csv_path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
-    md_path.write_text(results_markdown(plan, rows, metrics, db), encoding="utf-8")
+    extra: list[str] = []
+    if cells:
+        from engine.runlog.experiments import test_outcomes
+
+        paired = paired_rows(cells, test_outcomes(db, [c.run_id for c in cells if c.run_id]))
+        extra = runs_and_pairs_markdown(learned_runs(cells, metrics), paired)
+        if paired:
+            with (out_dir / "paired.csv").open("w", newline="", encoding="utf-8") as fh:
+                writer = csv.DictWriter(fh, fieldnames=PAIRED_COLUMNS)
+                writer.writeheader()
+                writer.writerows(paired)
+    md_path.write_text(results_markdown(plan, rows, metrics, db) + "\n".join(extra)
+                       + ("\n" if extra else ""), encoding="utf-8")
     return md_path, csv_path
 
 

@@ -24,7 +24,8 @@ def finished_experiment_runs(db: str | Path) -> list[dict]:
 
 
 def run_metrics(db: str | Path, run_ids: list[str]) -> dict[str, dict]:
-    """Per run: test score, last validation score, steps, accepted edits, calls, tokens,
+    """Per run: test score, last validation score (and the starting prompts', `val0`),
+    steps, accepted edits, calls, tokens,
     cost, models; and the test examples behind the score: `test_n` scored, `test_sum` of
     their scores, `test_binary` when every score is 0 or 1 (a pass rate, so an interval)."""
     if not run_ids:
@@ -32,13 +33,15 @@ def run_metrics(db: str | Path, run_ids: list[str]) -> dict[str, dict]:
     with connect(db, read_only=True) as con:
         cursor = con.execute("""
             SELECT r.run_id, r.model, r.optimizer_model, r.backend, t.test, s.steps, s.val,
+                   s.val0,
                    coalesce(u.accepted, 0) AS accepted, coalesce(c.calls, 0) AS calls,
                    coalesce(c.tokens, 0) AS tokens, c.cost,
                    coalesce(tl.test_n, 0) AS test_n, tl.test_sum, tl.test_binary
             FROM runs r
             LEFT JOIN (SELECT run_id, max(value) AS test FROM metrics
                        WHERE key = 'test_score' GROUP BY run_id) t USING (run_id)
-            LEFT JOIN (SELECT run_id, max(step) AS steps, arg_max(val_score, step) AS val
+            LEFT JOIN (SELECT run_id, max(step) AS steps, arg_max(val_score, step) AS val,
+                              arg_min(val_score, step) AS val0
                        FROM steps GROUP BY run_id) s USING (run_id)
             LEFT JOIN (SELECT run_id, count(*) FILTER (WHERE accepted) AS accepted
                        FROM updates GROUP BY run_id) u USING (run_id)
@@ -55,3 +58,21 @@ def run_metrics(db: str | Path, run_ids: list[str]) -> dict[str, dict]:
             WHERE list_contains(?, r.run_id)""", [run_ids])
         names = [d[0] for d in cursor.description]
         return {row[0]: dict(zip(names, row)) for row in cursor.fetchall()}
+
+
+def test_outcomes(db: str | Path, run_ids: list[str]) -> dict[str, dict[str, float]]:
+    """Per run, each test example's score at the run's last scored test step: what a
+    paired comparison of two runs on the same examples reads."""
+    if not run_ids:
+        return {}
+    with connect(db, read_only=True) as con:
+        rows = con.execute("""
+            SELECT run_id, example_id, score FROM losses l
+            WHERE split = 'test' AND score IS NOT NULL AND list_contains(?, run_id)
+              AND step = (SELECT max(step) FROM losses m
+                          WHERE m.run_id = l.run_id AND m.split = 'test')""",
+                           [run_ids]).fetchall()
+    outcomes: dict[str, dict[str, float]] = {r: {} for r in run_ids}
+    for run_id, example_id, score in rows:
+        outcomes[run_id][example_id] = float(score)
+    return outcomes

@@ -1,0 +1,124 @@
+"""The method-case graphs (sample_graphs/case_pick.yaml, case_units.yaml) and what the
+method comparison on them reports: their data is built so that no position rule repairs
+the node at fault (the chosen fruit and the smaller unit come first in about half the
+sentences), the plan benchmarks/plans/method_case.yaml expands to 2 graphs x 4 methods x
+5 seeds at the graphs' own settings, and an experiment's results.md counts runs that
+learned and pairs `semantic` with each other method on the same seeds and test examples
+(checked here against the run log on a small scripted plan)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine.cli import commands as cli
+from engine.core.graph import load_graph
+from engine.experiment.plan import load_plan
+from engine.experiment.results import mcnemar_p, paired_difference
+from tests.support.runlog import rows
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPHS = {"case_pick": ("fruit", "amount"), "case_units": ("unit", "amount")}
+
+
+def examples(name: str) -> list[dict]:
+    return [json.loads(line) for line in
+            (ROOT / "sample_graphs" / "data" / f"{name}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_a_case_graph_has_its_fault_upstream_of_a_join(name):
+    graph = load_graph(str(ROOT / "sample_graphs" / f"{name}.yaml"))
+    sibling, faulty = GRAPHS[name]
+    assert graph.predecessors(graph.output_node.id) == [faulty, sibling] or \
+        sorted(graph.predecessors(graph.output_node.id)) == sorted([faulty, sibling])
+    assert graph.splits == {"train": 8, "val": 24, "test": 24}
+    rows_ = examples(name)
+    assert len(rows_) >= 56 and len({r["text"] for r in rows_}) == len(rows_)
+    spec = yaml.safe_load((ROOT / "sample_graphs" / "data" / f"{name}_prompts.yaml").read_text())
+    assert set(spec["fixed"]) == {faulty}
+    assert all(set(g) == {faulty} for g in spec["generic"])
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_the_answer_is_in_the_sentence_first_in_about_half_of_them(name):
+    """The target's number and word stand in the sentence, and the right number is the
+    first one in 35-65% of sentences: 'the first number' or 'the last number' is wrong
+    about half the time, only what the sibling names tells which."""
+    first = 0
+    for row in examples(name):
+        number, word = row["answer"].split(" ", 1)
+        numbers = re.findall(r"\d+", row["text"])
+        assert number in numbers and word in row["text"]
+        first += numbers[0] == number
+    share = first / len(examples(name))
+    assert 0.35 <= share <= 0.65, share
+
+
+def test_the_plan_runs_four_methods_on_five_seeds_at_the_graphs_own_settings():
+    plan = load_plan(str(ROOT / "benchmarks" / "plans" / "method_case.yaml"))
+    assert [e.name for e in plan.entries] == ["pick", "units"]
+    for entry in plan.entries:
+        assert [v.method for v in entry.variants] == ["semantic", "semantic-nosibling",
+                                                       "textgrad", "none"]
+        assert list(entry.seeds) == [0, 1, 2, 3, 4]
+        assert (entry.steps, entry.proposals) == (1, 2)  # the graphs' own
+
+
+def test_mcnemar_and_the_paired_difference():
+    assert mcnemar_p(0, 0) == 1.0
+    assert mcnemar_p(6, 0) == pytest.approx(2 / 64)  # 6 discordant pairs, all one way
+    assert mcnemar_p(3, 3) == 1.0
+    diff, low, high = paired_difference(10, 6, 0, 8)
+    assert diff == pytest.approx(6 / 24) and low < diff < high and low > 0
+
+
+def experiment(*args: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["experiment", *args])
+    return code, out.getvalue() + err.getvalue()
+
+
+def test_results_count_runs_that_learned_and_pair_semantic_with_each_method(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"name": "mini", "entries": [{
+        "name": "pick", "graph": str(ROOT / "sample_graphs" / "case_pick.yaml"),
+        "methods": ["semantic", "none"], "seeds": [0, 1], "train": 4, "val": 4,
+        "test": 6}]}))
+    db, out = tmp_path / "runs.duckdb", tmp_path / "out"
+    code, said = experiment(str(plan), "--backend", "scripted", "--db", str(db), "--out",
+                            str(out), "--yes", "--concurrency", "8")
+    assert code == 0, said
+    scores = {}
+    for run_id, example, score in rows(db, """
+            SELECT run_id, example_id, score FROM losses WHERE split = 'test'"""):
+        method = "semantic" if ".semantic." in run_id else "none"
+        seed = re.search(r"\.s(\d)\.", run_id).group(1)
+        scores[(method, seed, example)] = score
+    counts = [0, 0, 0, 0]
+    for (method, seed, example), a in scores.items():
+        if method == "semantic":
+            b = scores[("none", seed, example)]
+            counts[0 if a and b else 1 if a else 2 if b else 3] += 1
+    assert sum(counts) == 12  # 2 seeds x 6 test examples
+    (paired,) = list(csv.DictReader((out / "paired.csv").open()))
+    assert [int(paired[k]) for k in ("both_pass", "reference_only", "method_only",
+                                     "neither")] == counts
+    assert (paired["reference"], paired["method"], paired["pairs"]) == ("semantic", "none",
+                                                                         "12")
+    text = (out / "results.md").read_text()
+    assert "## Counted by runs" in text and "## Paired:" in text
+    learned = {r[0]: r[1] for r in rows(db, """
+        SELECT run_id, arg_max(val_score, step) > arg_min(val_score, step) FROM steps
+        GROUP BY run_id""")}
+    for method in ("semantic", "none"):
+        k = sum(1 for run, up in learned.items() if f".{method}." in run and up)
+        assert f"| pick | {method} | {k} of 2 |" in text
