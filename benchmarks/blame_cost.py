@@ -9,10 +9,12 @@
     .venv/bin/python benchmarks/blame_cost.py [--skip-local] [--skip-gsm8k]
         [--latency 0.2] [--data-dir ../shared/datasets]
     .venv/bin/python benchmarks/blame_cost.py --adaptive 0,1 [--examples val]
+        [--graph sample_graphs/case_pick.yaml]
 
-3. With --adaptive: the demo on the embedded pair (Qwen2.5-Coder-0.5B forward, 1.5B
-   optimizer) per seed, then adaptive and exhaustive blame on the same run, each on its
-   own copy of the run log: probes, model calls, seconds and the verdict of each.
+3. With --adaptive: the demo (or --graph, at its own settings) on the embedded pair
+   (Qwen2.5-Coder-0.5B forward, 1.5B optimizer) per seed, then adaptive and exhaustive
+   blame on the same run, each on its own copy of the run log: probes, model calls,
+   seconds and the verdict of each.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def gsm8k_on_fake_server(tmp: str, latency: float, data_dir: str) -> None:
                                "1 step (16 train, 16 val)", False)
 
 
-def adaptive_against_exhaustive(tmp: str, seeds: list[int], examples: str) -> None:
+def adaptive_against_exhaustive(tmp: str, seeds: list[int], examples: str,
+                                graph: Path = ROOT / "sample_graphs" / "demo.yaml") -> None:
     """The demo on the embedded pair (its defaults: one step), then blame on its `examples`
     twice, adaptive and exhaustive, each on its own copy of the run log (so neither is
     served the other's probes from the cache): calls, wall time and verdict of each."""
@@ -82,11 +85,13 @@ def adaptive_against_exhaustive(tmp: str, seeds: list[int], examples: str) -> No
     rows = []
     for seed in seeds:
         db = Path(tmp) / f"demo-{seed}.duckdb"
-        config = RunConfig(graph=str(ROOT / "sample_graphs" / "demo.yaml"), backend="local",
-                           seed=seed, db=str(db))
+        from engine.core.graph import load_graph
+
+        config = RunConfig(graph=str(graph), backend="local", seed=seed, db=str(db),
+                           **load_graph(str(graph)).run_defaults())
         started = time.perf_counter()
         result = asyncio.run(execute(config))
-        print(f"seed {seed}: the demo run took {time.perf_counter() - started:.0f} s, "
+        print(f"seed {seed}: the {graph.stem} run took {time.perf_counter() - started:.0f} s, "
               f"{result.stats.network_calls} model calls, status {result.status}", flush=True)
         for adaptive in (True, False):
             copy = Path(tmp) / f"demo-{seed}-{'adaptive' if adaptive else 'exhaustive'}.duckdb"
@@ -98,7 +103,7 @@ def adaptive_against_exhaustive(tmp: str, seeds: list[int], examples: str) -> No
                          report.model_calls, report.seconds, report.verdict.named))
             print(f"  {rows[-1][1]}: {probes} probes, {report.model_calls} model calls, "
                   f"{report.seconds:.0f} s; blames {report.verdict.named}", flush=True)
-    print(f"\nblame on the demo's {examples} examples, embedded pair, step 1")
+    print(f"\nblame on the {graph.stem} run's {examples} examples, embedded pair, step 1")
     print(f"{'seed':>4}  {'blame':<10} {'probes':>6} {'model calls':>11} {'seconds':>7}  verdict")
     for seed, how, probes, calls, seconds, named in rows:
         print(f"{seed:>4}  {how:<10} {probes:>6} {calls:>11} {seconds:>7.0f}  {named}")
@@ -119,11 +124,13 @@ def main() -> None:
                         help="only: adaptive against exhaustive blame on the demo run of each "
                              "seed (e.g. 0,1) on the embedded pair")
     parser.add_argument("--examples", default="val", help="with --adaptive: which examples")
+    parser.add_argument("--graph", type=Path, default=ROOT / "sample_graphs" / "demo.yaml",
+                        help="with --adaptive: the graph (default: the demo)")
     args = parser.parse_args()
     if args.adaptive:
         with tempfile.TemporaryDirectory() as tmp:
             adaptive_against_exhaustive(tmp, [int(s) for s in args.adaptive.split(",")],
-                                        args.examples)
+                                        args.examples, args.graph)
         return
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_gsm8k:
