@@ -185,7 +185,8 @@ def contrast_in_run(tour: Selection, node: str, output: str) -> bool:
                 f"the update used), right without ({code(theirs['method'])}, written beside "
                 "it for this comparison only). No second run: this run made both calls.")
     _side_by_side(((mine, "with siblings"), (theirs, "without siblings")))
-    if mine and mine.get("content", "").strip() == str(theirs.get("content") or "").strip():
+    if mine and str(mine.get("content") or "").strip() == str(theirs.get("content") or
+                                                               "").strip():
         st.info("Here the two messages are the same: the siblings changed nothing on this "
                 "example. Pick another failing example in the sidebar.")
     return True

@@ -181,8 +181,8 @@ class GraphSpec:
         return list(self._topology.order)
 
     def run_defaults(self) -> dict[str, int]:
-        """The run settings this graph file sets for itself (`steps`, `proposals`), which
-        `run` takes under its own flags."""
+        """The run settings this graph file sets for itself (`steps`, `proposals`,
+        `contrast`), which `run` takes under its own flags."""
         return {name: value for name, value in (("steps", self.steps),
                                                 ("proposals", self.proposals),
                                                 ("contrast", self.contrast))
