@@ -9,7 +9,7 @@
     .venv/bin/python benchmarks/blame_cost.py [--skip-local] [--skip-gsm8k]
         [--latency 0.2] [--data-dir ../shared/datasets]
     .venv/bin/python benchmarks/blame_cost.py --adaptive 0,1 [--examples val]
-        [--graph sample_graphs/case_pick.yaml]
+        [--graph sample_graphs/case_rooms.yaml]
 
 3. With --adaptive: the demo (or --graph, at its own settings) on the embedded pair
    (Qwen2.5-Coder-0.5B forward, 1.5B optimizer) per seed, then adaptive and exhaustive

@@ -12,11 +12,11 @@ its 95% Wilson interval.
 
       starting prompts X, fixed prompts Y on N examples
 
-- the method-case graphs (sample_graphs/case_pick.yaml, case_units.yaml; issue: the
+- the method-case graphs (sample_graphs/case_rooms.yaml, case_orders.yaml; issue: the
   method's case): data/<graph>_prompts.yaml holds `fixed` (the hand fix of the node at
   fault) and `generic` (rewrites of the kind an edit made without gradients writes). Goal:
   the hand fix high and every generic rewrite low, their intervals apart, so that only an
-  edit that knows what the sibling says can repair the graph.
+  edit that writes what the successor needs and the sibling does not give repairs it.
 
 `--backend scripted` scores the demo's prompts on sample_graphs/demo_responder.py, the
 scripted model that plays the demo in the browser tests (starting prompts 0, fixed prompts
@@ -26,7 +26,7 @@ Local models are served as a run serves them (`--local-serving`, default auto: l
 when installed): the two sample differently (llama-server counts the prompt in its
 repeat-penalty window), and only the run's serving tells what the demo will do.
 
-    .venv/bin/python benchmarks/demo_prompts.py [--graph sample_graphs/case_pick.yaml]
+    .venv/bin/python benchmarks/demo_prompts.py [--graph sample_graphs/case_rooms.yaml]
         [--examples N] [--backend local|scripted] [--local-serving auto|server|in-process]
 """
 
@@ -47,11 +47,11 @@ from engine.core.forward import Prompts, RunContext  # noqa: E402
 from engine.core.graph import load_graph  # noqa: E402
 from engine.core.optimizer import evaluate  # noqa: E402
 from engine.data.datasets import load_examples, with_target  # noqa: E402
-from engine.data.stats import wilson  # noqa: E402
+from engine.data.stats import Z95, wilson  # noqa: E402
 
 GRAPH = ROOT / "sample_graphs" / "demo.yaml"
 FIXED = ROOT / "sample_graphs" / "data" / "demo_fixed_prompts.yaml"
-Z95 = 1.96
+
 
 
 def fixed_prompts() -> dict[str, str]:
@@ -112,7 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graph", type=Path, default=GRAPH,
                         help="the demo (default) or a method-case graph "
-                             "(sample_graphs/case_pick.yaml, case_units.yaml)")
+                             "(sample_graphs/case_rooms.yaml, case_orders.yaml)")
     parser.add_argument("--examples", type=int, default=None,
                         help="score only the first N examples (default: all)")
     parser.add_argument("--backend", choices=("local", "scripted"), default="local",
