@@ -9,7 +9,7 @@
     .venv/bin/python benchmarks/blame_cost.py [--skip-local] [--skip-gsm8k]
         [--latency 0.2] [--data-dir ../shared/datasets]
     .venv/bin/python benchmarks/blame_cost.py --adaptive 0,1 [--examples val]
-        [--graph sample_graphs/case_rooms.yaml]
+        [--graph sample_graphs/case_rooms.yaml] [--keep DIR] [--only adaptive|exhaustive]
 
 3. With --adaptive: the demo (or --graph, at its own settings) on the embedded pair
    (Qwen2.5-Coder-0.5B forward, 1.5B optimizer) per seed, then adaptive and exhaustive
@@ -75,28 +75,56 @@ def gsm8k_on_fake_server(tmp: str, latency: float, data_dir: str) -> None:
                                "1 step (16 train, 16 val)", False)
 
 
+def learned(db: str, run_id: str) -> str:
+    """The run's validation score at step 0 and at its last step, and the prompts it kept."""
+    import duckdb
+
+    with duckdb.connect(db, read_only=True) as con:
+        scores = con.execute("SELECT step, val_score FROM steps WHERE run_id = ? ORDER BY step",
+                             [run_id]).fetchall()
+        kept = con.execute("SELECT node_id, prompt FROM prompt_versions WHERE run_id = ? "
+                           "AND version > 0 "
+                           "AND accepted ORDER BY node_id", [run_id]).fetchall()
+    edits = "; ".join(f"{node}: {text!r}" for node, text in kept) or "no edit kept"
+    return f"validation {scores[0][1]:.3f} -> {scores[-1][1]:.3f}; kept {edits}"
+
+
 def adaptive_against_exhaustive(tmp: str, seeds: list[int], examples: str,
-                                graph: Path = ROOT / "sample_graphs" / "demo.yaml") -> None:
+                                graph: Path = ROOT / "sample_graphs" / "demo.yaml",
+                                only: str | None = None) -> None:
     """The demo on the embedded pair (its defaults: one step), then blame on its `examples`
     twice, adaptive and exhaustive, each on its own copy of the run log (so neither is
-    served the other's probes from the cache): calls, wall time and verdict of each."""
+    served the other's probes from the cache): calls, wall time and verdict of each. A run
+    log already in `tmp` (`--keep`) is blamed again instead of running the seed anew;
+    `only`: one of the two blames."""
     import shutil
+
+    import duckdb
 
     rows = []
     for seed in seeds:
         db = Path(tmp) / f"demo-{seed}.duckdb"
         from engine.core.graph import load_graph
 
-        config = RunConfig(graph=str(graph), backend="local", seed=seed, db=str(db),
-                           **load_graph(str(graph)).run_defaults())
-        started = time.perf_counter()
-        result = asyncio.run(execute(config))
-        print(f"seed {seed}: the {graph.stem} run took {time.perf_counter() - started:.0f} s, "
-              f"{result.stats.network_calls} model calls, status {result.status}", flush=True)
+        if db.exists():
+            with duckdb.connect(str(db), read_only=True) as con:
+                run_id = con.execute("SELECT run_id FROM runs").fetchone()[0]
+            print(f"seed {seed}: the run in {db}; {learned(str(db), run_id)}", flush=True)
+        else:
+            config = RunConfig(graph=str(graph), backend="local", seed=seed, db=str(db),
+                               **load_graph(str(graph)).run_defaults())
+            started = time.perf_counter()
+            result = asyncio.run(execute(config))
+            run_id = result.run_id
+            print(f"seed {seed}: the {graph.stem} run took "
+                  f"{time.perf_counter() - started:.0f} s, {result.stats.network_calls} model "
+                  f"calls, status {result.status}; {learned(str(db), run_id)}", flush=True)
         for adaptive in (True, False):
+            if only and only != ("adaptive" if adaptive else "exhaustive"):
+                continue
             copy = Path(tmp) / f"demo-{seed}-{'adaptive' if adaptive else 'exhaustive'}.duckdb"
             shutil.copy(db, copy)
-            report = asyncio.run(blame(str(copy), result.run_id, 1, examples,
+            report = asyncio.run(blame(str(copy), run_id, 1, examples,
                                        adaptive=adaptive, announce=print))
             probes = len(report.results)
             rows.append((seed, "adaptive" if adaptive else "exhaustive", probes,
@@ -109,6 +137,8 @@ def adaptive_against_exhaustive(tmp: str, seeds: list[int], examples: str,
         print(f"{seed:>4}  {how:<10} {probes:>6} {calls:>11} {seconds:>7.0f}  {named}")
     for seed in seeds:
         pair = [r for r in rows if r[0] == seed]
+        if len(pair) < 2:
+            continue
         same = pair[0][5] == pair[1][5]
         print(f"seed {seed}: the same verdict: {'yes' if same else 'NO'}; adaptive took "
               f"{pair[0][4] / max(pair[1][4], 1e-9):.0%} of exhaustive's time")
@@ -126,11 +156,22 @@ def main() -> None:
     parser.add_argument("--examples", default="val", help="with --adaptive: which examples")
     parser.add_argument("--graph", type=Path, default=ROOT / "sample_graphs" / "demo.yaml",
                         help="with --adaptive: the graph (default: the demo)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="with --adaptive: write the run logs into DIR and keep them "
+                             "(default: a temporary folder); a seed's run log already there "
+                             "is blamed again instead of running the seed anew")
+    parser.add_argument("--only", choices=("adaptive", "exhaustive"),
+                        help="with --adaptive: make one of the two blames")
     args = parser.parse_args()
     if args.adaptive:
+        seeds = [int(s) for s in args.adaptive.split(",")]
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            adaptive_against_exhaustive(str(args.keep), seeds, args.examples, args.graph,
+                                        args.only)
+            return
         with tempfile.TemporaryDirectory() as tmp:
-            adaptive_against_exhaustive(tmp, [int(s) for s in args.adaptive.split(",")],
-                                        args.examples, args.graph)
+            adaptive_against_exhaustive(tmp, seeds, args.examples, args.graph, args.only)
         return
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_gsm8k:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import random
 
 from engine.data.stats import Z90, wilson
-from engine.probes.adaptive import example_order, look, look_z, rounds_of
+from engine.probes.adaptive import (
+    cannot_be_named,
+    example_order,
+    look,
+    look_z,
+    needed_share,
+    rounds_of,
+)
 
 
 def test_each_look_is_wider_the_more_looks_are_planned():
@@ -110,3 +117,109 @@ def test_the_estimate_from_the_log_bounds_what_blame_plans(tmp_path):
     assert planned <= bound and calls <= bound_calls
     assert bound <= 2 * planned  # an estimate, not a guess off by an order
     assert "at this run's pace" in before
+
+
+def test_a_node_whose_gradient_fixes_all_carry_the_answer_falls_behind():
+    # (flips, counted, leaks): `total`'s two fixes both carried the answer, none counted
+    seen = look({"who": (0, 4, 0), "numbers": (0, 4, 0), "total": (0, 4, 2)}, looks=6)
+    assert seen.named is None and seen.behind == {"total"}
+    # one leak is not yet a pattern; a counted flip beside the leaks keeps it in
+    assert look({"a": (0, 4, 1), "b": (0, 4, 0)}, looks=6).behind == frozenset()
+    assert "a" not in look({"a": (1, 4, 3), "b": (0, 4, 0)}, looks=6).behind
+    # once another node flips, the leader rule alone decides: `total` stays in the rounds
+    # until its interval clears the leader's (frozen at 0 of 2 it would bar a name)
+    assert look({"numbers": (2, 2, 0), "total": (0, 2, 2)}, looks=3).behind == frozenset()
+    # without leak counts (the edit probes' looks) nothing falls behind for leaking
+    assert look({"a": (0, 4), "b": (0, 4)}, looks=6).behind == frozenset()
+
+
+def test_adaptive_blame_computes_gradients_only_for_the_examples_it_probes(tmp_path):
+    """The step back-propagated 3 of its 8 failing training examples; the other 5 need a
+    backward pass before their gradients can be followed. Exhaustive blame makes it for all
+    5; adaptive blame, which names `numbers` after its first rounds, only for the examples
+    those rounds took, and follows no more of `total`'s gradients once two of its fixes have
+    carried the answer."""
+    import asyncio
+    import shutil
+
+    from engine.llm.scripted import ScriptedBackend
+    from engine.probes.blame import blame
+    from tests.support.blame_fault_script import blame_fault_responder
+    from tests.test_blame import logged_run
+
+    db = logged_run(tmp_path)
+    copy = str(tmp_path / "copy.duckdb")
+    shutil.copy(db, copy)
+
+    def backward_calls(path: str) -> int:
+        """blame's calls with the backward pass's system message (the run's own are
+        purpose 'backward'; blame's, 'probe')."""
+        import duckdb
+
+        with duckdb.connect(path, read_only=True) as con:
+            return con.execute(
+                "SELECT count(*) FROM llm_calls WHERE purpose = 'probe' AND json_extract_string("
+                "messages::JSON, '$[0].content') IN (SELECT json_extract_string(messages::JSON, "
+                "'$[0].content') FROM llm_calls WHERE purpose = 'backward')").fetchone()[0]
+
+    reports = {}
+    for path, adaptive in ((db, False), (copy, True)):
+        reports[adaptive] = asyncio.run(blame(path, "bf", 1, "failing", adaptive=adaptive,
+                                              forward_backend=ScriptedBackend(
+                                                  responder=blame_fault_responder())))
+    assert reports[True].verdict.node == reports[False].verdict.node == "numbers"
+    fresh = {adaptive: {r.example_id for r in report.results if r.kind == "gradient"}
+             for adaptive, report in reports.items()}
+    assert len(fresh[False]) == 8 and len(fresh[True]) < 8
+    assert 0 < backward_calls(copy) < backward_calls(db)
+    totals = [r for r in reports[True].results if r.kind == "gradient" and r.node_id == "total"]
+    assert totals and all(r.leaks_target for r in totals if r.flipped)
+    assert len(totals) < 8
+
+
+def test_a_node_that_cannot_reach_a_name_beside_nodes_out_of_the_rounds_falls_behind():
+    # the demo's gradient probes: `note`'s and `answer`'s fixes carried the number (out);
+    # `thing`'s rewrites fixed nothing, and beside the two out at 0/2 it would need about
+    # 78% of 23 examples, above its look interval's top after 2 probes
+    assert needed_share([(0, 2), (0, 2)], 23) == 18 / 23
+    seen = look({"note": (0, 2, 2), "thing": (0, 2, 0), "answer": (0, 2, 2)}, looks=7,
+                examples=23)
+    assert seen.behind == {"note", "thing", "answer"} and seen.named is None
+    # the early look (after 2 examples) gives up the same way, and never names a node
+    early = look({"note": (0, 2, 2), "thing": (0, 2, 0), "answer": (0, 2, 2)}, looks=6,
+                 examples=23, give_up_only=True)
+    assert early.behind == {"note", "thing", "answer"}
+    assert look({"a": (8, 8), "b": (0, 8)}, looks=1, give_up_only=True) == look(
+        {"a": (0, 0), "b": (0, 0)}, 1)
+    # the same counts with every node still in the rounds: the others' evidence will grow
+    # (their intervals narrow, the need falls), so nobody is given up on after 2 probes
+    assert look({"a": (0, 2), "b": (0, 2), "c": (0, 2)}, looks=7, examples=23).behind == set()
+    # once a node flips, the leader rule decides alone: `c` stays in until it is clearly
+    # behind (dropped early, its wide interval would be a bar the leader must clear)
+    seen = look({"a": (3, 4), "b": (3, 4), "c": (0, 4)}, looks=6, examples=23)
+    assert seen.behind == set() and seen.named is None
+    # a node with a flip is left to the leader rule
+    assert not cannot_be_named({"a": (1, 4), "b": (0, 2)}, "a", 23, look_z(6),
+                               frozenset({"b"}))
+
+
+def test_the_paces_share_the_steps_wall_time_by_each_kinds_time_at_the_model(tmp_path):
+    """One 60 s step: 100 forward calls that spent 20 s at the model in all, 10 optimizer
+    calls that spent 100 s (less 20 s waiting for a turn: 80 s). The step's 60 s go 20:80,
+    so 0.12 s a forward call and 4.8 s an optimizer call; a cache hit, and the probes'
+    calls logged at the step (made after it), change nothing."""
+    from engine.runlog.probing import run_paces
+    from engine.runlog.schema import connect, ensure_schema
+
+    db = str(tmp_path / "runs.duckdb")
+    with connect(db) as con:
+        ensure_schema(con)
+        con.execute("INSERT INTO steps (run_id, step, started_at, ended_at) VALUES "
+                    "('r', 0, 0, 0), ('r', 1, 100, 160)")
+        calls = ([("forward", 200.0, 0.0, False)] * 100 + [("backward", 10_000.0, 2_000.0, False)]
+                 * 10 + [("forward", 5.0, 0.0, True)] * 50 + [("probe", 90_000.0, 0.0, False)] * 9)
+        con.executemany("INSERT INTO llm_calls (run_id, step, purpose, latency_ms, queued_ms, "
+                        "cache_hit) VALUES ('r', 1, ?, ?, ?, ?)", calls)
+    forward, optimizer = run_paces(db, "r")
+    assert abs(forward - 0.12) < 1e-9 and abs(optimizer - 4.8) < 1e-9
+    assert run_paces(db, "other") is None

@@ -56,7 +56,7 @@ from engine.runlog.probing import (
     backward_steps,
     proposal_origin,
     recorded_claims,
-    run_pace,
+    run_paces,
     sampled_examples,
     step_failing,
     step_proposal,
@@ -641,7 +641,8 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
             run = load_run(db, run_id, s)
             probers.append(open_prober(run, forward_backend, optimizer_backend))
             try:
-                plans.append(await _plan_step(run, probers[-1], which, methods))
+                plans.append(await _plan_step(run, probers[-1], which, methods,
+                                              lazy=adaptive and len(steps) == 1))
             except NothingToProbe as exc:  # pooled: a step with nothing to probe is skipped
                 if step is not None:
                     raise
@@ -677,8 +678,11 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
                     progress(done, total)
                 return result
 
-            async def probe_all(jobs: list[dict]) -> list[ProbeResult]:
-                return list(await asyncio.gather(*(one(job, i) for job in jobs
+            async def probe_all(jobs: list[dict], plan: dict = plan) -> list[ProbeResult]:
+                # a pending job whose node received no gradient is dropped: adaptive
+                # blame counts what it made, and skips the rest of its plan
+                return list(await asyncio.gather(*(one(job, i)
+                                                   for job in await ready(plan, jobs)
                                                    for i in range(draws))))
 
             if adaptive:
@@ -717,10 +721,13 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
     return report
 
 
-async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[str]
-                     ) -> dict[str, Any]:
+async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[str],
+                     lazy: bool = False) -> dict[str, Any]:
     """The step's failing and passing examples, the gradients to follow (logged, or
-    re-computed with the run's method through the probe client) and the probe jobs."""
+    re-computed with the run's method through the probe client) and the probe jobs.
+    `lazy` (adaptive blame): the gradients the log lacks are not computed here; their
+    jobs are *pending* (`feedback` None) until `ready` computes them for the examples a
+    round probes, so examples adaptive blame never reaches cost no backward calls."""
     from engine.core.loss import example_loss
     from engine.methods import make_method
 
@@ -781,7 +788,8 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
 
     missing = [e for e in failing if e not in sampled or not any(k[0] == e for k in logged)]
     gradients = {k: v for k, v in logged.items() if k[0] in failing and k[0] in sampled}
-    gradients.update((await backprop(run_method, missing))[0])
+    if not lazy:
+        gradients.update((await backprop(run_method, missing))[0])
     by_method, by_edge, method_claims = {}, {}, {}
     for name in methods:
         by_method[name], by_edge[name], method_claims[name] = await backprop(name, failing)
@@ -795,8 +803,10 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
         except ProbeError:  # no proposal: the update left the prompt as it was
             unchanged.add(n)
     # method "" marks the run's own gradients; a name, the comparison's re-computed ones
-    jobs = [dict(kind="gradient", example_id=e, node_id=n, feedback=gradients[(e, n)])
-            for e in failing for n in nodes if (e, n) in gradients]
+    pending = set(missing) if lazy else set()
+    jobs = [dict(kind="gradient", example_id=e, node_id=n,
+                 feedback=None if e in pending else gradients[(e, n)])
+            for e in failing for n in nodes if e in pending or (e, n) in gradients]
     jobs += [dict(kind="edit", example_id=e, node_id=n, prompt=edits[n], in_sample=e in sampled)
              for n in edits for e in [*failing, *passing_val]]
     jobs += [dict(kind="gradient", example_id=e, node_id=n, feedback=grads[(e, n)], method=name)
@@ -809,13 +819,38 @@ async def _plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[s
              for name, edges in by_edge.items() for e in failing for n in nodes
              if len(graph.successors(n)) > 1 for t in graph.successors(n)
              if edges.get((e, n, t), ("",))[0].strip()]
+
+    async def backprop_own(ids: list[str]) -> None:  # a pending job's gradients, into the plan
+        pending.difference_update(ids)
+        gradients.update((await backprop(run_method, ids))[0])
+
     return {"run": run, "failing": failing, "nodes": nodes, "edits": edits, "copied": copied,
-            "unchanged": unchanged,
+            "unchanged": unchanged, "pending": pending, "backprop_own": backprop_own,
             "gradients": gradients, "by_method": by_method, "by_edge": by_edge,
             "method_claims": method_claims, "jobs": jobs,
             "recorded": {k: v for k, v in recorded_claims(run.db, run.run_id, run.step).items()
                          if k in logged and k in gradients and gradients[k] == logged[k]},
             "run_method": run_method}
+
+
+async def ready(plan: dict[str, Any], jobs: list[dict]) -> list[dict]:
+    """`jobs` with every pending gradient job (see `_plan_step`'s `lazy`) given its
+    gradient, computed now for the examples that lack one; a node that received no gradient
+    on an example has no job there."""
+    wanted = sorted({j["example_id"] for j in jobs if j.get("feedback", "") is None
+                     and j["example_id"] in plan["pending"]})
+    if wanted:
+        await plan["backprop_own"](wanted)
+    gradients = plan["gradients"]
+    out = []
+    for job in jobs:
+        if job["kind"] == "gradient" and job.get("feedback", "") is None:
+            key = (job["example_id"], job["node_id"])
+            if key not in gradients:
+                continue
+            job = {**job, "feedback": gradients[key]}
+        out.append(job)
+    return out
 
 
 def _group(results: list[ProbeResult]) -> dict[tuple, list[ProbeResult]]:
@@ -872,28 +907,34 @@ def _tally(row: Evidence, draws: list[ProbeResult], claim: bool | None = None) -
         row.claim_agree += int(claim == (fixed and not leaked))
 
 
-def own_counts(results: list[ProbeResult], kind: str) -> dict[str, tuple[int, int]]:
-    """Per node, (flips, counted) of the run's own gradient probes or of the edit probes
-    made so far, counted as the verdict counts them (`Evidence`)."""
+def own_counts(results: list[ProbeResult], kind: str) -> dict[str, tuple[int, int, int]]:
+    """Per node, (flips, counted, leaks) of the run's own gradient probes or of the edit
+    probes made so far, counted as the verdict counts them (`Evidence`)."""
     rows: dict[str, Evidence] = {}
     for (k, method, node, *_), draws in _group(results).items():
         if k == kind and not method:
             _tally(rows.setdefault(node, Evidence(node, kind)), draws)
-    return {n: (r.flips, r.counted) for n, r in rows.items()}
+    return {n: (r.flips, r.counted, r.leaks) for n, r in rows.items()}
 
 
 def blame_estimate(plans: list[dict], draws: int, adaptive: bool) -> str:
     """One line before the first probe: the probes planned, their model calls (a gradient
-    probe: its rewrite and the nodes below; an edit probe: the node and those below; cached
-    calls count too) and the time at the run's own pace (`run_pace`)."""
-    calls = probes = 0
+    probe: its rewrite, an optimizer call, and the nodes below; an edit probe: the node and
+    those below; an example whose gradients are still to compute: about an optimizer call
+    per node; cached calls count too) and the time at the run's own paces (`run_paces`)."""
+    forward = optimizer = probes = 0
     for plan in plans:
         below = _llm_below(plan["run"].graph, plan["nodes"])
         for job in plan["jobs"]:
             probes += draws
-            calls += draws * (below[job["node_id"]] + 1)
+            forward += draws * below[job["node_id"]]
+            if job["kind"] == "gradient":
+                optimizer += draws
+            else:
+                forward += draws
+        optimizer += len(plan.get("pending", ())) * len(plan["nodes"])
     run = plans[0]["run"]
-    return _estimate_line(probes, calls, run_pace(run.db, run.run_id), adaptive)
+    return _estimate_line(probes, forward, optimizer, run_paces(run.db, run.run_id), adaptive)
 
 
 def estimate_from_log(db: str, run_id: str, step: int, examples: str = "failing",
@@ -901,22 +942,28 @@ def estimate_from_log(db: str, run_id: str, step: int, examples: str = "failing"
     """The line `blame_estimate` prints, before any model call, from the run log alone (the
     dashboard's button shows it): the step's logged failing examples of the chosen split,
     one gradient and one edit probe each per LLM node, and each edit on the passing
-    validation examples; an upper bound, as blame's own plan is."""
+    validation examples; an upper bound, as blame's own plan is. Blame probes the prompts
+    in force when the step began: its training losses are logged at the step, but its
+    validation losses at the step before (the step's own are the kept candidate's)."""
     run = load_run(db, run_id, step)
     nodes = [n for n in run.graph.topological_order() if run.graph.node(n).kind == "llm"]
-    counts = step_failing(db, run_id, step)
+    counts = {**step_failing(db, run_id, step - 1), "train": step_failing(db, run_id, step)
+              .get("train", (0, 0))}
     split = "val" if examples == "val" else "train"
     failing = counts.get(split, (0, 0))[0] + (counts.get("val", (0, 0))[0]
                                                if examples == "all" else 0)
     passing = counts.get("val", (0, 0))[1] - counts.get("val", (0, 0))[0]
     below = _llm_below(run.graph, nodes)
     probes = sum(2 * failing + passing for _ in nodes)
-    calls = sum((2 * failing + passing) * (below[n] + 1) for n in nodes)
+    # per node: a gradient probe (a rewrite, then the nodes below) on each failing example
+    # and an edit probe (the node and those below) on each failing and passing one
+    forward = sum(failing * below[n] + (failing + passing) * (below[n] + 1) for n in nodes)
+    optimizer = failing * len(nodes)
     # examples the step did not back-propagate need a backward pass first: about a
     # gradient call per node each
     fresh = failing - (len(set(backpropagated(run))) if split == "train" else 0)
-    calls += max(fresh, 0) * len(nodes)
-    return _estimate_line(probes, calls, run_pace(db, run_id), adaptive)
+    optimizer += max(fresh, 0) * len(nodes)
+    return _estimate_line(probes, forward, optimizer, run_paces(db, run_id), adaptive)
 
 
 def _llm_below(graph: Any, nodes: list[str]) -> dict[str, int]:
@@ -924,9 +971,15 @@ def _llm_below(graph: Any, nodes: list[str]) -> dict[str, int]:
             for n in nodes}
 
 
-def _estimate_line(probes: int, calls: int, pace: float | None, adaptive: bool) -> str:
-    when = (f", about {_duration(calls * pace)} at this run's pace ({pace:.2g} s a model "
-            "call; cached calls are faster)" if pace else "")
+def _estimate_line(probes: int, forward: int, optimizer: int,
+                   paces: tuple[float, float] | None, adaptive: bool) -> str:
+    calls = forward + optimizer
+    when = ""
+    if paces:
+        seconds = forward * paces[0] + optimizer * paces[1]
+        when = (f" ({forward} forward, {optimizer} optimizer), about {_duration(seconds)} at "
+                f"this run's pace ({paces[0]:.2g} s a forward call, {paces[1]:.2g} s an "
+                "optimizer call; cached calls are faster)")
     how = ("adaptive: probed in rounds of a few examples, it stops where the probes no "
            "longer decide anything, so it usually makes far fewer; --exhaustive makes all"
            if adaptive else "every planned probe is made")

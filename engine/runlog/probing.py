@@ -178,18 +178,33 @@ def sampled_examples(db: str | Path, run_id: str, step: int,
     return [losses[i][0] for i in chosen]
 
 
-def run_pace(db: str | Path, run_id: str) -> float | None:
-    """Seconds of wall time per model call (cache hits left out) over the run's steps, its
-    concurrency included: what a probe's calls will take on the same model and machine.
-    None when the run made no model call in a timed step."""
+def run_paces(db: str | Path, run_id: str) -> tuple[float, float] | None:
+    """(forward, optimizer): seconds of wall time per model call of each kind (cache hits
+    left out) over the run's timed steps, concurrency included. The steps' wall time is
+    shared between the two kinds by the time their calls spent at the model (latency less
+    the wait for a turn): on the embedded pair an optimizer call takes many times a forward
+    call, so one pace for both misjudges work made mostly of one kind. A kind the run never
+    called takes the other's pace. Probes' calls (logged at the step they probe, made after
+    it) are left out. None when the run made no model call in a timed step."""
     with connect(db, read_only=True) as con:
-        row = con.execute(
-            "SELECT sum(s.ended_at - s.started_at), sum(c.calls) FROM steps s JOIN ("
-            "  SELECT step, count(*) AS calls FROM llm_calls WHERE run_id = $run AND NOT "
-            "  coalesce(cache_hit, false) GROUP BY step) c USING (step) "
-            "WHERE s.run_id = $run AND s.ended_at > s.started_at", {"run": run_id}).fetchone()
-    seconds, calls = row if row else (None, None)
-    return seconds / calls if seconds and calls else None
+        wall = con.execute("SELECT sum(ended_at - started_at) FROM steps WHERE run_id = ? "
+                           "AND ended_at > started_at", [run_id]).fetchone()[0]
+        rows = con.execute(
+            "SELECT purpose = 'forward', count(*), "
+            "sum(greatest(coalesce(latency_ms, 0) - coalesce(queued_ms, 0), 0)) "
+            "FROM llm_calls c WHERE run_id = $run AND NOT coalesce(cache_hit, false) "
+            "AND purpose <> 'probe' AND step "
+            "IN (SELECT step FROM steps WHERE run_id = $run AND ended_at > started_at) "
+            "GROUP BY 1", {"run": run_id}).fetchall()
+    if not wall or not rows:
+        return None
+    busy = sum(float(b or 0) for _, _, b in rows)
+    calls = sum(int(n) for _, n, _ in rows)
+    paces = {bool(kind): (wall * float(b or 0) / busy / n if busy else wall / calls)
+             for kind, n, b in rows if n}
+    forward = paces.get(True, paces.get(False))
+    optimizer = paces.get(False, forward)
+    return (forward, optimizer) if forward is not None else None
 
 
 def step_failing(db: str | Path, run_id: str, step: int) -> dict[str, tuple[int, int]]:
