@@ -2,10 +2,11 @@
 out in seconds and the same way every time: the starting prompts score 0, the hand-fixed
 `note` prompt (data/demo_fixed_prompts.yaml) makes every answer right.
 
-- forward: a task that names the kind of thing counted ("kind of thing") writes the word
-  after the text's first number; a task that asks for a number ("how many", "number")
-  writes the first number of its inputs ("none" when there is none); a task that asks for
-  one word writes the first word of its inputs; any other task repeats its first input;
+- forward: a task that names the kind of thing counted ("kind of thing") writes what its
+  inputs ask about ("How many boxes?": boxes), or the word after their first number; a
+  task that asks for a number ("how many", "number") writes the first number of its
+  inputs ("none" when there is none); a task that asks for one word writes the first word
+  of its inputs; any other task repeats its first input;
 - every other call (loss, backward, update, probes) gets the scripted backend's default
   reply, so the optimizer's edits (the default appends a generic sentence) never fix
   `note`: a person's fork does.
@@ -39,8 +40,9 @@ def demo_responder() -> Callable[[LLMRequest], str | None]:
         task, inputs = _task_and_inputs(request)
         joined = " ".join(inputs)
         if "kind of thing" in task:
-            counted = re.search(r"\d+\s+([A-Za-z]+)", joined)
-            out = counted.group(1) if counted else "things"
+            counted = (re.search(r"how many ([A-Za-z ]+)", joined, re.I)
+                       or re.search(r"\d+\s+([A-Za-z]+)", joined))
+            out = counted.group(1).strip() if counted else "things"
         elif "how many" in task or "number" in task:
             numbers = re.findall(r"\d+", joined)
             out = numbers[0] if numbers else "none"

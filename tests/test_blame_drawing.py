@@ -1,9 +1,10 @@
 """One fact, one number: the verdict `engine blame` prints and the
 pages' drawings of it come from the same per-node facts (engine.probes.blame `weighed`).
 
-On the demo graph with tests/support/tie_script.py (no gradient fixes anything; `note`'s
-and `thing`'s edits alone each fix some validation examples), blame ties on the two from
-the edit probes. The facts of the command's report and those the pages read back from
+On the demo as it was before its rebuild (tests/support/tie_demo.yaml: `note` and `thing`
+both read the sentence) with tests/support/tie_script.py (no gradient fixes anything;
+`note`'s and `thing`'s edits alone each fix some validation examples), blame ties on the
+two from the edit probes. The facts of the command's report and those the pages read back from
 the run log (`logged_blame`) are the same, and the blame colouring labels each node with
 the count `blame --json` gives for the probes the verdict weighed."""
 
@@ -26,7 +27,8 @@ NODES = ["note", "thing", "answer"]
 
 def tie_run(tmp_path: Path) -> str:
     db = str(tmp_path / "runs.duckdb")
-    config = RunConfig(graph=str(ROOT / "sample_graphs" / "demo.yaml"), backend="scripted",
+    config = RunConfig(graph=str(ROOT / "tests" / "support" / "tie_demo.yaml"),
+                       backend="scripted",
                        scripted_responder=MODEL, steps=1, db=db, run_id="tie")
     assert asyncio.run(execute(config)).status == "finished"
     return db

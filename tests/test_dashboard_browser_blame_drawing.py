@@ -1,7 +1,8 @@
 """The drawing agrees with the verdict, in a real browser (same server, browser and checks
 as tests/support/browser.py, with a run log of its own).
 
-The run: sample_graphs/demo.yaml on tests/support/tie_script.py, a scripted model whose
+The run: tests/support/tie_demo.yaml (the demo before its rebuild, where `note` and
+`thing` both read the sentence) on tests/support/tie_script.py, a scripted model whose
 updates repair `note` and `thing` each in part. On the validation examples no gradient
 fixes anything and the two nodes' edits alone each fix some: blame ties on them, from the
 edit probes (the issue's case: the banner said "tie on note and thing" while every node
@@ -44,7 +45,8 @@ class TieLog:
 def build_tie_log(folder: Path) -> TieLog:
     db = folder / "runs.duckdb"
     done = subprocess.run(
-        [sys.executable, "-m", "engine", "run", str(ROOT / "sample_graphs" / "demo.yaml"),
+        [sys.executable, "-m", "engine", "run",
+         str(ROOT / "tests" / "support" / "tie_demo.yaml"),
          "--backend", "scripted", "--scripted-responder", MODEL, "--db", str(db),
          "--run-id", RUN], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -1,5 +1,6 @@
-"""A scripted model for sample_graphs/demo.yaml whose updates repair both `note` and
-`thing` in part, so that a blame on the validation examples ties on the two:
+"""A scripted model for tests/support/tie_demo.yaml (the demo before its rebuild, where
+`note` and `thing` both read the sentence) whose updates repair both `note` and `thing` in
+part, so that a blame on the validation examples ties on the two:
 the gradient probes fix nothing (the scripted backend's default rewrite), each node's
 proposed edit alone fixes some failing examples, and `answer`'s edit fixes none.
 
@@ -8,7 +9,7 @@ proposed edit alone fixes some failing examples, and `answer`'s edit fixes none.
   text when its number is even (else "odd");
 - update: `note` and `thing` get those prompts; `answer` the backend's default.
 
-    .venv/bin/python -m engine run sample_graphs/demo.yaml --backend scripted \\
+    .venv/bin/python -m engine run tests/support/tie_demo.yaml --backend scripted \\
         --scripted-responder tests/support/tie_script.py:tie_responder
 """
 
