@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from engine.cli import main
-from engine.events import StepFinished
+from engine.events import Activation, StepFinished
 from engine.llm.scripted import ScriptedBackend
 from engine.runlog.export import export_json
 from engine.runlog.schema import SCHEMA_VERSION, TABLES, column_names
@@ -227,3 +227,24 @@ def test_a_step_that_fails_leaves_whole_earlier_steps_and_nothing_of_itself(tmp_
     assert failed == {k: n for k, n in clean.items() if k[1] in (0, 1)}
     rows = contents(failing_db)
     assert rows["runs"][0][9] == "failed" and "disk on fire" in rows["runs"][0][12]
+
+
+@pytest.mark.parametrize("spilled", [False, True])
+def test_thousands_of_rows_with_a_column_null_in_every_row_are_written(tmp_path, spilled):
+    """A step's 2,500 outputs, none with an error (the column NULL in every row): written
+    whole, whether inserted at once or spilled to Parquet first (an import's traces).
+    DuckDB 1.4.4 fails on such a column over 2,000 rows unless it reads every value."""
+    from engine.runlog.writer import RunLogWriter
+
+    db = tmp_path / "runs.duckdb"
+    open_for_writing(db)
+    writer = RunLogWriter(db, "big")
+    for i in range(2500):
+        writer(Activation("big", 0, "train", f"ex-{i}", "answer", 0, "", str(i)))
+    if spilled:
+        writer.spill()
+    writer.flush()
+    with duckdb.connect(str(db), read_only=True) as con:
+        got = con.execute("SELECT count(*), count(error), max(output_text::INTEGER) FROM "
+                          "node_outputs WHERE run_id = 'big'").fetchone()
+    assert got == (2500, 0, 2499)

@@ -10,6 +10,7 @@ hold in memory (an import's) is spilled part by part to Parquet files beside the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -83,14 +84,14 @@ def open_for_writing(path: str | Path) -> None:
 
 def insert_rows(con: Any, table: str, rows: list[dict], columns: list[str] | None = None
                 ) -> None:
-    """Bulk insert, one array of values a column (DuckDB reads their types as it reads a
-    DataFrame's, without pandas: a process that only writes, as an import, never loads
-    it); columns missing from a row are NULL. `columns`: for a table outside the schema's
-    TABLES (default: that table's columns there)."""
+    """Bulk insert, one typed array of values a column (_register_rows: without pandas,
+    which a process that only writes, as an import, never loads); columns missing from a
+    row are NULL. `columns`: for a table outside the schema's TABLES (default: that
+    table's columns there)."""
     if not rows:
         return
     columns = columns or column_names(table)
-    con.register("_rows", _arrays(rows, columns))
+    _register_rows(con, rows, columns, table)
     try:
         con.execute(f"INSERT INTO {table} SELECT {', '.join(columns)} FROM _rows")
     finally:
@@ -103,6 +104,43 @@ def _arrays(rows: list[dict], columns: list[str]) -> dict[str, Any]:
 
     return {c: np.fromiter((row.get(c) for row in rows), dtype=object, count=len(rows))
             for c in columns}
+
+
+# a column type of the log's schema as Arrow holds it (JSON as its text); an INTEGER column
+# is read as 64 bits and narrowed by the insert's cast, as an object array would be
+_ARROW_TYPES = {"VARCHAR": "string", "JSON": "string", "DOUBLE": "float64",
+                "INTEGER": "int64", "BIGINT": "int64", "BOOLEAN": "bool_"}
+
+
+def _register_rows(con: Any, rows: list[dict], columns: list[str],
+                   table: str | None = None) -> None:
+    """The rows as the view `_rows`: an Arrow table typed by `table`'s columns in the
+    schema, which DuckDB reads without guessing. (An object array's type is guessed from a
+    sample of its values, and where the sample holds only NULLs over 2,000 rows, as an
+    `error` column that is set in one row or none, DuckDB 1.4.4 looks for a value with a
+    pandas method and fails on NumPy.) A column whose values do not fit its type, or a
+    table outside the schema, falls back to an object array whose every value is read."""
+    import pyarrow as pa
+
+    types = {}
+    if table is not None:
+        with contextlib.suppress(KeyError):
+            types = dict(c.split(" ", 1) for c in table_columns(table).split(", "))
+    arrays, untyped = {}, {}
+    for c in columns:
+        values = [row.get(c) for row in rows]
+        kind = _ARROW_TYPES.get((types.get(c) or "?").split()[0].split("(")[0].upper())
+        try:
+            if kind is None:
+                raise TypeError(c)
+            arrays[c] = pa.array(values, type=getattr(pa, kind)())
+        except (TypeError, ValueError, pa.ArrowException):
+            untyped[c] = values
+    if untyped:  # rare: every value read, so a sparse column is typed by what it holds
+        con.execute(f"SET pandas_analyze_sample = {max(1000, len(rows))}")
+        con.register("_rows", _arrays(rows, columns))
+        return
+    con.register("_rows", pa.table(arrays))
 
 
 class RunLogWriter:
@@ -173,7 +211,7 @@ class RunLogWriter:
                 # each column cast to its type in the log, as the insert would
                 typed = ", ".join(f"CAST({c} AS {t}) AS {c}" for c, t in (
                     column.split(" ", 1) for column in table_columns(table).split(", ")))
-                mem.register("_rows", _arrays(rows, column_names(table)))
+                _register_rows(mem, rows, column_names(table), table)
                 mem.execute(f"COPY (SELECT {typed} FROM _rows) TO '{part}' "
                             "(FORMAT parquet, COMPRESSION uncompressed)")
                 mem.unregister("_rows")
