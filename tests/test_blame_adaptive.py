@@ -223,3 +223,16 @@ def test_the_paces_share_the_steps_wall_time_by_each_kinds_time_at_the_model(tmp
     forward, optimizer = run_paces(db, "r")
     assert abs(forward - 0.12) < 1e-9 and abs(optimizer - 4.8) < 1e-9
     assert run_paces(db, "other") is None
+
+
+def test_the_estimate_reads_as_people_write_durations():
+    """A scripted run's paces (tens of microseconds) and an embedded one's (seconds)."""
+    from engine.probes.blame import _estimate_line
+
+    fast = _estimate_line(10, 40, 5, (5e-05, 0.0004), adaptive=True)
+    assert "under a second at this run's pace (under 10 ms a forward call, under 10 ms an " \
+           "optimizer call" in fast
+    assert "e-0" not in fast and "about under" not in fast
+    slow = _estimate_line(141, 166, 138, (0.45, 6.2), adaptive=False)
+    assert "about 16 min at this run's pace (0.5 s a forward call, 6.2 s an optimizer call" \
+        in slow

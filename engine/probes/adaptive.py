@@ -133,26 +133,22 @@ def look(counts: dict[str, tuple[int, ...]], looks: int, examples: int | None = 
     giving up: they can only keep a node from being named, never name one, so they spend
     none of the looks' 10%."""
     z = look_z(looks)
-    why: dict[str, str] = {}
-    if not any(t[0] for t in counts.values()):  # no leader yet: the rules for giving up
+    flips = {n: (t[0], t[1]) for n, t in counts.items()}
+    if not any(f for f, _ in flips.values()):  # no leader yet: only the rules for giving up
         why = {n: LEAKED for n, t in counts.items() if len(t) > 2 and t[2] >= LEAKS}
-    counts = {n: (t[0], t[1]) for n, t in counts.items()}
-    if examples and not any(f for f, _ in counts.values()):
-        gone = out | frozenset(why)
-        why.update((n, FUTILE) for n in counts
-                   if n not in gone and cannot_be_named(counts, n, examples, z, gone))
-    leaked = frozenset(why)
-    bounds = {n: wilson(f, c, z) for n, (f, c) in counts.items()}
-    if give_up_only or len(counts) < 2 or not any(f for f, _ in counts.values()):
-        return Look(None, leaked, why)
-    leader = max(counts, key=lambda n: (counts[n][0] / counts[n][1] if counts[n][1] else 0.0,
-                                        counts[n][1]))
+        if examples:
+            gone = out | frozenset(why)
+            why.update((n, FUTILE) for n in flips
+                       if n not in gone and cannot_be_named(flips, n, examples, z, gone))
+        return Look(None, frozenset(why), why)
+    if give_up_only or len(flips) < 2:
+        return Look(None, frozenset())
+    bounds = {n: wilson(f, c, z) for n, (f, c) in flips.items()}
+    leader = max(flips, key=lambda n: (flips[n][0] / flips[n][1] if flips[n][1] else 0.0,
+                                       flips[n][1]))
     floor = bounds[leader][0]
-    clear = frozenset(n for n in counts if n != leader and bounds[n][1] < floor)
-    named = leader if len(clear) == len(counts) - 1 else None
-    return Look(named, clear | (leaked - {leader}),
-                {n: w for n, w in why.items() if n not in clear and n != leader})
-
+    clear = frozenset(n for n in flips if n != leader and bounds[n][1] < floor)
+    return Look(leader if len(clear) == len(flips) - 1 else None, clear)
 
 Jobs = list[dict[str, Any]]
 

@@ -977,8 +977,8 @@ def _estimate_line(probes: int, forward: int, optimizer: int,
     when = ""
     if paces:
         seconds = forward * paces[0] + optimizer * paces[1]
-        when = (f" ({forward} forward, {optimizer} optimizer), about {_duration(seconds)} at "
-                f"this run's pace ({paces[0]:.2g} s a forward call, {paces[1]:.2g} s an "
+        when = (f" ({forward} forward, {optimizer} optimizer), {_duration(seconds)} at "
+                f"this run's pace ({_pace(paces[0])} a forward call, {_pace(paces[1])} an "
                 "optimizer call; cached calls are faster)")
     how = ("adaptive: probed in rounds of a few examples, it stops where the probes no "
            "longer decide anything, so it usually makes far fewer; --exhaustive makes all"
@@ -989,7 +989,14 @@ def _estimate_line(probes: int, forward: int, optimizer: int,
 def _duration(seconds: float) -> str:
     if seconds < 1:
         return "under a second"
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    return f"about {seconds:.0f} s" if seconds < 120 else f"about {seconds / 60:.0f} min"
+
+
+def _pace(seconds: float) -> str:
+    """A call's pace as people read it: 0.3 s, 12 s, under 10 ms (never 5e-05 s)."""
+    if seconds < 0.01:
+        return "under 10 ms"
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],

@@ -28,12 +28,12 @@ import yaml
 
 from engine.data.stats import Z95, wilson
 from engine.events import same_prompt
+from engine.prompts.recorded import FIELD_HEADER, RECORDED_FIELD
 from engine.runlog.schema import RunLogError, check_readable
 
 FORMATS = ("yaml", "json", "dspy")
-RECORDED_FIELD = "recorded_calls"  # engine/prompts/recorded.py: an imported node's calls
-# DSPy's ChatAdapter: a field's section header, and a field in the system message's lists
-FIELD_HEADER = re.compile(r"\[\[ ## (\w+) ## \]\]")
+# DSPy's ChatAdapter: a field in the system message's lists (a section header is
+# engine/prompts/recorded.py's FIELD_HEADER)
 FIELD_LISTED = re.compile(r"^\d+\. `(\w+)`", re.M)
 FIELD_DESCRIPTION = re.compile(r"^\$\{(\w+)\}$")
 DSPY_END = "completed"  # the header DSPy closes every reply with: no field
