@@ -58,7 +58,7 @@ from engine.traces.importer import import_traces  # noqa: E402
 RUN_ID = "traces-blame"
 # --pipeline: the sample pipeline's script, the call whose prompt is at fault, the metric
 PIPELINES = {"openai": ("traced_pipeline", "numbers", "numeric"),
-             "dspy": ("dspy_pipeline", "find_coupon", "numeric")}
+             "dspy": ("dspy_pipeline", "note_sentence", "numeric")}
 FAULTY = "numbers"  # the call whose prompt is at fault (sample_graphs/traced_pipeline.py)
 
 

@@ -1,16 +1,20 @@
 """A DSPy program of three predictors, traced with OpenInference's DSPy instrumentor, for
 `python -m engine import-traces` (docs/traces.md).
 
-Each sentence tells of a purchase with a coupon ("Lena bought 4 notebooks at 3 euros each
-and used a 2-euro coupon."); the program answers what was paid (10):
+The demo's task (sample_graphs/demo.yaml) written as a DSPy program: each example is a
+sentence and a question about it ("Lena packed 7 boxes for the trip.", "How many boxes?");
+the program answers the number the sentence gives (7):
 
-- `facts` (Predict(ExtractFacts)) reads the sentence and states the quantity and the unit
-  price;
-- `coupon` (Predict(FindCoupon)) reads the sentence and should give the coupon's value, but
-  its instructions (the signature's docstring) are plainly at fault: they ask how the
-  customer feels about the purchase;
-- `total` (ChainOfThought(ComputeTotal)) reads both outputs, never the sentence, and
-  gives the quantity times the unit price minus the coupon.
+- `note_sentence` (Predict(NoteSentence)) reads the sentence and should give the number it
+  states, but its instructions (the signature's docstring) are plainly at fault: they ask
+  for one word about the sentence;
+- `name_thing` (Predict(NameThing)) reads the question and names what it counts (boxes);
+- `answer` (ChainOfThought(AnswerCount)) reads both outputs, never the sentence, and gives
+  the number it is handed.
+
+Only `note_sentence` reads the sentence, so only an edit of its instructions can repair the
+program: blame has one right answer, and the last stage needs no arithmetic, which the
+embedded 0.5B model does badly.
 
 Every call goes through DSPy's default ChatAdapter to `dspy.LM("openai/MODEL")` at
 --base-url, uncached, at temperature 0; nothing else is contacted (LiteLLM reads its
@@ -22,7 +26,7 @@ scripted server of the tests):
         --model qwen --out traces.jsonl --limit 12
 
 It writes the spans as OTLP JSON lines (one ExportTraceServiceRequest a line, the
-OpenTelemetry Collector's file format) to --out, and each sentence's expected payment to
+OpenTelemetry Collector's file format) to --out, and each example's expected number to
 --targets (default: targets.jsonl beside --out), keyed by the root span's input.value. With
 OTEL_EXPORTER_OTLP_ENDPOINT set and no --out, the spans go to that OTLP/HTTP endpoint
 instead.
@@ -48,87 +52,87 @@ from openinference.instrumentation.dspy import DSPyInstrumentor  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))  # the exporter beside this script
 from otlp_export import command_line, tracer_provider  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "dspy_coupons.jsonl"
+DATA = Path(__file__).parent / "data" / "demo_counts.jsonl"  # the demo's examples
 
 
-class ExtractFacts(dspy.Signature):
-    """Extract the quantity and the unit price stated in the sentence."""
-
-    sentence: str = dspy.InputField()
-    facts: str = dspy.OutputField()
-
-
-class FindCoupon(dspy.Signature):
-    """Say in one short sentence how the customer feels about the purchase."""
-    # the planted fault: it should give the coupon's value, in euros
+class NoteSentence(dspy.Signature):
+    """Describe the mood of the sentence in one word."""
+    # the planted fault: it should give the number the sentence states
 
     sentence: str = dspy.InputField()
-    coupon: str = dspy.OutputField()
+    note: str = dspy.OutputField()
 
 
-class ComputeTotal(dspy.Signature):
-    """Compute what the customer paid: the quantity times the unit price, minus the
-    coupon's value. Give the number only."""
+class NameThing(dspy.Signature):
+    """Name the kind of thing the question asks about, in one word."""
 
-    facts: str = dspy.InputField()
-    coupon: str = dspy.InputField()
-    total: str = dspy.OutputField()
+    question: str = dspy.InputField()
+    thing: str = dspy.OutputField()
 
 
-SIGNATURES = {"facts": ExtractFacts, "coupon": FindCoupon, "total": ComputeTotal}
+class AnswerCount(dspy.Signature):
+    """Copy the number from your inputs."""
+
+    thing: str = dspy.InputField()
+    note: str = dspy.InputField()
+    number: str = dspy.OutputField()
+
+
+SIGNATURES = {"note": NoteSentence, "thing": NameThing, "answer": AnswerCount}
 
 
 def renamed(signature: type[dspy.Signature], like: type[dspy.Signature]
             ) -> type[dspy.Signature]:
     """`signature` under `like`'s class name, so its spans keep their names
-    (Predict(FindCoupon).forward) when only the instructions change."""
+    (Predict(NoteSentence).forward) when only the instructions change."""
     signature.__name__, signature.__qualname__ = like.__name__, like.__qualname__
     return signature
 
 
-class CouponPipeline(dspy.Module):
-    """facts and coupon read the sentence; total reads their outputs."""
+class CountPipeline(dspy.Module):
+    """note reads the sentence, thing the question; answer reads their outputs."""
 
     def __init__(self, instructions: dict[str, str] | None = None) -> None:
         super().__init__()
         sigs = {name: renamed(sig.with_instructions(instructions[name]), sig)
                 if instructions and name in instructions else sig
                 for name, sig in SIGNATURES.items()}
-        self.facts = dspy.Predict(sigs["facts"])
-        self.coupon = dspy.Predict(sigs["coupon"])
-        self.total = dspy.ChainOfThought(sigs["total"])
+        self.note = dspy.Predict(sigs["note"])
+        self.thing = dspy.Predict(sigs["thing"])
+        self.answer = dspy.ChainOfThought(sigs["answer"])
 
-    def forward(self, sentence: str) -> dspy.Prediction:
-        facts = self.facts(sentence=sentence).facts
-        coupon = self.coupon(sentence=sentence).coupon
-        return self.total(facts=facts, coupon=coupon)
+    def forward(self, sentence: str, question: str) -> dspy.Prediction:
+        note = self.note(sentence=sentence).note
+        thing = self.thing(question=question).thing
+        return self.answer(thing=thing, note=note)
 
 
-def root_input(sentence: str) -> str:
+def root_input(sentence: str, question: str) -> str:
     """The root span's input.value as the DSPy instrumentor records it: the module's
     keyword arguments as JSON."""
-    return safe_json_dumps({"sentence": sentence})
+    return safe_json_dumps({"sentence": sentence, "question": question})
 
 
 def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: str | Path,
         instructions: dict[str, str] | None = None) -> list[str]:
-    """Run the program on the first `limit` sentences, tracing every call to `out`;
-    `instructions` replaces predictors' instructions by name (facts, coupon, total)."""
+    """Run the program on the first `limit` examples, tracing every call to `out`;
+    `instructions` replaces predictors' instructions by name (note, thing, answer)."""
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
     provider = tracer_provider(out, "dspy_pipeline")
     DSPyInstrumentor().instrument(tracer_provider=provider)
     lm = dspy.LM(f"openai/{model}", api_base=base_url, api_key="not-needed", cache=False,
                  temperature=0, max_tokens=256)
-    program = CouponPipeline(instructions)
+    program = CountPipeline(instructions)
     rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()][:limit]
     answers = []
     try:
         with dspy.context(lm=lm, adapter=dspy.ChatAdapter()), \
                 open(targets, "w", encoding="utf-8") as fh:
             for row in rows:
-                answers.append(str(program(sentence=row["text"]).total).strip())
-                fh.write(json.dumps({"input": root_input(row["text"]),
-                                     "target": row["answer"]}) + "\n")
+                got = program(sentence=row["text"], question=row["question"])
+                answers.append(str(got.number).strip())
+                fh.write(json.dumps({"input": root_input(row["text"], row["question"]),
+                                     "target": row["count"]}) + "\n")
     finally:
         DSPyInstrumentor().uninstrument()
         provider.shutdown()
@@ -136,7 +140,7 @@ def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: 
 
 
 def main() -> None:
-    command_line(__doc__, run, "expected payments")
+    command_line(__doc__, run, "expected numbers")
 
 
 if __name__ == "__main__":

@@ -70,12 +70,12 @@ def dspy_import(tmp_path, capsys):
 def test_a_dspy_program_imports_as_its_predictors_with_their_instructions(dspy_import):
     _, _, got = dspy_import
     program = load("dspy_pipeline")
-    assert [n["id"] for n in got["nodes"]] == ["extract_facts", "find_coupon", "total"]
-    assert got["edges"] == [["extract_facts", "total"], ["find_coupon", "total"]]
+    assert [n["id"] for n in got["nodes"]] == ["note_sentence", "name_thing", "number"]
+    assert got["edges"] == [["name_thing", "number"], ["note_sentence", "number"]]
     # the prompt is the signature's instructions, never DSPy's field list and format rules
     assert [n["prompt"] for n in got["nodes"]] == [
-        program.ExtractFacts.instructions, program.FindCoupon.instructions,
-        program.ComputeTotal.instructions]
+        program.NoteSentence.instructions, program.NameThing.instructions,
+        program.AnswerCount.instructions]
     assert got["ambiguous"] == []
 
 
@@ -83,10 +83,13 @@ def test_a_dspy_nodes_output_is_the_parsed_field_not_the_wire_format(dspy_import
     _, db, got = dspy_import
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("SELECT node_id, output_text, raw_text FROM node_outputs WHERE "
-                           "run_id = 'imp' AND node_id = 'total'").fetchall()
-    assert rows and all("[[ ##" not in out and "[[ ## total ## ]]" in raw
+                           "run_id = 'imp' AND node_id = 'number'").fetchall()
+    assert rows and all("[[ ##" not in out and "[[ ## number ## ]]" in raw
                         for _, out, raw in rows)
-    assert all(out.strip().isdigit() for _, out, _ in rows)
+    # the `number` field alone, not the reasoning before it: the faulty program has no
+    # number to copy
+    assert all(out.strip() == "none" and "[[ ## reasoning ## ]]" in raw
+               for _, out, raw in rows)
 
 
 def test_exact_match_grades_a_dspy_programs_parsed_answer(tmp_path, capsys):
@@ -115,8 +118,8 @@ def test_a_dspy_re_run_sends_what_dspys_adapter_sends_with_the_new_instructions(
         new = dict(con.execute(
             "SELECT node_id, new_prompt FROM updates WHERE run_id = 'imp' AND "
             "new_prompt IS NOT NULL").fetchall())
-    assert "find_coupon" in new
-    re_runs = [r for r in server.requests if new["find_coupon"] in
+    assert "note_sentence" in new
+    re_runs = [r for r in server.requests if new["note_sentence"] in
                (r["messages"][0].get("content") or "")]
     # the gate re-runs the held-out traces, each with its own sentence: exactly the
     # messages DSPy's ChatAdapter writes for the signature with the new instructions
@@ -124,9 +127,11 @@ def test_a_dspy_re_run_sends_what_dspys_adapter_sends_with_the_new_instructions(
         held = [json.loads(f)["input"] for (f,) in con.execute(
             "SELECT fields FROM examples WHERE run_id = 'imp' AND split = 'val'").fetchall()]
     assert len(held) == 3 and len(re_runs) == 3
-    signature = program.FindCoupon.with_instructions(new["find_coupon"])
+    signature = program.NoteSentence.with_instructions(new["note_sentence"])
+    # an example's input is the root span's input.value: the program's keyword arguments
+    sentences = [json.loads(given)["sentence"] for given in held]
     expected = sorted([(m["role"], m["content"]) for m in dspy.ChatAdapter().format(
-        signature, demos=[], inputs={"sentence": sentence})] for sentence in held)
+        signature, demos=[], inputs={"sentence": sentence})] for sentence in sentences)
     assert sorted([(m["role"], m["content"]) for m in r["messages"]] for r in re_runs) == expected
 
 

@@ -23,7 +23,7 @@ from tests.support.pipeline_responders import (
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_graphs"
 FIXED = {
-    "dspy": {"coupon": "Give the value of the coupon the customer used, in euros."},
+    "dspy": {"note": "The sentence says how many. Write that number."},
     "langchain": {"country": "Country: name the country this city is in. Reply with one "
                              "word."},
     "openai_tools": {"order": "You are the order assistant of {shop}. The customer today is "
@@ -106,25 +106,27 @@ def local_only(monkeypatch):
                         for a in seen), seen
 
 
-def test_dspy_pipeline_traces_three_predictors_and_the_coupon_fault_bites(tmp_path,
-                                                                          local_only):
+def test_dspy_pipeline_traces_three_predictors_and_the_mood_fault_bites(tmp_path,
+                                                                        local_only):
     pipeline = load("dspy_pipeline")
     out, targets = tmp_path / "traces.jsonl", tmp_path / "targets.jsonl"
     with FakeOpenAIServer(responder=dspy_responder) as server:
         answers = pipeline.run(server.base_url, "fake-qwen", out, 4, targets)
         assert len(server.requests) == 12
-        # the coupon predictor says how the customer feels: nothing is taken off
-        assert answers == ["12", "12", "21", "20"] != targets_of(targets)
+        # the note predictor gives the sentence's mood, not its number: the answer
+        # predictor, which never reads the sentence, has no number to copy
+        assert answers == ["none", "none", "none", "none"]
+        assert targets_of(targets) == ["7", "12", "5", "9"]
         by_trace = check_traces(out, targets, 4, 3)
         names = {s["name"] for s in next(iter(by_trace.values()))}
-        assert {"CouponPipeline.forward", "Predict(ExtractFacts).forward",
-                "Predict(FindCoupon).forward", "ChainOfThought.forward",
+        assert {"CountPipeline.forward", "Predict(NoteSentence).forward",
+                "Predict(NameThing).forward", "ChainOfThought.forward",
                 "LM.__call__"} <= names
         fixed = pipeline.run(server.base_url, "fake-qwen", tmp_path / "fixed.jsonl", 4,
                              tmp_path / "fixed_targets.jsonl", FIXED["dspy"])
         assert fixed == targets_of(targets)
-        assert "Predict(FindCoupon).forward" in {s["name"] for s in
-                                                 read_spans(tmp_path / "fixed.jsonl")}
+        assert "Predict(NoteSentence).forward" in {s["name"] for s in
+                                                   read_spans(tmp_path / "fixed.jsonl")}
 
 
 def test_langchain_pipeline_traces_three_steps_and_the_country_fault_bites(tmp_path,

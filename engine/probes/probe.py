@@ -40,6 +40,7 @@ from engine.events import Activation, CallRecord
 from engine.llm.base import Backend
 from engine.probes.leaks import leaks_answer
 from engine.prompts import templates as P
+from engine.prompts.recorded import RECORDED_FIELD, recorded_output
 from engine.runlog.probing import example_outputs, logged_run_rows, save_probe_rows
 from engine.runlog.schema import RunLogError, check_readable
 from engine.runlog.state import load_cache
@@ -348,6 +349,11 @@ class Prober:
         if record.error:
             return "", record.call_id, f"rewrite call failed: {record.error}"
         rewritten, _ = P.parse_output(record.response)
+        if node.recorded:  # written in the framework's format (DSPy's `[[ ## note ## ]]`, as
+            # the messages it was shown ask): the value is what the framework would read
+            value, problem = recorded_output(
+                trace.example.fields.get(RECORDED_FIELD, ""), node_id, rewritten)
+            rewritten = rewritten if problem else value
         return rewritten, record.call_id, None
 
     def save(self) -> None:

@@ -138,13 +138,28 @@ def dropped_variables(old: str, new: str) -> list[str]:
 
 
 FIELD_HEADER = re.compile(r"\[\[ ## (\w+) ## \]\]")
+JSON_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 
 
 def reply_fields(reply: str) -> dict[str, str]:
-    """DSPy's ChatAdapter format: `[[ ## name ## ]]` sections, each its field's value."""
+    """The fields of a DSPy reply: ChatAdapter's `[[ ## name ## ]]` sections, each its
+    field's value, else JSONAdapter's JSON object (in a code fence or not), its values as
+    text; {} for a reply that is neither."""
     pieces = FIELD_HEADER.split(reply)
-    return {pieces[i]: pieces[i + 1].strip() for i in range(1, len(pieces) - 1, 2)
-            if pieces[i] != "completed"}
+    if len(pieces) > 1:
+        return {pieces[i]: pieces[i + 1].strip() for i in range(1, len(pieces) - 1, 2)
+                if pieces[i] != "completed"}
+    text = JSON_FENCE.sub("", reply.strip())
+    if not text.startswith("{"):
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {str(k): v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+            for k, v in parsed.items()}
 
 
 def recorded_output(template_json: str, node_id: str, reply: str) -> tuple[str, str | None]:

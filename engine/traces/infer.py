@@ -8,6 +8,8 @@
   A call with no such unit is named by its span name and its prompt (or by the span
   attribute `node_key` names). A call site called again in one trace (a tool loop) is
   one node: its last call, whose messages hold the loop's earlier turns and tool results.
+  A predictor that asked again through another adapter (DSPy's JSONAdapter, when its
+  ChatAdapter could not read the reply) is one node too: its last call.
 - A node's prompt is what the user wrote: the call's prompt template
   (`llm.prompt_template.template`, re-rendered with each trace's own variables), the part
   of a framework's system message after its instructions marker (PROMPT_MARKERS: DSPy's
@@ -101,6 +103,9 @@ FRAMEWORK_NAMES = re.compile(
     r"ChatCompletion|Completion|completion|acompletion|chat|Response)$")
 TOOL_CALL = re.compile(r'<tool_call name="[^"]*">(.*)</tool_call>')
 SIGNATURE_NAME = re.compile(r"^\w+\((\w+)\)\.a?forward$")
+# a framework's adapter: a predictor whose reply its first adapter could not parse calls the
+# model again through another (DSPy's ChatAdapter falls back to its JSONAdapter)
+ADAPTER_NAME = re.compile(r"^\w*Adapter\.(?:__call__|acall)$")
 PROMPT_MARKERS = (("In adhering to this structure, your objective is: ", " " * 8),)
 UNIT_KINDS = ("CHAIN", "AGENT", "")  # span kinds a unit may have ("" when unrecorded)
 
@@ -253,13 +258,21 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
         value = str(call.span.attributes[key])
         return Site((value,), value, None)
     mine = _raw_key(call)
-    units = []  # the ancestors that hold no other call site, nearest first
+    units = []  # the ancestors that hold no other call site (a retried predictor's
+    # calls aside), nearest first
+    retried: set[str] | None = None  # the calls of a predictor that asked again
     for up in tree.ancestors(call.span):
         kind = str(up.attributes.get("openinference.span.kind") or "").upper()
-        below = tree.below[(up.trace_id, up.span_id)]
-        if kind not in UNIT_KINDS or any(tree.keys.get(s.span_id, mine) != mine
-                                         for s in below):
+        if kind not in UNIT_KINDS:
             break
+        below = tree.below[(up.trace_id, up.span_id)]
+        if retried is not None:  # above the predictor: units while they hold only its calls
+            if {s.span_id for s in below} != retried:
+                break
+        elif any(tree.keys.get(s.span_id, mine) != mine for s in below):
+            if not _adapter_retry(up, below, tree):
+                break
+            retried = {s.span_id for s in below}  # one node, all its calls
         units.append(up)
     if not units:
         return Site(mine, mine[0], None)
@@ -277,6 +290,19 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
             return Site(mine, mine[0], unit)
         named = "_".join(fields)
     return Site(("unit", named), named, unit)
+
+
+def _adapter_retry(unit: Span, below: list[Span], tree: _Tree) -> bool:
+    """Whether the calls under `unit` (a predictor: DSPy's `Predict(Sig).forward`, or the
+    `Predict(StringSignature)` inside a ChainOfThought) are one call made again through
+    another adapter, each call's parent an adapter span right under the unit: one node,
+    its last call the one whose reply the predictor returned."""
+    for s in below:
+        parent = tree.by_id.get((s.trace_id, s.parent_id))
+        if parent is None or not ADAPTER_NAME.match(parent.name) \
+                or parent.parent_id != unit.span_id:
+            return False
+    return True
 
 
 def _unit_name(span: Span) -> str | None:
@@ -322,7 +348,7 @@ def plain_input(value: str) -> str:
 
 
 def _slug(text: str) -> str:
-    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", text)  # ExtractFacts -> extract_facts
+    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", text)  # NoteSentence -> note_sentence
     words = re.findall(r"[A-Za-z0-9]+", text.lower())
     return "_".join(words)[:40].strip("_") or "call"
 
@@ -489,7 +515,7 @@ def _returned_fields(unit: Span | None) -> list[str]:
 
 def _names_source(field_name: str, up: str, trace: Trace) -> bool:
     """Whether a received field's name says where it came from: the upstream node's id,
-    or a field the upstream unit returned (DSPy's `facts` from ExtractFacts)."""
+    or a field the upstream unit returned (DSPy's `note` from NoteSentence)."""
     return field_name != "" and (_slug(field_name) == up or field_name in trace.returns[up])
 
 

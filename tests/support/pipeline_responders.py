@@ -48,40 +48,42 @@ def _numbers(text: str) -> list[int]:
 
 def dspy_responder(body: dict) -> str:
     """sample_graphs/dspy_pipeline.py's predictors as a literal-minded model runs them:
-    the facts of the sentence; how the customer feels (the fault), or the coupon's value
-    when told to give it; the payment worked out from the facts and whatever number the
-    coupon's reply holds (none: nothing is taken off)."""
+    the sentence's predictor writes its mood in a word, no digits (the fault: calm or
+    happy), or the sentence's first number when told to give the number or how many; the
+    question's predictor names what the question asks about (boxes); the answer predictor
+    reasons, then copies the first number its inputs hold (none when they hold none)."""
     messages = body.get("messages", [])
     system = messages[0].get("content") or "" if messages else ""
     if "Your output fields are:" not in system:
         return default_responder(body)
     names, objective = dspy_signature(system)
-    inputs = chat_adapter_fields(messages[-1].get("content") or "")
+    # the input fields only: the closing "Respond with ..." names the outputs' markers
+    inputs = {name: value for name, value in
+              chat_adapter_fields(messages[-1].get("content") or "").items()
+              if name not in names and name != "completed"}
     said = objective.lower()
     values: dict[str, str] = {}
     if "sentence" in inputs:
         sentence = inputs["sentence"]
-        quantity = re.search(r"(\d+) (\w+) at (\d+) euros each", sentence)
-        coupon = re.search(r"(\d+)-euro coupon", sentence)
-        who = re.search(r"\b([A-Z][a-z]+) (?:bought|paid)", sentence)
-        if "coupon" in said and coupon:
-            answer = f"{coupon.group(1)} euros"
-        elif "feel" in said:
-            answer = (f"{who.group(1) if who else 'The customer'} is pleased with the "
-                      f"{quantity.group(2) if quantity else 'purchase'}.")
-        elif "quantity" in said and quantity:
-            answer = f"quantity {quantity.group(1)}, unit price {quantity.group(3)} euros"
+        numbers = _numbers(sentence)
+        if ("number" in said or "how many" in said) and numbers:
+            answer = str(numbers[0])
+        elif "mood" in said:
+            answer = "calm" if sentence.startswith("The ") else "happy"
         else:
             answer = "The sentence does not say."
-    elif "facts" in inputs:
-        facts = _numbers(inputs["facts"])
-        coupon = _numbers(inputs.get("coupon", ""))
-        quantity, price = (facts + [0, 0])[:2]
-        off = coupon[0] if coupon and "coupon" in said else 0
-        total = quantity * price - off
-        values["reasoning"] = (f"{quantity} times {price} is {quantity * price}; the coupon "
-                               f"takes off {off}, which leaves {total}.")
-        answer = str(total)
+    elif "question" in inputs:
+        asked = re.search(r"how many (.+?)\??$", inputs["question"].strip(), flags=re.I)
+        answer = asked.group(1) if asked and "thing" in said else "I cannot tell."
+    elif "note" in inputs:
+        found = [(name, n) for name, value in inputs.items() for n in _numbers(value)]
+        if found:
+            name, number = found[0]
+            values["reasoning"] = f"The {name} gives the number {number}, so I copy it."
+            answer = str(number)
+        else:
+            values["reasoning"] = "Neither the thing nor the note holds a number."
+            answer = "none"
     else:
         answer = "I cannot tell."
     for name in names:
