@@ -131,6 +131,9 @@ LAYERS = {  # a package may import only the packages listed for it (and itself)
     # imported traces: a run is made with the run machinery; probes and the CLI sit above
     "engine.traces": {"engine.events", "engine.llm", "engine.core", "engine.prompts",
                       "engine.data", "engine.runlog", "engine.runs"},
+    # the gateway re-runs a user's pipeline: it imports traces as a run and drives steps
+    "engine.gateway": {"engine.events", "engine.llm", "engine.core", "engine.prompts",
+                       "engine.data", "engine.runlog", "engine.runs", "engine.traces"},
 }
 
 

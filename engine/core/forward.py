@@ -98,6 +98,9 @@ class RunContext:
     prompt_set: P.PromptSet = P.DEFAULT  # --prompts default | paper
     shared: SharedCalls | None = None  # set while passes run together (the gate phase)
     pass_label: str = ""  # this pass's name in `shared.used`
+    # a run recorded through the gateway: each example's forward pass re-runs the user's
+    # pipeline (engine.gateway.rerun.PipelineRerun) instead of calling node by node
+    rerun: Any = None
 
 
 async def forward_pass(ctx: RunContext, prompts: Prompts, examples: list[Example],
@@ -126,6 +129,8 @@ async def forward_example(ctx: RunContext, prompts: Prompts, example: Example, s
                           fixed: dict[str, Activation] | None = None) -> ExampleTrace:
     """One example through the graph. Nodes in `fixed` are not run: their given activation
     stands (a patch, as in engine/probes/diff.py), and what depends on them runs on it."""
+    if ctx.rerun is not None:
+        return await ctx.rerun.forward_example(ctx, prompts, example, split, fixed)
     trace = ExampleTrace(example)
     tasks: dict[str, asyncio.Task] = {}
 

@@ -155,16 +155,22 @@ def _has_table(con) -> bool:
     return TABLE in user_tables(con)
 
 
-def collected_spans(db: str | Path, service: str | None = None, since: float | None = None
-                    ) -> list[tuple]:
+def collected_spans(db: str | Path, service: str | None = None, since: float | None = None,
+                    trace_ids: list[str] | None = None) -> list[tuple]:
     """Every collected span (tuples in `ROW`'s order), in the order they arrived, of whole
     traces: with `service`, the traces that have a span of that service (OTLP's
     `service.name`); with `since` (seconds since the epoch), the traces whose first span
-    arrived at or after it. Empty for a log that never collected."""
+    arrived at or after it; with `trace_ids`, those traces only. Empty for a log that never
+    collected."""
     with connect(db, read_only=True) as con:
         if not _has_table(con):
             return []
         where, params = [], []
+        if trace_ids is not None:
+            con.register("_wanted", pa.table({"trace_id": list(trace_ids)}))
+            return con.execute(f"SELECT {', '.join(ROW)} FROM {TABLE} WHERE trace_id IN "
+                               "(SELECT trace_id FROM _wanted) "
+                               "ORDER BY received_at, position").fetchall()
         if service is not None:
             where.append("bool_or(service = ?)")
             params.append(service)
@@ -216,3 +222,17 @@ def collected_heads(db: str | Path) -> list[tuple]:
             "json_type(attributes, '$.\"input.value\"') = 'VARCHAR' "
             f"THEN {text('input.value')} END "
             f"FROM {TABLE} ORDER BY received_at, position").fetchall()
+
+
+def gateway_replies(db: str | Path) -> list[tuple[str, str]]:
+    """(request key, completion JSON) of every call the gateway answered from upstream:
+    its reply cache, which lives in the spans it recorded (engine/gateway/server.py)."""
+    with connect(db, read_only=True) as con:
+        if not _has_table(con):
+            return []
+        return con.execute(
+            "SELECT json_extract_string(attributes, '$.\"semback.gateway.key\"'), "
+            "json_extract_string(attributes, '$.\"output.value\"') "
+            f"FROM {TABLE} WHERE service = 'semback-gateway' AND "
+            "json_exists(attributes, '$.\"semback.gateway.key\"') "
+            "ORDER BY received_at, position").fetchall()

@@ -281,7 +281,7 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
                  state: OptimizerState | None, forward_backend, optimizer_backend, listeners,
                  *, new: bool, test_done: bool = False, run_extra: dict | None = None,
                  prologue: Callable[[RunContext], Any] | None = None,
-                 baseline_step: int | None = 0) -> RunResult:
+                 baseline_step: int | None = 0, rerun: Any = None) -> RunResult:
     """Run `config.steps` from `state` (None: from step 0). `prologue` runs first (a fork
     logs the state it starts from); `baseline_step` is the step whose forward pass scores
     validation too (step 0; a fork's first step when it re-measures; None: none), for the
@@ -315,7 +315,7 @@ async def drive_run(config: RunConfig, graph: GraphSpec, splits: Splits,
         writer.set_status("running")
     max_tokens, optimizer_max_tokens = default_max_tokens(config)
     ctx = RunContext(graph, client, bus.emit, config.run_id, 0, max_tokens, optimizer_max_tokens,
-                     prompt_set(config.prompts))
+                     prompt_set(config.prompts), rerun=rerun)
     opt = OptimizerConfig(config.steps, config.failures_per_step, config.gate,
                           config.update_mode, config.seed, config.node_gates,
                           allow_copies=config.allow_copies, update_when=config.update_when,

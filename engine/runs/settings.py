@@ -235,6 +235,11 @@ class RunConfig:
     # Not a flag: where the graph's Python functions and metric come from
     # (engine/runs/code.py), recorded by execute(); later commands import them again from it.
     code: dict[str, Any] = field(default_factory=dict)
+    # Not a flag: how a run recorded through the gateway (`trace --pipeline`) re-runs its
+    # pipeline ({"pipeline": MODULE:FUNCTION or "command": CMD, "cwd", "concurrency",
+    # "timeout"}); empty for every other run, whose forward passes call node by node (an
+    # imported file's: its recorded calls replayed).
+    rerun: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The config as stored in the run log: never an API key; a base URL loses any

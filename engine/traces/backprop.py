@@ -9,7 +9,9 @@ gated on validation when the run has any (an imported run has none unless import
 `--val N`: without it its proposals are recorded, not applied). With `proposals` N > 1 the
 update calls are made N times and the best candidate prompt set on validation is kept, as
 a run's `--proposals N` does; that needs validation examples to choose by. `blame` and
-`probe` then work on the new step.
+`probe` then work on the new step. On a run recorded through the gateway (`trace
+--pipeline`), `rerun` (engine.gateway.rerun.PipelineRerun) re-runs the pipeline for every
+forward pass instead of replaying.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
                    proposals: int | None = None,
                    forward_backend: Backend | None = None,
                    optimizer_backend: Backend | None = None,
-                   listeners: tuple[Callable[[Any], None], ...] = ()) -> RunResult:
+                   listeners: tuple[Callable[[Any], None], ...] = (),
+                   rerun: Any = None) -> RunResult:
     point = load_resume_state(db, run_id)
     if point.state is None:
         raise RunLogError(f"run '{run_id}' has no complete step to back-propagate from")
@@ -73,4 +76,4 @@ async def backprop(db: str, run_id: str, *, method: str | None = None,
     splits = Splits(*(examples_of(point.examples, s) for s in ("train", "val", "test")))
     return await drive_run(config, graph, splits, point.state, forward_backend,
                            optimizer_backend, listeners, new=False, test_done=True,
-                           baseline_step=None)
+                           baseline_step=None, rerun=rerun)

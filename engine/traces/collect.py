@@ -207,14 +207,14 @@ def span_of_row(row: tuple) -> Span:
                 int(end or 0), json.loads(attributes) if attributes else {})
 
 
-def collected(db: str | Path, service: str | None = None, since: float | None = None
-              ) -> list[Span]:
-    """The spans collected into `db` (of whole traces; `service`, `since`: see
+def collected(db: str | Path, service: str | None = None, since: float | None = None,
+              trace_ids: list[str] | None = None) -> list[Span]:
+    """The spans collected into `db` (of whole traces; `service`, `since`, `trace_ids`: see
     engine.runlog.collected.collected_spans), for import_traces(spans=...)."""
     if not log_exists(db):
         raise TraceError(f"{db}: no such run log (start `python -m engine collect --db {db}` "
                          "and send it your pipeline's spans)")
-    rows = collected_spans(db, service, since)
+    rows = collected_spans(db, service, since, trace_ids)
     rows.reverse()
     spans = []
     while rows:  # each row let go as its span is made: the two lists never both whole

@@ -74,7 +74,9 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                   base_url: str | None = None, model: str | None = None,
                   run_id: str | None = None, concurrency: int | None = None,
                   timeout: float | None = None, optimizer_max_tokens: int | None = None,
-                  val: int = 0, spans: Iterable[Span] | None = None) -> ImportResult:
+                  val: int = 0, spans: Iterable[Span] | None = None,
+                  rerun: dict[str, Any] | None = None,
+                  extra_fields: dict[str, dict[str, str]] | None = None) -> ImportResult:
     """Read the spans, infer the pipeline, and write it as a run. Every check comes before
     the first write: bad input raises TraceError (or RunLogError) and writes nothing.
 
@@ -92,7 +94,11 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
     `spans`: the spans to import, in place of reading `path` (spans `collect` received);
     `path` then only names the run's graph. Either is read once, as a stream: the file a
     line at a time (engine.traces.otlp.iter_spans), and the replay spills its records a
-    chunk of traces at a time (CHUNK), all written with the step in one transaction."""
+    chunk of traces at a time (CHUNK), all written with the step in one transaction.
+
+    `rerun`: how the run re-runs its pipeline (RunConfig.rerun; a run recorded through the
+    gateway), and `extra_fields`: example id -> fields added to that example (the
+    pipeline's own input fields, which a re-run calls it with)."""
     # The spans become hundreds of thousands of long-lived objects (calls, traces, their
     # templates) with no cycles among them, which the cyclic collector would scan again
     # and again (a third of a large import's time): it is off while they are built, and
@@ -104,7 +110,7 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                        base_url=base_url, model=model, run_id=run_id,
                        concurrency=concurrency, timeout=timeout,
                        optimizer_max_tokens=optimizer_max_tokens, val=val, spans=spans,
-                       collecting=collecting)
+                       collecting=collecting, rerun=rerun, extra_fields=extra_fields)
     finally:
         gc.unfreeze()
         if collecting:
@@ -115,12 +121,16 @@ def _import(path: str | Path, db: str | Path, *, node_key: str | None,
             targets: str | Path | None, metric: str, base_url: str | None,
             model: str | None, run_id: str | None, concurrency: int | None,
             timeout: float | None, optimizer_max_tokens: int | None, val: int,
-            spans: Iterable[Span] | None, collecting: bool) -> ImportResult:
+            spans: Iterable[Span] | None, collecting: bool,
+            rerun: dict[str, Any] | None = None,
+            extra_fields: dict[str, dict[str, str]] | None = None) -> ImportResult:
     pipeline = infer_pipeline(iter_spans(path) if spans is None else spans, node_key)
     check_distinct_examples(pipeline.traces)
     target_of = read_targets(targets, pipeline.traces) if targets else {}
     graph = pipeline_graph(pipeline, metric, Path(path).stem)
     examples = [example_of(t, target_of.get(t.example_id)) for t in pipeline.traces]
+    for e in examples:
+        e.fields.update((extra_fields or {}).get(e.id, {}))
     scored = [e for e in examples if e.target is not None]
     unscored = [replace(e, target="") for e in examples if e.target is None]
     if val < 0:
@@ -137,7 +147,7 @@ def _import(path: str | Path, db: str | Path, *, node_key: str | None,
                        or "recorded", db=str(db), steps=0, base_url=base_url, gate=True,
                        temperature=pipeline.temperature or 0.0,
                        max_tokens=pipeline.max_tokens, concurrency=concurrency,
-                       optimizer_max_tokens=optimizer_max_tokens,
+                       optimizer_max_tokens=optimizer_max_tokens, rerun=dict(rerun or {}),
                        run_id=run_id or f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
                                         f"{secrets.token_hex(4)}")
     if timeout is not None:

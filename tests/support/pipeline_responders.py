@@ -185,3 +185,45 @@ def openai_tools_responder(body: dict) -> str | dict:
             return f"{int(order.get('quantity') or 0) * price:.2f}"
         return f"{price:.2f}"
     return default_responder(body)
+
+
+TRIP = re.compile(r"from (\w+) to (\w+)")
+FIXED_PHRASE = "the city the traveler arrives in"
+
+
+def agent_responder(body: dict) -> str | dict:
+    """sample_graphs/agent_pipeline.py's stages, as a model would answer them: the weather
+    lookup calls get_weather for the city its prompt names (where the traveler leaves
+    from: the fault; or arrives in), then states the weather the tool returned; the packing
+    advice says yes when the report says rain. An update call for the weather lookup
+    proposes the fix (the arrival city); for any other step, its prompt as it was."""
+    messages = body.get("messages", [])
+    tools = [t.get("function", {}).get("name") for t in body.get("tools") or []]
+    system = (messages[0].get("content") or "") if messages else ""
+    users = [m.get("content") or "" for m in messages if m.get("role") == "user"]
+    if "get_weather" in tools:
+        results = [m for m in messages if m.get("role") == "tool"]
+        if results:
+            asked = [c for m in messages if m.get("role") == "assistant"
+                     for c in m.get("tool_calls") or []]
+            city = json.loads(asked[-1]["function"]["arguments"]).get("city", "") \
+                if asked else ""
+            return f"The weather in {city} is {results[-1].get('content')}."
+        trip = TRIP.search(users[-1] if users else "")
+        arrives = "arrive" in system.lower() or "destination" in system.lower()
+        city = (trip.group(2) if arrives else trip.group(1)) if trip else ""
+        return {"content": None, "tool_calls": [tool_call("get_weather", {"city": city},
+                                                          users[-1] if users else "")]}
+    if system.startswith("Packing advice"):
+        return "yes" if "rain" in (users[-1] if users else "").lower() else "no"
+    step = re.search(r'improving the prompt of the step "(\w+)"', users[-1] if users else "")
+    if step:
+        current = re.search(r"<prompt>\n?(.*?)\n?</prompt>", users[-1], re.S)
+        prompt = current.group(1).strip() if current else ""
+        if "leaves from" in prompt:
+            prompt = prompt.replace("the city the traveler leaves from", FIXED_PHRASE)
+            return ("The lookup asked for the departure city; the advice needs the "
+                    f"weather where the traveler arrives.\n<prompt>{prompt}</prompt>")
+        return f"The step did what it was asked.\n<prompt>{prompt}</prompt>"
+    return ("The weather lookup reported the city the traveler leaves from; the advice "
+            "needed the weather where they arrive. <output>yes</output>")
