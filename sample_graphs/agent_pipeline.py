@@ -48,37 +48,66 @@ def get_weather(city: str) -> str:
     return WEATHER.get(city.strip().lower(), "unknown")
 
 
-def look_up_weather(question: str, rounds: int = 3) -> str:
+def ask(messages: list[dict], max_tokens: int, stream: bool,
+        tools: list[dict] | None = None) -> tuple[str, list[dict]]:
+    """One model call: its reply's text and tool calls, read from a stream or not."""
+    extra = {"tools": tools} if tools else {}
+    if not stream:
+        reply = CLIENT.chat.completions.create(model=MODEL, temperature=0,
+                                               max_tokens=max_tokens, messages=messages,
+                                               **extra)
+        message = reply.choices[0].message
+        return (message.content or "").strip(), [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in message.tool_calls or []]
+    text, calls = "", {}
+    for chunk in CLIENT.chat.completions.create(model=MODEL, temperature=0, stream=True,
+                                                max_tokens=max_tokens, messages=messages,
+                                                **extra):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is None:
+            continue
+        text += delta.content or ""
+        for part in delta.tool_calls or []:
+            call = calls.setdefault(part.index, {"id": "", "type": "function",
+                                                 "function": {"name": "", "arguments": ""}})
+            call["id"] = part.id or call["id"]
+            if part.function is not None:
+                call["function"]["name"] += part.function.name or ""
+                call["function"]["arguments"] += part.function.arguments or ""
+    return text.strip(), [calls[i] for i in sorted(calls)]
+
+
+def look_up_weather(question: str, stream: bool = False, rounds: int = 3) -> str:
     messages: list[dict] = [{"role": "system", "content": PROMPTS["weather"]},
                             {"role": "user", "content": question}]
     content = ""
     for _ in range(rounds):
-        reply = CLIENT.chat.completions.create(model=MODEL, temperature=0, max_tokens=128,
-                                               tools=[GET_WEATHER], messages=messages)
-        message = reply.choices[0].message
-        content = (message.content or "").strip()
-        if not message.tool_calls:
+        content, calls = ask(messages, 128, stream, [GET_WEATHER])
+        if not calls:
             break
-        messages.append({"role": "assistant", "content": message.content, "tool_calls": [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.function.name, "arguments": c.function.arguments}}
-            for c in message.tool_calls]})
-        for call in message.tool_calls:
+        messages.append({"role": "assistant", "content": content or None,
+                         "tool_calls": calls})
+        for call in calls:
             try:
-                city = str(json.loads(call.function.arguments or "{}").get("city", ""))
+                city = str(json.loads(call["function"]["arguments"] or "{}").get("city", ""))
             except (json.JSONDecodeError, AttributeError):
                 city = ""
-            messages.append({"role": "tool", "tool_call_id": call.id,
+            messages.append({"role": "tool", "tool_call_id": call["id"],
                              "content": get_weather(city)})
     return content
 
 
-def agent(question: str) -> str:
+def agent(question: str, stream: bool = False) -> str:
     """The pipeline: the question in, yes or no out."""
-    report = look_up_weather(question)
-    reply = CLIENT.chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=16,
-        messages=[{"role": "system", "content": PROMPTS["packing"]},
-                  {"role": "user", "content": f"Weather report: {report}"}])
-    words = (reply.choices[0].message.content or "").strip().lower().split()
+    report = look_up_weather(question, stream)
+    advice, _ = ask([{"role": "system", "content": PROMPTS["packing"]},
+                     {"role": "user", "content": f"Weather report: {report}"}], 16, stream)
+    words = advice.lower().split()
     return words[0].strip(".!,") if words else ""
+
+
+def agent_streaming(question: str) -> str:
+    """The same pipeline, every reply streamed."""
+    return agent(question, stream=True)

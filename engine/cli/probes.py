@@ -90,8 +90,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
         kind = "edit"
         text = "proposed" if args.edit == "proposed" else _text(args.edit)
     _say_if_busy(args.db, args.run_id, console)
-    results = asyncio.run(probe(args.db, args.run_id, args.step, args.node, kind,
-                                example=args.example, text=text, examples=args.examples))
+    from engine.gateway.pipeline import with_rerun
+
+    results = asyncio.run(with_rerun(args.db, args.run_id, lambda rerun: probe(
+        args.db, args.run_id, args.step, args.node, kind, example=args.example, text=text,
+        examples=args.examples, rerun=rerun)))
     if args.json:
         rows = [{**r.row(), "call_ids": r.call_ids,
                  "outputs": [vars(o) for o in r.outputs]} for r in results]
@@ -183,9 +186,12 @@ def cmd_blame(args: argparse.Namespace) -> int:
             console.print(line, markup=False, highlight=False)
 
     try:
-        report = asyncio.run(blame(args.db, args.run_id, args.step, args.examples,
-                                   methods=methods, repeats=args.repeats, progress=progress,
-                                   adaptive=not args.exhaustive, announce=announce))
+        from engine.gateway.pipeline import with_rerun
+
+        report = asyncio.run(with_rerun(args.db, args.run_id, lambda rerun: blame(
+            args.db, args.run_id, args.step, args.examples, methods=methods,
+            repeats=args.repeats, progress=progress, adaptive=not args.exhaustive,
+            announce=announce, rerun=rerun)))
     finally:
         if bar.live.is_started:  # stopping a bar never shown prints a blank line
             bar.stop()

@@ -152,15 +152,16 @@ def cmd_import_traces(args: argparse.Namespace) -> int:
 
 def cmd_backprop(args: argparse.Namespace) -> int:
     from engine.events import Gradient, Proposal
-    from engine.traces.backprop import backprop
+    from engine.gateway.pipeline import backprop_rerun
 
-    result = asyncio.run(backprop(args.db, args.run_id, method=args.method,
-                                  base_url=args.base_url, model=args.model,
-                                  concurrency=args.concurrency, timeout=args.timeout,
-                                  optimizer_max_tokens=args.optimizer_max_tokens,
-                                  optimizer_backend_kind=args.optimizer_backend,
-                                  optimizer_model=args.optimizer_model,
-                                  proposals=args.proposals))
+    # a run recorded through the gateway re-runs its pipeline for the gate's passes
+    result = asyncio.run(backprop_rerun(args.db, args.run_id, method=args.method,
+                                        base_url=args.base_url, model=args.model,
+                                        concurrency=args.concurrency, timeout=args.timeout,
+                                        optimizer_max_tokens=args.optimizer_max_tokens,
+                                        optimizer_backend_kind=args.optimizer_backend,
+                                        optimizer_model=args.optimizer_model,
+                                        proposals=args.proposals))
     if result.status != "finished":  # a step is recorded whole or not at all
         line = (f"run '{args.run_id}': backprop {result.status}"
                 f"{': ' + result.reason if result.reason else ''}; step "

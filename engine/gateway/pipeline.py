@@ -154,7 +154,7 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
         imported = import_traces(
             Path(data).stem, db, targets=targets, metric=metric, base_url=upstream,
             model=model, run_id=run_id, val=val, concurrency=concurrency,
-            spans=collected(db, trace_ids=list(trace_ids)),
+            spans=collected(db, trace_ids=list(trace_ids)), trace_order=trace_ids,
             rerun={**spec.as_json(), "concurrency": concurrency, "timeout": timeout},
             extra_fields={t: {PIPELINE_FIELDS: json.dumps(rows[i][1], ensure_ascii=False)}
                           for t, i in trace_ids.items()})
@@ -197,16 +197,19 @@ def _print(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+async def with_rerun(db: str | Path, run_id: str, work: Callable[[Any], Any]) -> Any:
+    """`await work(rerun)` with the run's pipeline re-run open (None: a run that replays)."""
+    async with open_rerun(db, run_id) as rerun:
+        return await work(rerun)
+
+
 async def backprop_rerun(db: str | Path, run_id: str, **settings: Any) -> Any:
     """`backprop` on any run: on one recorded through the gateway, its forward passes
     (the validation gate's included) re-run the pipeline."""
     from engine.traces.backprop import backprop
 
     async with open_rerun(db, run_id, base_url=settings.get("base_url")) as rerun:
-        result = await backprop(str(db), run_id, rerun=rerun, **settings)
-        if rerun is not None:
-            result.notes = list(rerun.notes)  # type: ignore[attr-defined]
-        return result
+        return await backprop(str(db), run_id, rerun=rerun, **settings)
 
 
 def optimize_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *,

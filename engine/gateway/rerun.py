@@ -156,7 +156,8 @@ class PipelineRerun:
             completion_tokens=int(usage.get("completion_tokens") or 0),
             latency_ms=call.latency_ms, cache_hit=call.cache_hit, started_at=started,
             finish_reason="stop")
-        ctx.emit(record)
+        on_call = getattr(ctx.client, "on_call", None)  # a run's writer, or a prober
+        (on_call or ctx.emit)(record)
         return record.call_id
 
 

@@ -76,8 +76,10 @@ class NothingToProbe(ProbeError):
 async def probe(db: str, run_id: str, step: int, node_id: str, kind: str, *,
                 example: str | None = None, text: str | None = None,
                 examples: str = "failing", forward_backend: Backend | None = None,
-                optimizer_backend: Backend | None = None) -> list[ProbeResult]:
-    """Run one probe command and log it. output: `text` is the new output of `node_id` on
+                optimizer_backend: Backend | None = None, rerun: Any = None
+                ) -> list[ProbeResult]:
+    """Run one probe command and log it (`rerun`: a gateway-recorded run's pipeline).
+    output: `text` is the new output of `node_id` on
     `example`; gradient: follow the gradient it received there; edit: `text` is a prompt,
     or "proposed" for the step's proposal, run on `examples` ("failing": the examples
     back-propagated at the step, "val", or comma-separated ids). Raises ProbeError."""
@@ -107,7 +109,7 @@ async def probe(db: str, run_id: str, step: int, node_id: str, kind: str, *,
                                  "examples have one)")
         jobs = [dict(kind=kind, example_id=example, node_id=node_id, text=text,
                      feedback=feedback)]
-    prober = open_prober(run, forward_backend, optimizer_backend)
+    prober = open_prober(run, forward_backend, optimizer_backend, rerun)
     try:
         results = await asyncio.gather(*(prober.intervene(**job) for job in jobs))
         prober.save()
@@ -611,7 +613,8 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
                 optimizer_backend: Backend | None = None,
                 progress: Callable[[int, int], None] | None = None,
                 adaptive: bool = True,
-                announce: Callable[[str], None] | None = None) -> BlameReport:
+                announce: Callable[[str], None] | None = None,
+                rerun: Any = None) -> BlameReport:
     """Probe every LLM node on the chosen examples of `step` (None: every backward step,
     pooled): follow its gradient on each failing example and run its proposed edit alone
     on them and on the passing validation examples; with `methods`, also follow each
@@ -619,7 +622,8 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
     probe again at temperature > 0. Logged like any probe; raises ProbeError on bad input.
     `progress(done, total)` is called as probes finish. `adaptive` (one step): probe in
     rounds and stop where probes no longer decide anything (engine/probes/adaptive.py);
-    False: every planned probe. `announce(line)` gets the estimate before the first probe."""
+    False: every planned probe. `announce(line)` gets the estimate before the first probe.
+    `rerun`: on a run recorded through the gateway, the probes re-run its pipeline."""
     which = examples
     if which not in EXAMPLE_CHOICES and not [e for e in which.split(",") if e.strip()]:
         raise ProbeError(f"--examples must be one of {', '.join(EXAMPLE_CHOICES)} or a list "
@@ -639,7 +643,7 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
     try:
         for s in steps:
             run = load_run(db, run_id, s)
-            probers.append(open_prober(run, forward_backend, optimizer_backend))
+            probers.append(open_prober(run, forward_backend, optimizer_backend, rerun))
             try:
                 plans.append(await _plan_step(run, probers[-1], which, methods,
                                               lazy=adaptive and len(steps) == 1))

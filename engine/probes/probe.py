@@ -254,8 +254,21 @@ class Prober:
     async def _rerun(self, trace: ExampleTrace, prompts: Prompts, nodes: list[str],
                      replaced: dict[str, ProbeOutput], ctx: RunContext | None = None
                      ) -> list[ProbeOutput]:
-        """Run `nodes` (in topological order) on the trace, in place; return their outputs."""
+        """Run `nodes` (in topological order) on the trace, in place; return their outputs.
+        On a run that re-runs its pipeline, the pipeline runs whole on the example, with
+        the replaced nodes' replies patched, and the nodes' activations are read back."""
         ctx = ctx or self.ctx
+        if ctx.rerun is not None:
+            fixed = {n: replace(trace.activations[n], output_text=r.output_text, error=None,
+                                call_id=r.call_id) for n, r in replaced.items()}
+            fresh = await ctx.rerun.forward_example(ctx, prompts, trace.example,
+                                                    self.run.split_of[trace.example.id],
+                                                    fixed)
+            trace.activations.update(fresh.activations)
+            trace.inputs.update(fresh.inputs)
+            return [replaced[n] if n in replaced else ProbeOutput(
+                n, trace.activations[n].output_text, trace.activations[n].error,
+                trace.activations[n].call_id) for n in nodes]
         outputs = []
         for node_id in nodes:
             node = self.run.graph.node(node_id)
@@ -398,9 +411,10 @@ def _inputs(graph: GraphSpec, example: Example, acts: dict[str, Activation]
 
 
 def open_prober(run: LoggedRun, forward_backend: Backend | None = None,
-                optimizer_backend: Backend | None = None) -> Prober:
+                optimizer_backend: Backend | None = None, rerun: Any = None) -> Prober:
     """A prober in exactly the run's configuration: its backends and models, prompt set,
-    structured mode, temperature and seed, token limits, and its reply cache."""
+    structured mode, temperature and seed, token limits, and its reply cache; `rerun`
+    (engine.gateway.rerun.PipelineRerun) re-runs a gateway-recorded run's pipeline."""
     from engine.prompts.sets import prompt_set
     from engine.runs.execute import RunConfig, default_max_tokens, make_client
 
@@ -412,7 +426,7 @@ def open_prober(run: LoggedRun, forward_backend: Backend | None = None,
     # the run's own prompt set: descendants re-run as the run ran them, else an identity
     # patch (a node's output replaced by itself) could change the answer
     ctx = RunContext(run.graph, client, lambda event: None, run.run_id, run.step, max_tokens,
-                     optimizer_max_tokens, prompt_set(config.prompts))
+                     optimizer_max_tokens, prompt_set(config.prompts), rerun=rerun)
     prober = Prober(run, ctx, cache)
     client.on_call = prober.on_call
     return prober

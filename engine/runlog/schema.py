@@ -166,6 +166,11 @@ def connect(path: str | Path, read_only: bool = False, timeout: float = 30.0
             con = duckdb.connect(path, read_only=read_only)
             break
         except duckdb.Error as exc:
+            if read_only and "different configuration" in str(exc):
+                # this process already holds the file read-write (the gateway recording a
+                # re-run's calls while a probe reads the run): share that instance
+                read_only = False
+                continue
             if not _is_lock_error(exc):
                 if not read_only and _is_permission_error(exc):
                     raise RunLogError(f"{path}: cannot write to the run log: the file or its "

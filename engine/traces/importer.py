@@ -76,7 +76,8 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                   timeout: float | None = None, optimizer_max_tokens: int | None = None,
                   val: int = 0, spans: Iterable[Span] | None = None,
                   rerun: dict[str, Any] | None = None,
-                  extra_fields: dict[str, dict[str, str]] | None = None) -> ImportResult:
+                  extra_fields: dict[str, dict[str, str]] | None = None,
+                  trace_order: dict[str, int] | None = None) -> ImportResult:
     """Read the spans, infer the pipeline, and write it as a run. Every check comes before
     the first write: bad input raises TraceError (or RunLogError) and writes nothing.
 
@@ -98,7 +99,9 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
 
     `rerun`: how the run re-runs its pipeline (RunConfig.rerun; a run recorded through the
     gateway), and `extra_fields`: example id -> fields added to that example (the
-    pipeline's own input fields, which a re-run calls it with)."""
+    pipeline's own input fields, which a re-run calls it with). `trace_order`: trace id ->
+    its place, for traces whose start times do not give their order (examples that ran
+    concurrently)."""
     # The spans become hundreds of thousands of long-lived objects (calls, traces, their
     # templates) with no cycles among them, which the cyclic collector would scan again
     # and again (a third of a large import's time): it is off while they are built, and
@@ -110,7 +113,8 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                        base_url=base_url, model=model, run_id=run_id,
                        concurrency=concurrency, timeout=timeout,
                        optimizer_max_tokens=optimizer_max_tokens, val=val, spans=spans,
-                       collecting=collecting, rerun=rerun, extra_fields=extra_fields)
+                       collecting=collecting, rerun=rerun, extra_fields=extra_fields,
+                       trace_order=trace_order)
     finally:
         gc.unfreeze()
         if collecting:
@@ -123,8 +127,11 @@ def _import(path: str | Path, db: str | Path, *, node_key: str | None,
             timeout: float | None, optimizer_max_tokens: int | None, val: int,
             spans: Iterable[Span] | None, collecting: bool,
             rerun: dict[str, Any] | None = None,
-            extra_fields: dict[str, dict[str, str]] | None = None) -> ImportResult:
+            extra_fields: dict[str, dict[str, str]] | None = None,
+            trace_order: dict[str, int] | None = None) -> ImportResult:
     pipeline = infer_pipeline(iter_spans(path) if spans is None else spans, node_key)
+    if trace_order:
+        pipeline.traces.sort(key=lambda t: trace_order.get(t.trace_id, len(trace_order)))
     check_distinct_examples(pipeline.traces)
     target_of = read_targets(targets, pipeline.traces) if targets else {}
     graph = pipeline_graph(pipeline, metric, Path(path).stem)

@@ -293,6 +293,42 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client gave up (timeout); fine
 
+        def _send_stream(self, completion: dict) -> None:
+            """A completion as OpenAI streams it: server-sent chat.completion.chunk events,
+            the content a few characters at a time, each tool call's arguments in two
+            pieces, then `[DONE]` (the connection closes after)."""
+            message = completion["choices"][0]["message"]
+            base = {k: completion[k] for k in ("id", "created", "model")}
+            events = [{"role": "assistant", "content": ""}]
+            content = message.get("content") or ""
+            events += [{"content": content[i:i + 8]} for i in range(0, len(content), 8)]
+            for i, call in enumerate(message.get("tool_calls") or []):
+                arguments = call["function"]["arguments"]
+                half = len(arguments) // 2
+                events.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                               "function": {"name": call["function"]["name"],
+                                                            "arguments": arguments[:half]}}]})
+                events.append({"tool_calls": [{"index": i, "function": {
+                    "arguments": arguments[half:]}}]})
+            finish = completion["choices"][0]["finish_reason"]
+            lines = [{**base, "object": "chat.completion.chunk",
+                      "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+                     for d in events]
+            lines.append({**base, "object": "chat.completion.chunk",
+                          "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for line in lines:
+                    self.wfile.write(f"data: {json.dumps(line)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+
         def do_GET(self) -> None:
             if self.path.rstrip("/") == "/v1/models":
                 self._send_json(200, {"object": "list", "data": [
@@ -319,6 +355,9 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
             ready = None if fault is not None or refused else server._completion(
                 body, server.responder(body))
             server._sleep(server.latency)
+            if ready is not None and body.get("stream"):
+                self._send_stream(ready)
+                return
             if ready is not None:
                 self._send_json(200, ready)
                 return

@@ -188,6 +188,9 @@ def openai_tools_responder(body: dict) -> str | dict:
 
 
 TRIP = re.compile(r"from (\w+) to (\w+)")
+AGENT_WEATHER = {"oslo": "rain", "madrid": "sunny", "lisbon": "sunny", "bergen": "rain",
+                 "paris": "rain", "rome": "sunny", "dublin": "rain", "athens": "sunny",
+                 "london": "rain", "seville": "sunny", "amsterdam": "rain", "nice": "sunny"}
 FIXED_PHRASE = "the city the traveler arrives in"
 
 
@@ -216,6 +219,14 @@ def agent_responder(body: dict) -> str | dict:
                                                           users[-1] if users else "")]}
     if system.startswith("Packing advice"):
         return "yes" if "rain" in (users[-1] if users else "").lower() else "no"
+    if "rewrite one step's output" in system.lower():  # a gradient probe's rewrite
+        said = re.search(r"<output>\n?(.*?)\n?</output>", users[-1], re.S) if users else None
+        output = said.group(1).strip() if said else ""
+        trip = TRIP.search(users[-1])
+        if output.startswith("The weather in") and trip:  # the lookup, done right
+            city = trip.group(2)
+            return f"<output>The weather in {city} is {AGENT_WEATHER[city.lower()]}.</output>"
+        return f"<output>{output}</output>"  # a yes or no: nothing in it to change
     step = re.search(r'improving the prompt of the step "(\w+)"', users[-1] if users else "")
     if step:
         current = re.search(r"<prompt>\n?(.*?)\n?</prompt>", users[-1], re.S)
