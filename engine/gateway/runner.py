@@ -27,10 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.gateway.server import Gateway, Route
+from engine.gateway.server import PLACEHOLDER_KEY, Gateway, Route
 
-# the key a worker's client sends when the user set none: the gateway then uses its own
-PLACEHOLDER_KEY = "sk-semback-gateway"
 START_TIMEOUT = 120.0  # seconds a worker may take to import the pipeline
 
 

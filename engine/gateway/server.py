@@ -56,6 +56,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8790
 SERVICE = "semback-gateway"
 STORE_TIMEOUT = 30.0
+# the key a runner's worker sends when the user set none: the gateway then sends its own
+PLACEHOLDER_KEY = "sk-semback-gateway"
 # a stream whose first bytes the upstream has not sent after this long is an error
 UPSTREAM_TIMEOUT = 600.0
 
@@ -236,7 +238,7 @@ class Gateway:
     def _headers(self, request: Any) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         auth = request.headers.get("authorization")
-        if auth:
+        if auth and auth != f"Bearer {PLACEHOLDER_KEY}":
             headers["Authorization"] = auth
         elif self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
