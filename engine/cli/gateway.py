@@ -97,9 +97,8 @@ def register_cli(sub: Any) -> None:
 def _upstream(args: argparse.Namespace) -> tuple[str, Any, str | None]:
     from engine.gateway.pipeline import upstream_of
 
-    url, server = upstream_of(getattr(args, "upstream", None) or getattr(args, "base_url", None),
-                              args.backend)
-    return url, server, None
+    return upstream_of(getattr(args, "upstream", None) or getattr(args, "base_url", None),
+                       args.backend)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -163,6 +162,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
                                 metric=args.metric, val=args.val, run_id=args.run_id,
                                 concurrency=args.concurrency, timeout=args.timeout,
                                 model=args.model, upstream_model=model,
+                                local=args.backend == "local",
                                 log=(lambda line: None) if args.json else _log)
     finally:
         if server is not None:
@@ -189,11 +189,21 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     url, server, model = _upstream(args)
     try:
+        pair = None
+        if args.backend == "local":  # the embedded pair: the 1.5B writes gradients and edits
+            from engine.llm.models import paired_optimizer
+
+            pair, note = paired_optimizer(model)
+            if note:
+                _log(note)
         summary = optimize_pipeline(_spec(args), args.data, args.db, upstream=url,
                                     metric=args.metric, val=args.val, steps=args.steps,
                                     method=args.method, run_id=args.run_id,
                                     concurrency=args.concurrency, timeout=args.timeout,
                                     model=args.model, upstream_model=model,
+                                    local=args.backend == "local",
+                                    optimizer_backend="local" if pair else None,
+                                    optimizer_model=pair,
                                     log=(lambda line: None) if args.json else _log)
     finally:
         if server is not None:

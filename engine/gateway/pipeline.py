@@ -78,30 +78,35 @@ def read_data(path: str | Path) -> list[tuple[int, dict[str, Any], str | None]]:
     return rows
 
 
-def upstream_of(base_url: str | None, backend: str | None) -> tuple[str, Any]:
-    """The upstream's base URL, and what must be closed when done (a local server)."""
+def upstream_of(base_url: str | None, backend: str | None) -> tuple[str, Any, str | None]:
+    """The upstream's base URL, what must be stopped when done (the embedded model's
+    llama-server, for `--backend local`), and the model name to ask it for (None: the
+    client's)."""
     if backend == "local":
         from engine.llm.factory import make_backend
-        from engine.llm.server import LocalServerBackend, served
+        from engine.llm.server import LocalServerBackend
 
-        served_backend = served(make_backend("local", None))
-        if not isinstance(served_backend, LocalServerBackend):
+        served = make_backend("local", serving="server")
+        if not isinstance(served, LocalServerBackend):
             raise TraceError("--backend local: the gateway needs llama.cpp's llama-server "
                              "(./dev setup builds it)")
-        server = served_backend.server
-        server.start()
-        return f"{server.base_url}", server
+        served.server.start()
+        return served.server.base_url, served.server, served.model_name
     if not base_url:
         raise TraceError("give the upstream model: --base-url URL (an OpenAI-compatible "
                          "server) or --backend local")
-    return base_url.rstrip("/"), None
+    return base_url.rstrip("/"), None, None
 
 
 def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upstream: str,
                    metric: str = "exact_match", val: int = 0, run_id: str | None = None,
                    concurrency: int = DEFAULT_CONCURRENCY, timeout: float = DEFAULT_TIMEOUT,
                    model: str | None = None, upstream_model: str | None = None,
+                   local: bool = False,
                    log: Callable[[str], None] = lambda line: None) -> TraceResult:
+    """Run the pipeline on each example of `data` through a gateway to `upstream` and
+    import the traces as a run that re-runs the pipeline (`local`: the upstream is the
+    embedded model, which later commands start again)."""
     rows = read_data(data)
     tag = secrets.token_hex(4)
 
@@ -126,9 +131,9 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
                                   "semback.gateway.session": session}
                     if outcome.error:
                         attributes["semback.gateway.error"] = outcome.error
-                    await asyncio.to_thread(gateway.store.store, [(
+                    await gateway.recorder.record((
                         trace_id, root, "", "pipeline", started, time.time_ns(),
-                        json.dumps(attributes, ensure_ascii=False), SERVICE)])
+                        json.dumps(attributes, ensure_ascii=False), SERVICE))
                     done += 1
                     log(f"traced {done}/{len(rows)}"
                         + (f" (line {rows[i][0]}: {outcome.error})" if outcome.error else ""))
@@ -155,7 +160,8 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
             Path(data).stem, db, targets=targets, metric=metric, base_url=upstream,
             model=model, run_id=run_id, val=val, concurrency=concurrency,
             spans=collected(db, trace_ids=list(trace_ids)), trace_order=trace_ids,
-            rerun={**spec.as_json(), "concurrency": concurrency, "timeout": timeout},
+            rerun={**spec.as_json(), "concurrency": concurrency, "timeout": timeout,
+                   **({"backend": "local"} if local else {})},
             extra_fields={t: {PIPELINE_FIELDS: json.dumps(rows[i][1], ensure_ascii=False)}
                           for t, i in trace_ids.items()})
     return TraceResult(imported, errors)
@@ -173,7 +179,13 @@ async def open_rerun(db: str | Path, run_id: str, *, base_url: str | None = None
     if not rerun:
         yield None
         return
-    upstream = (base_url or point.config.get("base_url") or "").rstrip("/")
+    server = None
+    if base_url:
+        upstream = base_url.rstrip("/")
+    elif rerun.get("backend") == "local":  # the embedded model, served again
+        upstream, server, upstream_model = upstream_of(None, "local")
+    else:
+        upstream = (point.config.get("base_url") or "").rstrip("/")
     if not upstream:
         raise RunLogError(f"run '{run_id}' re-runs its pipeline but names no upstream model "
                           "(give --base-url)")
@@ -191,6 +203,8 @@ async def open_rerun(db: str | Path, run_id: str, *, base_url: str | None = None
             yield PipelineRerun(gateway, runner, graph, node_rules(graph, examples))
     finally:
         gateway.close()
+        if server is not None:
+            server.stop()
 
 
 def _print(line: str) -> None:
@@ -217,17 +231,21 @@ def optimize_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *,
                       steps: int = 1, method: str | None = None, run_id: str | None = None,
                       concurrency: int = DEFAULT_CONCURRENCY,
                       timeout: float = DEFAULT_TIMEOUT, model: str | None = None,
-                      upstream_model: str | None = None,
+                      upstream_model: str | None = None, local: bool = False,
+                      optimizer_backend: str | None = None,
+                      optimizer_model: str | None = None,
                       log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Trace, then `steps` steps of back-propagation validated by re-running the pipeline,
-    then the kept prompts: the summary `optimize --json` prints."""
+    then the kept prompts: the summary `optimize --json` prints. `optimizer_backend` and
+    `optimizer_model`: where the backward and update calls go (default: the upstream)."""
     from engine.runlog.traces import failing_count
     from engine.runs.handback import kept_prompts
     from engine.traces.backprop import backprop
 
     traced = trace_pipeline(spec, data, db, upstream=upstream, metric=metric, val=val,
                             run_id=run_id, concurrency=concurrency, timeout=timeout,
-                            model=model, upstream_model=upstream_model, log=log)
+                            model=model, upstream_model=upstream_model, local=local,
+                            log=log)
     run = traced.imported.run_id
     log(f"traced {len(traced.imported.pipeline.traces)} examples into run '{run}': "
         f"{len(traced.imported.pipeline.nodes)} nodes; {traced.imported.failing} failing")
@@ -241,7 +259,9 @@ def optimize_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *,
                 if failing_count(str(db), run, step) == 0:
                     log(f"step {step}: no failing training example, done")
                     break
-                result = await backprop(str(db), run, method=method, rerun=rerun)
+                result = await backprop(str(db), run, method=method, rerun=rerun,
+                                        optimizer_backend_kind=optimizer_backend,
+                                        optimizer_model=optimizer_model)
                 kept = [p.node_id for p in _proposals(result) if p.accepted]
                 done.append({"step": result.state.step if result.state else None,
                              "status": result.status, "kept": kept})

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import queue
 import secrets
 import threading
 import time
@@ -66,6 +67,58 @@ def session_ids(session: str) -> tuple[str, str]:
     """The trace id and root span id of a session's trace (the runner writes the root)."""
     digest = hashlib.sha256(f"semback-session:{session}".encode()).hexdigest()
     return digest[:32], digest[32:48]
+
+
+class Recorder:
+    """Spans written in group commits: each call's span waits for the transaction that
+    holds it (so an answered call is on disk), and the calls that arrive while one commits
+    go together in the next, so the writes keep up with many calls at once."""
+
+    def __init__(self, store: SpanStore) -> None:
+        self.store = store
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="gateway-spans", daemon=True)
+        self._thread.start()
+
+    async def record(self, row: tuple) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._queue.put((row, loop, done))
+        await done
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(item is None for item in batch)
+            batch = [item for item in batch if item is not None]
+            try:
+                if batch:
+                    self.store.append([row for row, _, _ in batch])
+                outcome: BaseException | None = None
+            except BaseException as exc:  # noqa: BLE001 - handed to each waiting call
+                outcome = exc
+            for _, loop, done in batch:
+                loop.call_soon_threadsafe(_settle, done, outcome)
+            if stop:
+                return
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(30)
+
+
+def _settle(done: asyncio.Future, error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
 
 
 @dataclass
@@ -135,7 +188,9 @@ class Gateway:
         self.upstream_model = upstream_model  # a local backend's model name, else the client's
         self.log = log
         self.timeout = timeout
-        self.store = SpanStore(self.db, timeout=STORE_TIMEOUT)
+        # held while calls keep coming (another process gets the file in the pauses)
+        self.store = SpanStore(self.db, idle=0.5, hold=10.0, timeout=STORE_TIMEOUT)
+        self.recorder = Recorder(self.store)
         self.cache: dict[str, dict[str, Any]] = {}
         for key, output in gateway_replies(self.db):
             try:
@@ -198,6 +253,7 @@ class Gateway:
             self._server.should_exit = True
             if self._thread is not None:
                 self._thread.join(10)
+        self.recorder.close()
         self.store.close()
 
     def __enter__(self) -> Gateway:
@@ -407,7 +463,7 @@ class Gateway:
         begin = end - int((time.perf_counter() - started) * 1e9)
         row = (trace_id, secrets.token_hex(8), parent, node or "ChatCompletion", begin, end,
                json.dumps(attributes, ensure_ascii=False), SERVICE)
-        await asyncio.to_thread(self.store.store, [row])
+        await self.recorder.record(row)
         seen = Seen(node, sent, completion, cache_hit, patched,
                     (time.perf_counter() - started) * 1000)
         with self._lock:

@@ -44,6 +44,11 @@ _INSERT = (  # new spans only: the first copy of each (trace_id, span_id), in th
     f"SELECT 1 FROM {TABLE} AS c WHERE c.trace_id = r.trace_id AND c.span_id = r.span_id)")
 
 
+_APPEND = f"INSERT INTO {TABLE} SELECT {', '.join(COLUMNS)} FROM _spans"
+_APPEND_ROW = (f"INSERT INTO {TABLE} ({', '.join((*ROW, 'received_at', 'position'))}) "
+               f"VALUES ({', '.join('?' * (len(ROW) + 2))})")
+
+
 def open_for_collecting(db: str | Path) -> None:
     """Make `db` a run log that takes collected spans: the run log's schema (refused, in one
     RunLogError line, for a file that is not a run log), and the table."""
@@ -80,8 +85,18 @@ class SpanStore:
     def store(self, rows: list[tuple], received_at: float | None = None) -> int:
         """Write one request's spans (tuples in `ROW`'s order, attributes as a JSON string)
         in one transaction; the count of spans that were new."""
+        return self._write(rows, _INSERT, received_at)
+
+    def append(self, rows: list[tuple], received_at: float | None = None) -> int:
+        """Write spans whose ids the writer minted itself (the gateway's: never sent
+        twice), in one transaction, without looking for earlier copies; their count."""
+        return self._write(rows, _APPEND, received_at)
+
+    def _write(self, rows: list[tuple], sql: str, received_at: float | None) -> int:
         if not rows:
             return 0
+        if sql is _APPEND and len(rows) < 8:  # a few rows: as parameters, no Arrow table
+            return self._append_few(rows, received_at)
         columns = {name: list(values) for name, values in zip(ROW, zip(*rows))}
         columns["received_at"] = [time.time() if received_at is None else received_at] \
             * len(rows)
@@ -93,7 +108,8 @@ class SpanStore:
             try:
                 con.execute("BEGIN TRANSACTION")
                 try:
-                    added = con.execute(_INSERT).fetchone()[0]
+                    con.execute(sql)
+                    added = len(rows) if sql is _APPEND else con.fetchone()[0]
                     con.execute("COMMIT")
                 except BaseException:
                     con.execute("ROLLBACK")
@@ -108,6 +124,30 @@ class SpanStore:
             if self._used - self._opened > self.hold:
                 self._let_go()
         return int(added)
+
+    def _append_few(self, rows: list[tuple], received_at: float | None) -> int:
+        when = time.time() if received_at is None else received_at
+        with self._lock:
+            con = self._connection()
+            try:
+                if len(rows) == 1:  # one statement commits itself
+                    con.execute(_APPEND_ROW, [*rows[0], when, 0])
+                else:
+                    con.execute("BEGIN TRANSACTION")
+                    try:
+                        for position, row in enumerate(rows):
+                            con.execute(_APPEND_ROW, [*row, when, position])
+                        con.execute("COMMIT")
+                    except BaseException:
+                        con.execute("ROLLBACK")
+                        raise
+            except BaseException:
+                self._let_go()
+                raise
+            self._used = time.monotonic()
+            if self._used - self._opened > self.hold:
+                self._let_go()
+        return len(rows)
 
     def _connection(self) -> Any:
         if self._con is None:
