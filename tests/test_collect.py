@@ -385,23 +385,23 @@ def test_a_re_sent_batch_is_stored_once_and_a_trace_sent_apart_is_merged(receive
 
 def test_a_reply_lost_after_the_commit_is_re_sent_by_the_exporter_and_stored_once(
         receiver, monkeypatch):
-    """The receiver dies between its commit and its reply (here: the connection is closed
-    instead of answered): the exporter sends the batch again, and it is not stored twice."""
+    """The receiver commits a batch and its reply never says so (here: the commit is
+    answered as if the log were busy, 503): the exporter sends the batch again, and it is
+    not stored twice."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    send = receiver_module._Handler._send
+    export = receiver_module.Receiver.export
     dropped = []
 
-    def drop_first_reply(self, status, *args, **kwargs):
-        if status == 200 and not dropped:
-            dropped.append(status)
-            self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)  # stored, but never answered
-            return
-        send(self, status, *args, **kwargs)
+    def lose_first_reply(self, *args, **kwargs):
+        answer = export(self, *args, **kwargs)  # stored and committed
+        if not dropped:
+            dropped.append(answer[0])
+            raise receiver_module.BadRequest(503, "the reply was lost")
+        return answer
 
-    monkeypatch.setattr(receiver_module._Handler, "_send", drop_first_reply)
+    monkeypatch.setattr(receiver_module.Receiver, "export", lose_first_reply)
     for name in list(os.environ):
         if name.startswith("OTEL_EXPORTER_OTLP"):
             monkeypatch.delenv(name)

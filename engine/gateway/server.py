@@ -3,7 +3,9 @@ uvicorn, 127.0.0.1 by default).
 
 It forwards `POST /v1/chat/completions` (tools, tool_choice, response_format, n, and
 `stream: true` as server-sent events) and `GET /v1/models` to the upstream, and answers
-any other path with an OpenAI-style error naming what it serves. Each chat call it answers
+any other path with an OpenAI-style error naming what it serves. It also takes OTLP/HTTP
+spans on `POST /v1/traces`, as `collect` does and into the same table, so one process
+serves a pipeline's model calls and its instrumentor's spans. Each chat call it answers
 is recorded as an OpenInference LLM span in the run log's `collected_spans`, the table
 `collect` fills, written before the reply goes out: `import-traces --collected` reads a
 pipeline that has no instrumentor at all, and a gateway restarted mid-run has lost no call
@@ -51,7 +53,8 @@ from engine.gateway.calls import (
 )
 from engine.gateway.interventions import NODE_HEADER, Candidate
 from engine.runlog.collected import SpanStore, gateway_replies, open_for_collecting
-from engine.traces import TraceError
+from engine.traces.collect import PATH as TRACES_PATH
+from engine.traces.collect import Receiver
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8790
@@ -202,9 +205,11 @@ class Gateway:
         self.sessions: dict[str, list[Seen]] = defaultdict(list)
         self.counts = Counts()
         self._lock = threading.Lock()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._served: Any = None
         self._client: Any = None
+        # OTLP/HTTP spans on POST /v1/traces too, into the same store: one process serves
+        # a pipeline's model calls and its instrumentor's spans (engine/traces/collect.py)
+        self.intake = Receiver(self.db, log=log, store=self.store, serve=False)
 
     # --- lifecycle ---------------------------------------------------------------------
     @property
@@ -220,39 +225,18 @@ class Gateway:
             methods=["GET", "POST", "PUT", "DELETE", "PATCH"])])
 
     def start(self) -> Gateway:
-        """Serve in a daemon thread; returns once bound (TraceError when it cannot)."""
-        import uvicorn
+        """Serve in a daemon thread; returns once listening (TraceError when it cannot)."""
+        from engine.traces.asgi import Served
 
-        config = uvicorn.Config(self.app(), host=self.host, port=self.port,
-                                log_level="error", access_log=False, lifespan="off",
-                                timeout_keep_alive=120)
-        self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # the caller owns the signals
-        failed: list[BaseException] = []
-
-        def serve() -> None:
-            try:
-                self._server.run()
-            except BaseException as exc:  # noqa: BLE001 - reported to start()
-                failed.append(exc)
-
-        self._thread = threading.Thread(target=serve, name="gateway", daemon=True)
-        self._thread.start()
-        while not self._server.started:
-            if failed or not self._thread.is_alive():
-                raise TraceError(f"cannot listen on {self.host}:{self.port}: the port is in "
-                                 "use or the address is not this machine's (--port to "
-                                 "choose another)")
-            time.sleep(0.01)
-        sockets = self._server.servers[0].sockets
-        self.port = sockets[0].getsockname()[1]
+        self._served = Served(self.app(), self.host, self.port, name="gateway")
+        self.port = self._served.port
+        self._served.start()
         return self
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            if self._thread is not None:
-                self._thread.join(10)
+        if self._served is not None:
+            self._served.close()
+            self._served = None
         self.recorder.close()
         self.store.close()
 
@@ -269,13 +253,16 @@ class Gateway:
         path = request.url.path
         route = parse_path(path)
         try:
+            if route is not None and route.rest == "traces" and path == TRACES_PATH:
+                return await self.intake.endpoint(request)
             if route is None or (route.rest, request.method) not in (
                     ("chat/completions", "POST"), ("models", "GET")):
                 raise GatewayError(404 if route is None or route.rest not in (
                     "chat/completions", "models") else 405,
                     f"the gateway does not serve {request.method} {path[:80]}: it forwards "
                     "POST /v1/chat/completions and GET /v1/models (optionally under "
-                    "/s/SESSION, /c/CANDIDATE or /w/WORKER)", "unsupported_endpoint")
+                    "/s/SESSION, /c/CANDIDATE or /w/WORKER), and takes OTLP/HTTP spans on "
+                    f"POST {TRACES_PATH}", "unsupported_endpoint")
             if route.worker is not None:
                 assigned = self.workers.get(route.worker)
                 if assigned is None:

@@ -21,16 +21,15 @@ the table whatever request, or which run of the receiver, brought them.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import re
-import socket
 import threading
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -249,30 +248,34 @@ class Counts:
 
 
 class Receiver:
-    """The OTLP/HTTP server, bound on construction (TraceError when the address is taken).
-    `serve_forever()` in any thread, `close()` from another; `log` gets one line per
-    refused request."""
+    """The OTLP/HTTP server (Starlette on uvicorn, engine/traces/asgi.py), bound on
+    construction (TraceError when the address is taken). `start()` serves in a thread,
+    `serve_forever()` in this one, `close()` from another; `log` gets one line per refused
+    request. `endpoint` is its route, which the gateway serves too."""
 
     def __init__(self, db: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  log: Callable[[str], None] = print,
-                 on_store: Callable[[int, int], None] | None = None) -> None:
+                 on_store: Callable[[int, int], None] | None = None,
+                 store: SpanStore | None = None, serve: bool = True) -> None:
         self.db = str(db)
         open_for_collecting(self.db)  # the schema and collected_spans, or one error line
         self.log = log
         self.on_store = on_store
         self.counts = Counts()
-        self.store = SpanStore(self.db, timeout=STORE_TIMEOUT)
+        self.store = store or SpanStore(self.db, timeout=STORE_TIMEOUT)
+        self._own_store = store is None
         self._counts_lock = threading.Lock()
-        try:
-            self.server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
-        except OSError as exc:
-            in_use = exc.errno in (98, 48, 10048)  # EADDRINUSE: Linux, macOS, Windows
-            why = "the port is in use (--port to choose another)" if in_use else \
-                f"{exc.strerror or exc} (--host to choose another address)"
-            raise TraceError(f"cannot listen on {host}:{port}: {why}") from None
-        self.server.receiver = self
-        self.host, self.port = self.server.server_address[:2]
-        self._serving = False
+        self.served = None
+        if serve:
+            from starlette.applications import Starlette
+            from starlette.routing import Route
+
+            from engine.traces.asgi import Served
+
+            app = Starlette(routes=[Route("/{path:path}", self.endpoint,
+                                          methods=["GET", "POST", "PUT", "DELETE", "PATCH"])])
+            self.served = Served(app, host, port, name="collect")
+            self.host, self.port = self.served.host, self.served.port
 
     @property
     def url(self) -> str:
@@ -280,24 +283,19 @@ class Receiver:
         return f"http://{host}:{self.port}"
 
     def serve_forever(self) -> None:
-        self._serving = True
-        self.server.serve_forever(poll_interval=0.1)
+        self.start().join()
 
     def start(self) -> threading.Thread:
         """Serve in a daemon thread (tests, benchmarks)."""
-        self._serving = True  # close() must wait for it even if it has not begun yet
-        thread = threading.Thread(target=self.serve_forever, name="collect", daemon=True)
-        thread.start()
-        return thread
+        return self.served.start()
 
     def close(self) -> None:
         """Stop accepting requests and wait for a write in progress (its reply may then not
         be sent; the exporter re-sends, and the repeat is not stored twice)."""
-        if self._serving:  # shutdown() waits for serve_forever, which must have been called
-            self.server.shutdown()
-            self._serving = False
-        self.server.server_close()
-        self.store.close()
+        if self.served is not None:
+            self.served.close()
+        if self._own_store:
+            self.store.close()
 
     def __enter__(self) -> Receiver:
         self.start()
@@ -307,6 +305,34 @@ class Receiver:
         self.close()
 
     # one request
+    async def endpoint(self, request: Any) -> Any:
+        """The route: POST /v1/traces, anything else refused as OTLP/HTTP says."""
+        from starlette.responses import Response
+
+        kind = media_type(request.headers.get("content-type", ""))
+        reply_kind = kind if kind in (PROTOBUF, JSON) else JSON
+        path = request.url.path
+        if path.rstrip("/") != PATH:
+            return _status_response(reply_kind, 404, f"no such path {path[:80]!r}: spans go "
+                                                     f"to POST {PATH}")
+        if request.method != "POST":
+            return _status_response(JSON, 405, f"{PATH} takes POST", {"Allow": "POST"})
+        try:
+            body = await read_body(request)
+            status, payload = await asyncio.to_thread(
+                self.export, body, request.headers.get("content-type", ""),
+                request.headers.get("content-encoding", ""))
+        except BadRequest as exc:
+            self.refused(request.client.host if request.client else "?", exc.status,
+                         str(exc))
+            return _status_response(reply_kind, exc.status, str(exc))
+        except Exception as exc:  # noqa: BLE001 - never a crash: one line, a 500, serve on
+            self.refused(request.client.host if request.client else "?", 500,
+                         f"unexpected {exc.__class__.__name__}: {exc}")
+            return Response(status_body(reply_kind, 13, "internal error"), 500,
+                            media_type=reply_kind)
+        return Response(payload, status, media_type=kind)
+
     def export(self, body: bytes, content_type: str, encoding: str) -> tuple[int, bytes]:
         """Decode and store one request's spans; the reply's status and body (an
         ExportTraceServiceResponse in the request's encoding). BadRequest when refused."""
@@ -335,6 +361,36 @@ class Receiver:
         self.log(f"refused a request from {client}: {status} {message}")
 
 
+async def read_body(request: Any) -> bytes:
+    """A request's body, never past MAX_BODY (BadRequest 413), chunked or not."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        try:
+            size = int(length)
+        except ValueError:
+            raise BadRequest(400, f"Content-Length {length[:20]!r} is not a number") from None
+        if size > MAX_BODY or size < 0:
+            raise BadRequest(413, f"the body is over {MAX_BODY // 2**20} MiB")
+    parts, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > MAX_BODY:
+            raise BadRequest(413, f"the body is over {MAX_BODY // 2**20} MiB")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _status_response(kind: str, status: int, message: str,
+                     headers: dict[str, str] | None = None) -> Any:
+    from starlette.responses import Response
+
+    extra = dict(headers or {})
+    if status == 503:
+        extra["Retry-After"] = "1"
+    return Response(status_body(kind, _CODE_OF.get(status, INVALID_ARGUMENT), message),
+                    status, headers=extra, media_type=kind)
+
+
 def response(kind: str, rejected: int = 0, message: str = "") -> bytes:
     from google.protobuf import json_format
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -351,134 +407,13 @@ def response(kind: str, rejected: int = 0, message: str = "") -> bytes:
 
 
 def status_body(kind: str, code: int, message: str) -> bytes:
-    """A google.rpc.Status (code = 1, message = 2), in JSON or protobuf as the request was."""
+    """A google.rpc.Status, in JSON or protobuf as the request was."""
     if kind == JSON:
         return json.dumps({"code": code, "message": message}).encode()
-    text = message.encode("utf-8")
-    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+    from google.rpc.status_pb2 import Status
 
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
+    return Status(code=code, message=message).SerializeToString()
 
 
 _CODE_OF = {400: INVALID_ARGUMENT, 404: NOT_FOUND, 405: UNIMPLEMENTED, 411: INVALID_ARGUMENT,
             413: INVALID_ARGUMENT, 415: UNIMPLEMENTED, 503: UNAVAILABLE}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True  # a restart binds at once, past the old sockets' TIME_WAIT
-    receiver: Receiver
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the exporter's session reuses its connection
-    server_version = "semback-collect"
-    timeout = 120  # an idle kept-alive connection is closed after this
-    server: _Server
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        receiver = self.server.receiver
-        kind = media_type(self.headers.get("Content-Type", ""))
-        reply_kind = kind if kind in (PROTOBUF, JSON) else JSON
-        try:
-            if self.path.split("?")[0].rstrip("/") != PATH:
-                self.close_connection = True  # its body is left unread
-                raise BadRequest(404, f"no such path {self.path[:80]!r}: spans go to {PATH}")
-            body = self._body()
-            status, payload = receiver.export(body, self.headers.get("Content-Type", ""),
-                                              self.headers.get("Content-Encoding", ""))
-        except BadRequest as exc:
-            if exc.status != 404:  # a stray path is no pipeline's bad body
-                receiver.refused(self.client_address[0], exc.status, str(exc))
-            self._send(exc.status, reply_kind,
-                       status_body(reply_kind, _CODE_OF.get(exc.status, INVALID_ARGUMENT),
-                                   str(exc)))
-            return
-        except Exception as exc:  # noqa: BLE001 - never a crash: one line, a 500, serve on
-            receiver.refused(self.client_address[0], 500,
-                             f"unexpected {exc.__class__.__name__}: {exc}")
-            self._send(500, reply_kind, status_body(reply_kind, 13, "internal error"))
-            return
-        self._send(status, kind, payload)
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self.path.split("?")[0].rstrip("/") == PATH:
-            self._send(405, JSON, status_body(JSON, UNIMPLEMENTED, f"{PATH} takes POST"),
-                       {"Allow": "POST"})
-        else:
-            self._send(404, JSON, status_body(JSON, NOT_FOUND, "spans go to POST "
-                                                               f"{PATH}"))
-
-    do_PUT = do_DELETE = do_PATCH = do_GET  # noqa: N815
-
-    def _body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._chunked()
-        length = self.headers.get("Content-Length")
-        if length is None:
-            self.close_connection = True
-            raise BadRequest(411, "no Content-Length")
-        try:
-            size = int(length)
-        except ValueError:
-            self.close_connection = True
-            raise BadRequest(400, f"Content-Length {length[:20]!r} is not a number") from None
-        if size > MAX_BODY or size < 0:
-            self.close_connection = True  # the body is left unread
-            raise BadRequest(413, f"the body is over {MAX_BODY // 2**20} MiB")
-        body = self.rfile.read(size)
-        if len(body) < size:
-            self.close_connection = True
-            raise BadRequest(400, "the body ended early")
-        return body
-
-    def _chunked(self) -> bytes:
-        parts, total = [], 0
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                self.close_connection = True
-                raise BadRequest(400, "a bad chunk in a chunked body") from None
-            if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return b"".join(parts)
-            total += size
-            if total > MAX_BODY:
-                self.close_connection = True
-                raise BadRequest(413, f"the body is over {MAX_BODY // 2**20} MiB")
-            parts.append(self.rfile.read(size))
-            self.rfile.readline(1024)
-
-    def _send(self, status: int, kind: str, payload: bytes,
-              headers: dict[str, str] | None = None) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(payload)))
-            if status == 503:
-                self.send_header("Retry-After", "1")
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(payload)
-        except OSError:  # the client went away: its exporter re-sends if it cares
-            self.close_connection = True
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        return None  # no access log: refused requests get their own line

@@ -68,6 +68,23 @@ def test_forwards_records_an_openinference_span_and_answers_again_from_the_cache
     assert node.prompt == "Summarize the text."
 
 
+def test_one_gateway_takes_otlp_spans_beside_the_calls_it_records(tmp_path, upstream):
+    import httpx
+
+    span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "pipeline",
+            "startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": [
+                {"key": "openinference.span.kind", "value": {"stringValue": "CHAIN"}}]}
+    body = {"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "mine"}}]},
+        "scopeSpans": [{"spans": [span]}]}]}
+    db = tmp_path / "runs.duckdb"
+    with Gateway(db, upstream.base_url, port=0) as gateway:
+        sent = httpx.post(f"{gateway.url}/v1/traces", json=body)
+        assert sent.status_code == 200 and gateway.intake.counts.new == 1
+        ask(client(gateway), "Sys.", "Hi.")
+    assert sorted(r[7] for r in collected_spans(db)) == ["mine", "semback-gateway"]
+
+
 def test_a_traceparent_header_groups_calls_by_the_clients_trace(tmp_path, upstream):
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     with Gateway(tmp_path / "runs.duckdb", upstream.base_url, port=0) as gateway:
