@@ -27,6 +27,8 @@ from typing import Any
 
 from engine.core.graph import parse_graph
 from engine.data.examples import Example
+from engine.gateway.flows import EXAMPLES as FLOW_EXAMPLES
+from engine.gateway.flows import find_flows
 from engine.gateway.rerun import PIPELINE_FIELDS, PipelineRerun, node_rules
 from engine.gateway.runner import Outcome, PipelineSpec, Runner
 from engine.gateway.server import SERVICE, Gateway, session_ids
@@ -109,6 +111,8 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
     embedded model, which later commands start again)."""
     rows = read_data(data)
     tag = secrets.token_hex(4)
+    passes: dict[int, list[Any]] = {}  # the first examples' calls, to ask for flows on
+    flows: set[tuple[str, str]] = set()
 
     async def record() -> list[Outcome]:
         with Gateway(db, upstream, port=0, api_key=os.environ.get("OPENAI_API_KEY"),
@@ -122,7 +126,9 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
                     session = f"trace-{tag}-{i}"
                     started = time.time_ns()
                     outcome = await runner.run(fields, session)
-                    gateway.sessions.pop(session, None)
+                    calls = gateway.sessions.pop(session, [])
+                    if not outcome.error and i < FLOW_EXAMPLES:
+                        passes[i] = calls
                     trace_id, root = session_ids(session)
                     attributes = {"openinference.span.kind": "CHAIN",
                                   "input.value": json.dumps(fields, ensure_ascii=False),
@@ -139,8 +145,14 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
                         + (f" (line {rows[i][0]}: {outcome.error})" if outcome.error else ""))
                     return outcome
 
-                return list(await asyncio.gather(*(one(i, fields)
-                                                   for i, (_, fields, _) in enumerate(rows))))
+                outcomes = list(await asyncio.gather(*(one(i, fields) for i, (_, fields, _)
+                                                       in enumerate(rows))))
+                if passes:  # which call reads which, asked of the pipeline itself
+                    flows.update(await find_flows(gateway, runner, [
+                        (rows[i][1], calls) for i, calls in sorted(passes.items())]))
+                    log(f"asked the pipeline which call reads which on {len(passes)} "
+                        f"example(s): {len(flows)} flow(s)")
+                return outcomes
 
     outcomes = asyncio.run(record())
     errors = [(rows[i][0], o.error) for i, o in enumerate(outcomes) if o.error]
@@ -160,6 +172,7 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
             Path(data).stem, db, targets=targets, metric=metric, base_url=upstream,
             model=model, run_id=run_id, val=val, concurrency=concurrency,
             spans=collected(db, trace_ids=list(trace_ids)), trace_order=trace_ids,
+            flows=flows,
             rerun={**spec.as_json(), "concurrency": concurrency, "timeout": timeout,
                    **({"backend": "local"} if local else {})},
             extra_fields={t: {PIPELINE_FIELDS: json.dumps(rows[i][1], ensure_ascii=False)}

@@ -51,7 +51,7 @@ from engine.gateway.calls import (
     span_attributes,
     sse_events,
 )
-from engine.gateway.interventions import NODE_HEADER, Candidate
+from engine.gateway.interventions import NODE_HEADER, NODE_METADATA, Candidate
 from engine.runlog.collected import SpanStore, gateway_replies, open_for_collecting
 from engine.traces.collect import PATH as TRACES_PATH
 from engine.traces.collect import Receiver
@@ -335,8 +335,7 @@ class Gateway:
             node, variables = candidate.identify(body, named)
             sent, patched = candidate.apply(body, node, variables)
         else:
-            node = named or ((body.get("metadata") or {}).get("semback_node")
-                             if isinstance(body.get("metadata"), dict) else None)
+            node = named_node(request, body)
             sent, patched = body, None
         if self.upstream_model and patched is None:
             sent = {**sent, "model": self.upstream_model}
@@ -448,7 +447,10 @@ class Gateway:
             attributes["semback.gateway.session"] = route.session
         end = time.time_ns()
         begin = end - int((time.perf_counter() - started) * 1e9)
-        row = (trace_id, secrets.token_hex(8), parent, node or "ChatCompletion", begin, end,
+        # the span is named by the node the client named (a candidate's own names for
+        # call sites are the gateway's, not the pipeline's)
+        row = (trace_id, secrets.token_hex(8), parent, named_node(request, body)
+               or "ChatCompletion", begin, end,
                json.dumps(attributes, ensure_ascii=False), SERVICE)
         await self.recorder.record(row)
         seen = Seen(node, sent, completion, cache_hit, patched,
@@ -468,6 +470,13 @@ class Gateway:
         if route.session:
             return session_ids(route.session)
         return secrets.token_hex(16), ""
+
+
+def named_node(request: Any, body: dict[str, Any]) -> str | None:
+    """The node a request names: its X-Semback-Node header or metadata.semback_node."""
+    metadata = body.get("metadata")
+    return request.headers.get(NODE_HEADER) or (
+        metadata.get(NODE_METADATA) if isinstance(metadata, dict) else None)
 
 
 async def _iterate(events: Any) -> AsyncIterator[bytes]:

@@ -200,8 +200,9 @@ def collected_spans(db: str | Path, service: str | None = None, since: float | N
     """Every collected span (tuples in `ROW`'s order), in the order they arrived, of whole
     traces: with `service`, the traces that have a span of that service (OTLP's
     `service.name`); with `since` (seconds since the epoch), the traces whose first span
-    arrived at or after it; with `trace_ids`, those traces only. Empty for a log that never
-    collected."""
+    arrived at or after it; with `trace_ids`, those traces only. Without `trace_ids`, the
+    traces of the gateway's re-runs and interventions are left out. Empty for a log that
+    never collected."""
     with connect(db, read_only=True) as con:
         if not _has_table(con):
             return []
@@ -217,10 +218,12 @@ def collected_spans(db: str | Path, service: str | None = None, since: float | N
         if since is not None:
             where.append("min(received_at) >= ?")
             params.append(since)
-        chosen = ""
-        if where:
-            chosen = (f"WHERE trace_id IN (SELECT trace_id FROM {TABLE} GROUP BY trace_id "
-                      f"HAVING {' AND '.join(where)})")
+        # the gateway's re-runs and interventions (a candidate's calls) are not the
+        # pipeline's own traffic: their traces are left out
+        where.append("NOT bool_or(coalesce(json_exists(attributes, "
+                     "'$.\"semback.gateway.candidate\"'), false))")
+        chosen = (f"WHERE trace_id IN (SELECT trace_id FROM {TABLE} GROUP BY trace_id "
+                  f"HAVING {' AND '.join(where)})")
         return con.execute(f"SELECT {', '.join(ROW)} FROM {TABLE} {chosen} "
                            "ORDER BY received_at, position", params).fetchall()
 

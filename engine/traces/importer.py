@@ -18,7 +18,7 @@ import gc
 import json
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,9 @@ class ImportResult:
                           for n in p.nodes.values()],
                 "edges": [list(e) for e in p.edges],
                 "traces": len(p.traces), "scored": self.scored, "failing": self.failing,
-                "val": self.val, "ambiguous": p.ambiguous}
+                "val": self.val, "ambiguous": p.ambiguous,
+                "edge_sources": {f"{a}->{b}": how for (a, b), how in
+                                 sorted(p.found_by.items()) if (a, b) in p.edges}}
 
 
 def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = None,
@@ -77,7 +79,8 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                   val: int = 0, spans: Iterable[Span] | None = None,
                   rerun: dict[str, Any] | None = None,
                   extra_fields: dict[str, dict[str, str]] | None = None,
-                  trace_order: dict[str, int] | None = None) -> ImportResult:
+                  trace_order: dict[str, int] | None = None,
+                  flows: Collection[tuple[str, str]] = ()) -> ImportResult:
     """Read the spans, infer the pipeline, and write it as a run. Every check comes before
     the first write: bad input raises TraceError (or RunLogError) and writes nothing.
 
@@ -101,7 +104,7 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
     gateway), and `extra_fields`: example id -> fields added to that example (the
     pipeline's own input fields, which a re-run calls it with). `trace_order`: trace id ->
     its place, for traces whose start times do not give their order (examples that ran
-    concurrently)."""
+    concurrently). `flows`: flows found by intervention (engine.traces.infer)."""
     # The spans become hundreds of thousands of long-lived objects (calls, traces, their
     # templates) with no cycles among them, which the cyclic collector would scan again
     # and again (a third of a large import's time): it is off while they are built, and
@@ -114,7 +117,7 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                        concurrency=concurrency, timeout=timeout,
                        optimizer_max_tokens=optimizer_max_tokens, val=val, spans=spans,
                        collecting=collecting, rerun=rerun, extra_fields=extra_fields,
-                       trace_order=trace_order)
+                       trace_order=trace_order, flows=flows)
     finally:
         gc.unfreeze()
         if collecting:
@@ -128,8 +131,9 @@ def _import(path: str | Path, db: str | Path, *, node_key: str | None,
             spans: Iterable[Span] | None, collecting: bool,
             rerun: dict[str, Any] | None = None,
             extra_fields: dict[str, dict[str, str]] | None = None,
-            trace_order: dict[str, int] | None = None) -> ImportResult:
-    pipeline = infer_pipeline(iter_spans(path) if spans is None else spans, node_key)
+            trace_order: dict[str, int] | None = None,
+            flows: Collection[tuple[str, str]] = ()) -> ImportResult:
+    pipeline = infer_pipeline(iter_spans(path) if spans is None else spans, node_key, flows)
     if trace_order:
         pipeline.traces.sort(key=lambda t: trace_order.get(t.trace_id, len(trace_order)))
     check_distinct_examples(pipeline.traces)

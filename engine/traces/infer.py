@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,8 @@ class Trace:
     prompts: dict[str, str] = field(default_factory=dict)  # node id -> its prompt here
     loops: dict[str, int] = field(default_factory=dict)  # node id -> its calls, when > 1
     returns: dict[str, list[str]] = field(default_factory=dict)  # node -> its unit's fields
+    # how each edge was found: "structure", "content" or "intervention"
+    found_by: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def final_output(self, node_id: str) -> str:
         return self.values.get(node_id, self.calls[node_id].output)
@@ -90,6 +92,8 @@ class Pipeline:
     model: str
     temperature: float | None
     max_tokens: int | None = None  # the largest reply limit the calls asked for
+    # edge -> how it was found ("structure", "content", "intervention"), the first trace's
+    found_by: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 # Framework facts (docs/traces.md): span names that are a framework's own machinery, never
@@ -119,8 +123,13 @@ class Site:
     unit: Span | None
 
 
-def infer_pipeline(spans: Iterable[Span], node_key: str | None = None) -> Pipeline:
+def infer_pipeline(spans: Iterable[Span], node_key: str | None = None,
+                   flows: Collection[tuple[str, str]] = ()) -> Pipeline:
     """The graph of the pipeline whose spans these are; TraceError when there is none.
+
+    `flows`: flows found by intervention (engine/gateway/flows.py), each a pair of call
+    sites' system messages, from and to: an edge wherever both call sites are in a trace,
+    whatever the content shows (the value is a slot where the messages hold it).
 
     `spans` is read once, in order (a generator streams a file): each LLM span is read
     into its call as it comes, and of every span only what the inference reads is kept
@@ -161,7 +170,7 @@ def infer_pipeline(spans: Iterable[Span], node_key: str | None = None) -> Pipeli
     for group in list(groups):
         calls = groups.pop(group)  # a trace's calls, read: they are let go as it is built
         trace = _trace(group, calls, ids, sites, roots.get(calls[0][1].span.trace_id), own,
-                       ambiguous)
+                       ambiguous, frozenset(flows))
         trace.calls = {node: call.settled() for node, call in trace.calls.items()}
         traces.append(trace)
     _check_one_pipeline(traces)
@@ -173,9 +182,14 @@ def infer_pipeline(spans: Iterable[Span], node_key: str | None = None) -> Pipeli
     temps = {c.temperature for t in traces for c in t.calls.values()}
     # re-runs ask for as many tokens as the pipeline's most generous call did, never fewer
     limits = [c.max_tokens for t in traces for c in t.calls.values() if c.max_tokens]
+    found_by: dict[tuple[str, str], str] = {}
+    for t in traces:
+        for edge, how in t.found_by.items():
+            found_by.setdefault(edge, how)
     return Pipeline(nodes, edges, output, traces, ambiguous,
                     models.most_common(1)[0][0] if models else "",
-                    temps.pop() if len(temps) == 1 else None, max(limits, default=None))
+                    temps.pop() if len(temps) == 1 else None, max(limits, default=None),
+                    found_by)
 
 
 KIND = "openinference.span.kind"
@@ -386,8 +400,8 @@ def _distinct_words(text: str, others: list[str], most: int = 6) -> str:
 
 
 def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
-           sites: dict[str, Site], root_input: str | None, own: bool, ambiguous: list[dict]
-           ) -> Trace:
+           sites: dict[str, Site], root_input: str | None, own: bool, ambiguous: list[dict],
+           flows: frozenset[tuple[str, str]] = frozenset()) -> Trace:
     trace_id, _, example = group
     by_node: dict[str, Call] = {}
     units: dict[str, Span] = {}
@@ -424,7 +438,9 @@ def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
         if problem:
             ambiguous.append({"trace_id": trace_id, "from": [node], "to": node,
                               "text": "", "reason": problem})
-        slots = _evidence(trace, order[:order.index(node)], node, ambiguous)
+        earlier = order[:order.index(node)]
+        declared = [up for up in earlier if (by_node[up].system, call.system) in flows]
+        slots = _evidence(trace, earlier, node, ambiguous, declared)
         if trace.root_input.strip():
             slots.setdefault(INPUT, trace.root_input)
         spec: dict[str, Any] = {"messages": make_template(call.non_system(), slots)}
@@ -441,6 +457,15 @@ def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
             spec["tools"] = call.tools
         trace.templates[node] = spec if len(spec) > 1 else spec["messages"]
         trace.edges.update((up, node) for up in slots_used(spec) if up != INPUT)
+        for up in slots_used(spec):
+            if up != INPUT and up not in declared:
+                trace.found_by.setdefault((up, node), "content")
+        for up in declared:
+            trace.found_by.setdefault((up, node), "intervention")
+        trace.edges.update((up, node) for up in declared)
+        # a flow the content left ambiguous that the pipeline itself showed is no longer so
+        ambiguous[:] = [a for a in ambiguous if a.get("trace_id") != trace_id
+                        or a.get("to") != node or not set(a.get("from") or []) <= set(declared)]
     return trace
 
 
@@ -539,10 +564,11 @@ def _received(unit: Span | None) -> list[tuple[str, str]]:
     return [("", parsed if isinstance(parsed, str) else value)]
 
 
-def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
-              ) -> dict[str, str]:
+def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict],
+              declared: list[str] = ()) -> dict[str, str]:
     """upstream node -> the text of its value found in `node`'s messages: structural
-    (the node's unit received it) or by content."""
+    (the node's unit received it), found by intervention (`declared`: where the messages
+    hold the value), or by content."""
     call = trace.calls[node]
     body = "\n".join(c for _, c in call.non_system())
     system_text = call.system if call.template is not None else ""
@@ -573,6 +599,8 @@ def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
                                   "text": text[:80], "reason": f"'{node}' received the "
                                   f"value as '{name}' but its call's messages do not hold it"})
     slots.update(structural)
+    for up in structural:
+        trace.found_by[(up, node)] = "structure"
     found: dict[str, str] = {}
     for up in earlier:
         if up in structural:
@@ -602,6 +630,10 @@ def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
                               "characters is no evidence of flow"})
         else:
             slots[ups[0]] = text
+    for up in declared:  # the pipeline showed the flow: the value is a slot where it sits
+        text = trace.values[up].strip()
+        if up not in slots and text and (text in body or text in system_text):
+            slots[up] = text
     return slots
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from engine.gateway.interventions import Candidate, NodeRule
 from engine.gateway.runner import PipelineSpec, Runner
-from engine.gateway.server import PLACEHOLDER_KEY, Gateway
+from engine.gateway.server import PLACEHOLDER_KEY, Gateway, session_ids
 from engine.runlog.collected import collected_spans
 from engine.traces.collect import collected
 from engine.traces.importer import import_traces
@@ -145,7 +145,8 @@ def test_a_candidate_swaps_a_templated_prompt_and_patches_a_reply(tmp_path, upst
         assert len(upstream.requests) == 2
         with pytest.raises(openai.NotFoundError, match="no candidate named 'c2'"):
             ask(client(gateway, "/c/c2"), "Sys.", "x")
-    spans = [json.loads(r[6]) for r in collected_spans(db)]
+    assert collected_spans(db) == []  # a candidate's calls are no pipeline's own traffic
+    spans = [json.loads(r[6]) for r in collected_spans(db, trace_ids=[session_ids("one")[0]])]
     assert [s.get("semback.gateway.node") for s in spans] == ["order", "price", None]
     assert spans[1]["semback.gateway.patched"] is True
 
