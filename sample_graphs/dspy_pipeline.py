@@ -139,6 +139,22 @@ def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: 
     return answers
 
 
+_PLAIN: list[CountPipeline] = []
+
+
+def answer(sentence: str, question: str) -> str:
+    """The program on one example, untraced, its model wherever OPENAI_BASE_URL points
+    (LiteLLM reads it): how `python -m engine trace --pipeline` runs it through the
+    gateway (docs/pipelines.md)."""
+    if not _PLAIN:
+        dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+        dspy.configure(lm=dspy.LM(f"openai/{os.environ.get('DSPY_MODEL', 'qwen')}",
+                                  cache=False, temperature=0, max_tokens=256),
+                       adapter=dspy.ChatAdapter())
+        _PLAIN.append(CountPipeline())
+    return str(_PLAIN[0](sentence=sentence, question=question).number).strip()
+
+
 def main() -> None:
     command_line(__doc__, run, "expected numbers")
 

@@ -80,6 +80,16 @@ def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: 
     return answers
 
 
+def answer(text: str) -> str:
+    """The chain on one sentence, untraced, its model wherever OPENAI_BASE_URL points: how
+    `python -m engine trace --pipeline` runs it through the gateway (docs/pipelines.md)."""
+    import os
+
+    llm = ChatOpenAI(model=os.environ.get("LANGCHAIN_MODEL", "qwen"), temperature=0,
+                     max_tokens=16)
+    return build_chain(llm, PROMPTS).invoke(text).strip()
+
+
 def main() -> None:
     command_line(__doc__, run, "expected continents")
 
