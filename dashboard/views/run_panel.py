@@ -18,6 +18,7 @@ from dashboard import data
 from dashboard.views.text import fmt, md
 from engine.runlog import export, otel
 from engine.runlog.writer import set_notes
+from engine.runs.settings import forward_mode
 
 FORMATS = {  # label -> (exporter, file suffix, MIME type)
     "JSON": (export.export_json, ".json", "application/json"),
@@ -61,9 +62,11 @@ def run_panel(db: str, run_id: str) -> None:
     test = data.test_scores(db).get(run_id)
     st.subheader(f"Run {run_id}", divider="gray")
     parent = record.get("parent_run_id")
+    config = json.loads(record.get("config") or "{}")
     st.caption(f"test score **{fmt(test)}**" + (
         f" · forked from **{md(parent)}** at step {record.get('fork_step')}"
-        if isinstance(parent, str) else ""))
+        if isinstance(parent, str) else "")
+        + f" · {md(forward_mode(config, record.get('graph_yaml') or ''))}")
     notes_col, export_col = st.columns([3, 2])
     with notes_col, st.form(f"notes_{run_id}", border=False):
         notes = st.text_area("Notes", value=record.get("notes") or "", height=90)

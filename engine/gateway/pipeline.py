@@ -34,6 +34,7 @@ from engine.gateway.runner import Outcome, PipelineSpec, Runner
 from engine.gateway.server import SERVICE, Gateway, session_ids
 from engine.runlog.schema import RunLogError
 from engine.runlog.state import load_resume_state
+from engine.runlog.writer import add_notes
 from engine.traces import TraceError
 from engine.traces.collect import collected
 from engine.traces.importer import TARGET, ImportResult, import_traces
@@ -213,7 +214,12 @@ async def open_rerun(db: str | Path, run_id: str, *, base_url: str | None = None
         async with Runner(gateway, spec, concurrency=int(rerun.get("concurrency") or
                                                          DEFAULT_CONCURRENCY),
                           timeout=float(rerun.get("timeout") or DEFAULT_TIMEOUT)) as runner:
-            yield PipelineRerun(gateway, runner, graph, node_rules(graph, examples))
+            opened = PipelineRerun(gateway, runner, graph, node_rules(graph, examples))
+            try:
+                yield opened
+            finally:
+                if opened.notes:  # calls that matched no node: the run's reader is told
+                    add_notes(str(db), run_id, opened.notes)
     finally:
         gateway.close()
         if server is not None:

@@ -327,6 +327,20 @@ def run_row(run_id: str, graph: Any, config: dict, backend: str, model: str,
     }
 
 
+def add_notes(db: str | Path, run_id: str, lines: list[str]) -> None:
+    """Append lines to a run's notes (runs.notes), each once: what the engine noticed
+    about a run for its reader (a re-run's call that matched no node)."""
+    with connect(db) as con:
+        row = con.execute("SELECT notes FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        if row is None:
+            raise RunLogError(f"{db}: no run {run_id!r}")
+        have = (row[0] or "").splitlines()
+        new = [line for line in dict.fromkeys(lines) if line not in have]
+        if new:
+            con.execute("UPDATE runs SET notes = ? WHERE run_id = ?",
+                        ["\n".join([*have, *new]), run_id])
+
+
 def set_notes(db: str | Path, run_id: str, notes: str | None, tags: list[str] | None
               ) -> None:
     """Replace a run's notes and tags (runs.notes, runs.tags as a JSON list): the one write

@@ -263,6 +263,19 @@ class RunConfig:
 LEGACY_LOCAL_MODEL = "smollm2-135m"
 
 
+def forward_mode(config: Mapping[str, Any], graph_yaml: str = "") -> str:
+    """How a logged run's later forward passes run, in words: a pipeline re-run through
+    the gateway (`trace`, `optimize`), an imported file's recorded calls replayed, or the
+    graph's own calls. The Runs page and `optimize` say it alike."""
+    rerun = config.get("rerun") or {}
+    if rerun:
+        what = rerun.get("pipeline") or f"command {rerun.get('command')!r}"
+        return f"re-runs its pipeline ({what}) through the gateway"
+    if "recorded: true" in graph_yaml:
+        return "replays its recorded calls"
+    return "calls its graph's nodes"
+
+
 def without_credentials(url: str) -> str:
     """`url` without any user:password part; scheme, host, port and path are kept."""
     parts = urlsplit(url)

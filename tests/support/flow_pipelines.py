@@ -94,3 +94,35 @@ def responder(body: dict) -> str | dict:
         country = user.rpartition("Country: ")[2].strip()
         return CURRENCIES.get(country, "euro")
     return "ok"
+
+
+TRIAGE_PROMPT = "Triage desk: say simple or hard for the question. One word."
+EXPERT_PROMPT = "Expert desk: think the hard question through in one sentence."
+ANSWER_PROMPT = "Answer desk: answer the question in one word."
+
+
+def branching(text: str) -> str:
+    """A triage call, an expert call only when triage says hard (a branch the recorded
+    runs may never take), then the answer."""
+    from openai import OpenAI
+
+    client = OpenAI()
+
+    def ask(system: str, user: str) -> str:
+        reply = client.chat.completions.create(model="fake", temperature=0, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": user}])
+        return (reply.choices[0].message.content or "").strip()
+
+    triage = ask(TRIAGE_PROMPT, text)
+    notes = ask(EXPERT_PROMPT, text) if triage == "hard" else ""
+    return ask(ANSWER_PROMPT, f"{text}\nTriage: {triage}\n{notes}".strip())
+
+
+def branching_responder(body: dict) -> str:
+    messages = body.get("messages", [])
+    system = messages[0].get("content") or ""
+    if system.startswith("Triage desk"):
+        return "hard" if "always hard" in system else "simple"
+    if system.startswith("Expert desk"):
+        return "It needs care."
+    return "yes"
