@@ -5,7 +5,6 @@ prompts and flows) as what their framework's OpenInference instrumentor records.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
