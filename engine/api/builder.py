@@ -252,8 +252,11 @@ class Graph:
 # --- optimize ----------------------------------------------------------------------------
 
 
-def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
-             test: Data | None = None, *, method: str = DEFAULTS.method,
+def optimize(graph: Graph | None = None, train: Data | None = None,
+             val: Data | int | None = None, test: Data | None = None, *,
+             pipeline: Callable[..., Any] | str | None = None,
+             data: Data | str | Path | None = None, metric: str = "exact_match",
+             method: str = DEFAULTS.method,
              backend: str | Backend | None = None, steps: int = DEFAULTS.steps,
              db: str | Path = DEFAULTS.db, model: str | None = DEFAULTS.model,
              optimizer_model: str | None = DEFAULTS.optimizer_model,
@@ -309,7 +312,24 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
     Raises GraphError for a bad graph, DatasetError for bad rows, MetricError when a
     Python metric returns something other than a number or a (number, text) pair
     (the run is then marked failed in the log), and ValueError for other bad arguments.
+
+    Your own pipeline instead of a graph (docs/pipelines.md): `pipeline` is a function
+    defined in a module file (or "MODULE:FUNCTION"), called with each row's input fields as
+    keyword arguments through the gateway; `data` its rows (dicts with the input fields
+    and "target", or a .jsonl path); `val` how many of the last rows to hold out; `metric`
+    a grader name or FILE.py:NAME; the upstream model is `base_url` or `backend="local"`.
+    It returns what `optimize --json` prints: run_id, nodes, edges, validation before
+    and after, steps, prompts, changed, notes.
     """
+    if pipeline is not None:
+        if graph is not None:
+            raise ValueError("optimize takes a graph or a pipeline=, not both")
+        return _optimize_pipeline(pipeline, data, val=int(val or 0), steps=steps, db=db,
+                                  base_url=base_url, backend=backend, metric=metric,
+                                  method=method, run_id=run_id,
+                                  concurrency=concurrency or 4)
+    if graph is None:
+        raise ValueError("optimize needs a graph (engine.Graph) or pipeline=FUNCTION")
     return _run_sync(aoptimize(
         graph, train, val, test, method=method, backend=backend, steps=steps, db=db,
         model=model, optimizer_model=optimizer_model, optimizer_backend=optimizer_backend,
@@ -319,6 +339,53 @@ def optimize(graph: Graph, train: Data | None = None, val: Data | None = None,
         temperature=temperature, max_tokens=max_tokens,
         optimizer_max_tokens=optimizer_max_tokens, run_id=run_id,
         method_options=method_options, listeners=listeners, **run_options), "aoptimize")
+
+
+def _optimize_pipeline(pipeline: Callable[..., Any] | str, data: Any, *, val: int,
+                       steps: int, db: str | Path, base_url: str | None, backend: Any,
+                       metric: str, method: str, run_id: str | None,
+                       concurrency: int) -> dict[str, Any]:
+    import json
+    import os
+    import tempfile
+
+    from engine.gateway.pipeline import optimize_pipeline, upstream_of
+    from engine.gateway.runner import PipelineSpec
+
+    if isinstance(pipeline, str):
+        where = pipeline
+    else:
+        try:
+            path = inspect.getfile(pipeline)
+        except TypeError:
+            path = ""
+        if getattr(pipeline, "__module__", "") == "__main__" or not path.endswith(".py") \
+                or "<" in getattr(pipeline, "__qualname__", "<"):
+            raise ValueError("pipeline= needs a function defined at the top level of a "
+                             "module file (the runner imports it in its workers), not in "
+                             "__main__, a notebook cell or another function; or give "
+                             "'MODULE:FUNCTION'")
+        where = f"{path}:{pipeline.__name__}"
+    if data is None:
+        raise ValueError("pipeline= needs data=: rows of input fields and 'target', or a "
+                         ".jsonl file")
+    url, server, model = upstream_of(base_url, backend if backend == "local" else None)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            if isinstance(data, (str, Path)):
+                rows = Path(data)
+            else:
+                rows = Path(folder) / "data.jsonl"
+                records = data.to_dict("records") if hasattr(data, "to_dict") else data
+                rows.write_text("".join(json.dumps(dict(r), ensure_ascii=False) + "\n"
+                                        for r in records), encoding="utf-8")
+            return optimize_pipeline(PipelineSpec(where, None, os.getcwd()), rows, db,
+                                     upstream=url, metric=metric, val=val, steps=steps,
+                                     method=method, run_id=run_id, concurrency=concurrency,
+                                     upstream_model=model, local=server is not None)
+    finally:
+        if server is not None:
+            server.stop()
 
 
 async def aoptimize(graph: Graph, train: Data | None = None, val: Data | None = None,

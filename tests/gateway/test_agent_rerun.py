@@ -140,3 +140,21 @@ def test_trace_refuses_a_bad_data_file_in_one_line(tmp_path, server):
     assert done.returncode == 2
     assert "data.jsonl:2: expected a JSON object" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_the_python_api_optimizes_a_pipeline_function(tmp_path, server):
+    import importlib.util
+
+    import engine
+
+    loaded = importlib.util.spec_from_file_location("agent_pipeline", AGENT)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+    summary = engine.optimize(pipeline=module.agent, data=rows, val=6, steps=1,
+                              base_url=server.base_url, db=str(tmp_path / "runs.duckdb"))
+    assert summary["changed"] == ["weather"]
+    assert summary["validation"]["after"] == 1.0
+    with pytest.raises(ValueError, match="top level of a module file"):
+        engine.optimize(pipeline=lambda question: question, data=rows,
+                        base_url=server.base_url)
