@@ -4,7 +4,7 @@
 - Nodes are the named units that own an LLM call: the highest span above the call, below
   the trace's root, that holds no other call site (DSPy's `Predict(Signature).forward`,
   a LangChain step's run name, a function the user traced), named by the signature in its
-  name or by its own name when that is not a framework's generic one (FRAMEWORK_NAMES).
+  name or by its own name when that is not a framework's generic one (engine/traces/conventions.py).
   A call with no such unit is named by its span name and its prompt (or by the span
   attribute `node_key` names). A call site called again in one trace (a tool loop) is
   one node: its last call, whose messages hold the loop's earlier turns and tool results.
@@ -12,7 +12,7 @@
   ChatAdapter could not read the reply) is one node too: its last call.
 - A node's prompt is what the user wrote: the call's prompt template
   (`llm.prompt_template.template`, re-rendered with each trace's own variables), the part
-  of a framework's system message after its instructions marker (PROMPT_MARKERS: DSPy's
+  of a framework's system message after its instructions marker (the framework profiles' prompt markers: DSPy's
   signature instructions), else the system message, which must then be the same in every
   trace (a system message that varies without a template is refused, never frozen).
 - A node's output is the value its unit returned (`output.value`; DSPy's parsed field,
@@ -44,7 +44,16 @@ from typing import Any
 from engine.prompts import templates as P
 from engine.prompts.recorded import make_template, reply_fields, slots_used
 from engine.traces import TraceError
-from engine.traces.otlp import SYSTEM_ROLES, Call, Span, is_llm_span, llm_call
+from engine.traces.conventions import (
+    GENERIC_NAMES,
+    IGNORED_FIELDS,
+    PROMPT_MARKERS,
+    RETRY_ADAPTERS,
+    SPAN_KIND,
+    UNIT_KINDS,
+    signature_name,
+)
+from engine.traces.otlp import SYSTEM_ROLES, Call, Span, is_llm_span, json_value, llm_call
 
 MIN_EVIDENCE = 8  # characters: a shorter text in a later call is no evidence of flow
 INPUT = "input"  # the example field holding the pipeline's input
@@ -96,22 +105,7 @@ class Pipeline:
     found_by: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
-# Framework facts (docs/traces.md): span names that are a framework's own machinery, never
-# the name of a user's unit, and the markers after which a framework's system message
-# holds the user's instructions (each line after the marker indented so).
-FRAMEWORK_NAMES = re.compile(
-    r"^(?:Runnable\w*(?:<.*>)?|\w*PromptTemplate|\w*OutputParser|Chat\w+|"  # LangChain
-    r"\w*Adapter\.(?:__call__|acall)|\w*LM\.(?:__call__|acall)|Module\.(?:__call__|acall)|"
-    r"(?:Predict|ChainOfThought|ReAct|ProgramOfThought|BestOfN|Refine)"
-    r"(?:\(StringSignature\))?\.(?:forward|aforward)|"  # DSPy
-    r"ChatCompletion|Completion|completion|acompletion|chat|Response)$")
 TOOL_CALL = re.compile(r'<tool_call name="[^"]*">(.*)</tool_call>')
-SIGNATURE_NAME = re.compile(r"^\w+\((\w+)\)\.a?forward$")
-# a framework's adapter: a predictor whose reply its first adapter could not parse calls the
-# model again through another (DSPy's ChatAdapter falls back to its JSONAdapter)
-ADAPTER_NAME = re.compile(r"^\w*Adapter\.(?:__call__|acall)$")
-PROMPT_MARKERS = (("In adhering to this structure, your objective is: ", " " * 8),)
-UNIT_KINDS = ("CHAIN", "AGENT", "")  # span kinds a unit may have ("" when unrecorded)
 
 
 @dataclass
@@ -192,7 +186,7 @@ def infer_pipeline(spans: Iterable[Span], node_key: str | None = None,
                     found_by)
 
 
-KIND = "openinference.span.kind"
+KIND = SPAN_KIND
 # what the inference reads of a span once its call (if it is one) has been read: its kind,
 # and of a span that may be a unit or a root, the values it received and returned
 _ALWAYS = (KIND, "gen_ai.operation.name")
@@ -276,7 +270,7 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
     # calls aside), nearest first
     retried: set[str] | None = None  # the calls of a predictor that asked again
     for up in tree.ancestors(call.span):
-        kind = str(up.attributes.get("openinference.span.kind") or "").upper()
+        kind = str(up.attributes.get(SPAN_KIND) or "").upper()
         if kind not in UNIT_KINDS:
             break
         below = tree.below[(up.trace_id, up.span_id)]
@@ -293,13 +287,14 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
     # the unit that names the node: one named by a signature, else by its own name; its
     # values are the node's (without a name: the highest unit that returned a value)
     named_units = [(u, n) for u in units if (n := _unit_name(u))]
-    unit, named = next(((u, n) for u, n in named_units if SIGNATURE_NAME.match(u.name)),
+    unit, named = next(((u, n) for u, n in named_units if signature_name(u.name)),
                        None) or next(iter(named_units), (None, None))
     if unit is None:
         unit = next((u for u in reversed(units) if "output.value" in u.attributes), units[-1])
     if named is None:  # a framework's unit: named by what it returns (DSPy's output fields)
-        returned = _json(str(unit.attributes.get("output.value") or ""))
-        fields = [k for k in returned if k != "reasoning"] if isinstance(returned, dict) else []
+        returned = json_value(str(unit.attributes.get("output.value") or ""))
+        fields = [k for k in returned if k not in IGNORED_FIELDS] \
+            if isinstance(returned, dict) else []
         if not fields:
             return Site(mine, mine[0], unit)
         named = "_".join(fields)
@@ -313,7 +308,7 @@ def _adapter_retry(unit: Span, below: list[Span], tree: _Tree) -> bool:
     its last call the one whose reply the predictor returned."""
     for s in below:
         parent = tree.by_id.get((s.trace_id, s.parent_id))
-        if parent is None or not ADAPTER_NAME.match(parent.name) \
+        if parent is None or not RETRY_ADAPTERS.match(parent.name) \
                 or parent.parent_id != unit.span_id:
             return False
     return True
@@ -321,11 +316,10 @@ def _adapter_retry(unit: Span, below: list[Span], tree: _Tree) -> bool:
 
 def _unit_name(span: Span) -> str | None:
     """A unit span's name as the code names it: the signature of `Predict(Sig).forward`,
-    else its own name; None for a framework's own machinery (FRAMEWORK_NAMES)."""
-    if FRAMEWORK_NAMES.match(span.name):
+    else its own name; None for a framework's own machinery (engine/traces/conventions.py)."""
+    if GENERIC_NAMES.match(span.name):
         return None
-    signature = SIGNATURE_NAME.match(span.name)
-    return signature[1] if signature else span.name
+    return signature_name(span.name) or span.name
 
 
 def _roots(spans: list[Span]) -> dict[str, str]:
@@ -507,11 +501,11 @@ def _reply_spec(call: Call, unit: Span | None) -> tuple[dict[str, Any] | None, s
     returned = unit.attributes.get("output.value") if unit is not None else None
     if not isinstance(returned, str):
         return None, reply
-    parsed = _json(returned)
+    parsed = json_value(returned)
     fields = reply_fields(reply)
     if isinstance(parsed, dict) and fields:
         wanted = [k for k in parsed if k in fields]
-        main = [k for k in wanted if k != "reasoning"] or wanted
+        main = [k for k in wanted if k not in IGNORED_FIELDS] or wanted
         if len(main) == 1:
             return {"format": "fields", "field": main[0]}, fields[main[0]]
         if main:
@@ -525,16 +519,9 @@ def _reply_spec(call: Call, unit: Span | None) -> tuple[dict[str, Any] | None, s
     return None, reply
 
 
-def _json(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        return None
-
-
 def _returned_fields(unit: Span | None) -> list[str]:
     """The names of the fields a unit returned (its output.value's keys), if any."""
-    returned = _json(str(unit.attributes.get("output.value") or "")) if unit else None
+    returned = json_value(str(unit.attributes.get("output.value") or "")) if unit else None
     return list(returned) if isinstance(returned, dict) else []
 
 
@@ -552,7 +539,7 @@ def _received(unit: Span | None) -> list[tuple[str, str]]:
     value = unit.attributes.get("input.value")
     if not isinstance(value, str):
         return []
-    parsed = _json(value)
+    parsed = json_value(value)
     if isinstance(parsed, dict):
         out = []
         for name, v in parsed.items():

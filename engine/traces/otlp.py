@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.llm.base import tool_call_text
 from engine.traces import TraceError
+from engine.traces.conventions import GENAI_OPERATION, SPAN_KIND
 
 SYSTEM_ROLES = ("system", "developer")
 
@@ -196,17 +197,17 @@ def _value(value: dict) -> Any:
 
 
 def is_llm_span(span: Span) -> bool:
-    kind = str(span.attributes.get("openinference.span.kind") or "").upper()
-    operation = span.attributes.get("gen_ai.operation.name")
+    kind = str(span.attributes.get(SPAN_KIND) or "").upper()
+    operation = span.attributes.get(GENAI_OPERATION)
     return kind == "LLM" or (not kind and operation in ("chat", "text_completion"))
 
 
 def llm_call(span: Span) -> Call:
     a = span.attributes
-    params = _json(a.get("llm.invocation_parameters"))
+    params = json_value(a.get("llm.invocation_parameters"))
     template = a.get("llm.prompt_template.template")
-    variables = _json(a.get("llm.prompt_template.variables"))
-    tools = [t for t in (_json(v) for k, v in sorted(
+    variables = json_value(a.get("llm.prompt_template.variables"))
+    tools = [t for t in (json_value(v) for k, v in sorted(
         ((k, v) for k, v in a.items()
          if k.startswith("llm.tools.") and k.endswith(".tool.json_schema")),
         key=lambda item: _index_key(item[0]))) if isinstance(t, dict)]
@@ -242,11 +243,11 @@ def input_messages(a: dict[str, Any]) -> list[tuple[str, str]]:
     flat = _flattened(a, "llm.input_messages")
     if flat:
         return flat
-    parts = _json(a.get("gen_ai.input.messages"))
+    parts = json_value(a.get("gen_ai.input.messages"))
     if isinstance(parts, list):
         return [(str(m.get("role") or "user"), _parts_text(m)) for m in parts
                 if isinstance(m, dict)]
-    body = _json(a.get("input.value"))
+    body = json_value(a.get("input.value"))
     messages = body.get("messages") if isinstance(body, dict) else body
     if isinstance(messages, list):
         return [(str(m.get("role") or "user"), _content_text(m.get("content")))
@@ -259,7 +260,7 @@ def output_text(a: dict[str, Any]) -> str:
     flat = _flattened(a, "llm.output_messages")
     if flat:
         return flat[0][1]
-    calls = _json(a.get("gen_ai.output.messages"))
+    calls = json_value(a.get("gen_ai.output.messages"))
     if isinstance(calls, list) and calls and isinstance(calls[0], dict):
         tool_parts = [p for p in calls[0].get("parts") or [] if isinstance(p, dict)
                       and p.get("type") == "tool_call"]
@@ -268,11 +269,11 @@ def output_text(a: dict[str, Any]) -> str:
                 (str(p.get("name") or ""), p.get("arguments") if isinstance(
                     p.get("arguments"), str) else json.dumps(p.get("arguments") or {}))
                 for p in tool_parts])
-    parts = _json(a.get("gen_ai.output.messages"))
+    parts = json_value(a.get("gen_ai.output.messages"))
     if isinstance(parts, list) and parts and isinstance(parts[0], dict):
         return _parts_text(parts[0])
     value = a.get("output.value")
-    body = _json(value)
+    body = json_value(value)
     if isinstance(body, dict) and isinstance(body.get("choices"), list) and body["choices"]:
         choice = body["choices"][0] or {}
         return _content_text((choice.get("message") or {}).get("content") or choice.get("text"))
@@ -330,7 +331,7 @@ def _content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _json(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     try:
