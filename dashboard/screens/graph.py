@@ -2,6 +2,8 @@
 (blame from probes, gradient length, edit fate), gradient flows drawn as labelled orange
 edges; clicking a node in the drawing (or the sidebar picker) selects it."""
 
+import json
+
 import pandas as pd
 import streamlit as st
 
@@ -12,6 +14,7 @@ from dashboard.views.colors import QUANTITIES
 from dashboard.views.graph_view import coloring, draw_graph, llm_nodes, node_rows
 from dashboard.views.method_compare import compare_section, latest_report
 from dashboard.views.text import md, round_chars, show_text
+from engine.runs.settings import edge_sources_line
 
 FLOWS = {"example": "this example", "all": "all sampled examples"}
 
@@ -34,6 +37,10 @@ def graph_panel(sel, graph, quantity: str) -> None:
                + ("the selected example" if scope != "all" else "all sampled examples")
                + ". They agree only where a node has one successor and the scopes match.")
     st.caption(coloring(sel, graph, quantity).legend)
+    found = edge_sources_line(json.loads((data.run(sel.db, sel.run) or {}).get("config")
+                                         or "{}"))
+    if found:  # an imported run: how each grey arrow was found
+        st.caption(found)
 
 
 def node_summary(sel, graph) -> None:

@@ -240,6 +240,9 @@ class RunConfig:
     # "timeout"}); empty for every other run, whose forward passes call node by node (an
     # imported file's: its recorded calls replayed).
     rerun: dict[str, Any] = field(default_factory=dict)
+    # Not a flag: an imported run's edges and how the importer found each ("FROM->TO":
+    # "structure", "content" or "intervention"); empty for a graph's run
+    edge_sources: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The config as stored in the run log: never an API key; a base URL loses any
@@ -274,6 +277,21 @@ def forward_mode(config: Mapping[str, Any], graph_yaml: str = "") -> str:
     if "recorded: true" in graph_yaml:
         return "replays its recorded calls"
     return "calls its graph's nodes"
+
+
+def edge_sources_line(config: Mapping[str, Any]) -> str:
+    """How an imported run's flows were found, in words ("" for a graph's run): the
+    Graph page's caption, and `trace --json`'s edge_sources read as a sentence."""
+    sources = config.get("edge_sources") or {}
+    if not sources:
+        return ""
+    by_how: dict[str, list[str]] = {}
+    for edge, how in sorted(sources.items()):
+        by_how.setdefault(how, []).append(edge.replace("->", " → "))
+    order = ("structure", "content", "intervention")
+    return "Flows found by " + "; by ".join(
+        f"{how}: {', '.join(by_how[how])}" for how in sorted(
+            by_how, key=lambda h: order.index(h) if h in order else len(order)))
 
 
 def without_credentials(url: str) -> str:

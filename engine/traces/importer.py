@@ -67,8 +67,14 @@ class ImportResult:
                 "edges": [list(e) for e in p.edges],
                 "traces": len(p.traces), "scored": self.scored, "failing": self.failing,
                 "val": self.val, "ambiguous": p.ambiguous,
-                "edge_sources": {f"{a}->{b}": how for (a, b), how in
-                                 sorted(p.found_by.items()) if (a, b) in p.edges}}
+                "edge_sources": edge_sources(p)}
+
+
+def edge_sources(pipeline: Pipeline) -> dict[str, str]:
+    """"FROM->TO" -> how the importer found that edge (structure, content, intervention):
+    what `--json` prints and the run's config keeps for the Graph page."""
+    return {f"{a}->{b}": how for (a, b), how in sorted(pipeline.found_by.items())
+            if (a, b) in pipeline.edges}
 
 
 def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = None,
@@ -163,6 +169,7 @@ def _import(path: str | Path, db: str | Path, *, node_key: str | None,
                                         f"{secrets.token_hex(4)}")
     if timeout is not None:
         config.timeout = timeout
+    config.edge_sources = edge_sources(pipeline)
     if run_exists(str(db), config.run_id) if log_exists(db) else False:
         raise RunLogError(f"{db}: a run '{config.run_id}' already exists")
     if graph.metric_fn is not None:

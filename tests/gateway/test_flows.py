@@ -79,3 +79,25 @@ def test_a_one_word_city_that_stands_in_the_input_keeps_its_edges(tmp_path, serv
      "[[ ## mood ## ]]\ncalm Zq\n\n[[ ## completed ## ]]")])
 def test_a_variant_reply_keeps_its_form_and_changes_its_value(reply, changed):
     assert variant_reply(reply) == changed
+
+
+def test_the_graph_page_says_how_each_flow_was_found(tmp_path, server, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.support.dashboard_log import like_a_live_server
+
+    rows = [{"text": "Please send 3 apples.", "target": "1.50"}]
+    db = tmp_path / "runs.duckdb"
+    traced = trace_pipeline(PipelineSpec(f"{MODULE}:order", None, str(ROOT)),
+                            data(tmp_path, rows), db, upstream=server.base_url)
+    first, second = traced.imported.pipeline.nodes
+    monkeypatch.setenv("SEMBACK_DB", str(db))
+    monkeypatch.setenv("SEMBACK_JOBS_DIR", str(tmp_path / "jobs"))
+    with like_a_live_server():
+        at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=60)
+        at.query_params.update({"run": traced.imported.run_id, "step": "0"})
+        at.run()
+        at.switch_page("screens/graph.py").run()
+    assert not at.exception
+    captions = "\n".join(c.value for c in at.caption).replace("\\", "")
+    assert f"Flows found by intervention: {first} → {second}" in captions
