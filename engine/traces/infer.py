@@ -451,7 +451,7 @@ def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
             spec["tools"] = call.tools
         trace.templates[node] = spec if len(spec) > 1 else spec["messages"]
         trace.edges.update((up, node) for up in slots_used(spec) if up != INPUT)
-        for up in slots_used(spec):
+        for up in slots_used(spec):  # a template variable's slot: content too
             if up != INPUT and up not in declared:
                 trace.found_by.setdefault((up, node), "content")
         for up in declared:
@@ -617,6 +617,7 @@ def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
                               "characters is no evidence of flow"})
         else:
             slots[ups[0]] = text
+            trace.found_by.setdefault((ups[0], node), "content")
     for up in declared:  # the pipeline showed the flow: the value is a slot where it sits
         text = trace.values[up].strip()
         if up not in slots and text and (text in body or text in system_text):
