@@ -31,6 +31,7 @@ forwarded instead when it sends one. Neither is ever written anywhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import queue
@@ -222,13 +223,20 @@ class Gateway:
 
         return Starlette(routes=[StarletteRoute(
             "/{path:path}", self.handle,
-            methods=["GET", "POST", "PUT", "DELETE", "PATCH"])])
+            methods=["GET", "POST", "PUT", "DELETE", "PATCH"])],
+            lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Any) -> AsyncIterator[None]:
+        yield
+        await self._close_http()
 
     def start(self) -> Gateway:
         """Serve in a daemon thread; returns once listening (TraceError when it cannot)."""
         from engine.traces.asgi import Served
 
-        self._served = Served(self.app(), self.host, self.port, name="gateway")
+        self._served = Served(self.app(), self.host, self.port, name="gateway",
+                              lifespan="on")  # its shutdown closes the upstream client
         self.port = self._served.port
         self._served.start()
         return self
@@ -288,24 +296,30 @@ class Gateway:
         return headers
 
     def _http(self) -> Any:
+        """The upstream's HTTP client (aiohttp), made in the serving loop, closed with it."""
         if self._client is None:
-            import httpx
+            import aiohttp
 
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, connect=10),
-                                             limits=httpx.Limits(max_connections=512,
-                                                                 max_keepalive_connections=512))
+            self._client = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout, connect=10),
+                connector=aiohttp.TCPConnector(limit=512))
         return self._client
+
+    async def _close_http(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def _models(self, request: Any) -> Any:
         from starlette.responses import Response
 
         try:
-            reply = await self._http().get(f"{self.upstream}/models",
-                                           headers=self._headers(request))
+            async with self._http().get(f"{self.upstream}/models",
+                                        headers=self._headers(request)) as reply:
+                status, content = reply.status, await reply.read()
         except Exception as exc:  # noqa: BLE001 - any transport failure: one line
             raise self._unreachable(exc) from None
-        return Response(reply.content, status_code=reply.status_code,
-                        media_type="application/json")
+        return Response(content, status_code=status, media_type="application/json")
 
     def _unreachable(self, exc: BaseException) -> GatewayError:
         return GatewayError(502, f"the upstream model at {self.upstream} is not reachable "
@@ -363,13 +377,14 @@ class Gateway:
         with self._lock:
             self.counts.upstream += 1
         try:
-            reply = await self._http().post(f"{self.upstream}/chat/completions",
-                                            json={k: v for k, v in sent.items()
-                                                  if k != "metadata"},
-                                            headers=self._headers(request))
-        except Exception as exc:  # noqa: BLE001
+            async with self._http().post(f"{self.upstream}/chat/completions",
+                                         json={k: v for k, v in sent.items()
+                                               if k != "metadata"},
+                                         headers=self._headers(request)) as reply:
+                status, content = reply.status, await reply.read()
+        except Exception as exc:  # noqa: BLE001 - any transport failure: one line
             raise self._unreachable(exc) from None
-        return self._checked(reply.status_code, reply.content)
+        return self._checked(status, content)
 
     def _checked(self, status: int, content: bytes) -> dict[str, Any]:
         try:
@@ -392,29 +407,27 @@ class Gateway:
                               started: float) -> Any:
         """Relay the upstream's stream as it comes; record the whole reply before the
         stream's last event."""
-        import httpx
         from starlette.responses import StreamingResponse
 
         with self._lock:
             self.counts.upstream += 1
-        client = self._http()
-        outgoing = client.build_request("POST", f"{self.upstream}/chat/completions",
-                                        json={k: v for k, v in sent.items()
-                                              if k != "metadata"},
-                                        headers=self._headers(request))
         try:
-            reply = await client.send(outgoing, stream=True)
-        except (httpx.HTTPError, OSError) as exc:
+            reply = await self._http().post(f"{self.upstream}/chat/completions",
+                                            json={k: v for k, v in sent.items()
+                                                  if k != "metadata"},
+                                            headers=self._headers(request))
+        except Exception as exc:  # noqa: BLE001 - any transport failure: one line
             raise self._unreachable(exc) from None
-        if reply.status_code != 200:
-            content = await reply.aread()
-            await reply.aclose()
-            self._checked(reply.status_code, content)
+        if reply.status != 200:
+            content = await reply.read()
+            reply.release()
+            self._checked(reply.status, content)
 
         async def relay() -> AsyncIterator[bytes]:
             chunks = []
             try:
-                async for line in reply.aiter_lines():
+                async for raw in reply.content:
+                    line = raw.decode("utf-8", "replace").strip()
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -426,7 +439,7 @@ class Gateway:
                         continue
                     yield f"data: {data}\n\n".encode()
             finally:
-                await reply.aclose()
+                reply.release()
             completion = assemble(chunks)
             self.cache.setdefault(key, completion)
             await self._record(route, body, sent, completion, key, node, False, False,

@@ -37,13 +37,14 @@ def bound_socket(host: str, port: int) -> socket.socket:
 class Served:
     """`app` on host:port, bound now, served from `start()` until `close()`."""
 
-    def __init__(self, app: Any, host: str, port: int, name: str = "http") -> None:
+    def __init__(self, app: Any, host: str, port: int, name: str = "http",
+                 lifespan: str = "off") -> None:
         import uvicorn
 
         self.socket = bound_socket(host, port)
         self.host, self.port = self.socket.getsockname()[:2]
         self.name = name
-        config = uvicorn.Config(app, log_level="error", access_log=False, lifespan="off",
+        config = uvicorn.Config(app, log_level="error", access_log=False, lifespan=lifespan,
                                 timeout_keep_alive=KEEP_ALIVE)
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
