@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from openai import OpenAI
 
 MODEL = os.environ.get("AGENT_MODEL", "default")
+DATA = Path(__file__).parent / "data" / "agent_trips.jsonl"  # its examples, for --data
 PROMPTS = {
     # the planted fault: the weather that matters is where the traveler arrives
     "weather": "Weather lookup: call get_weather for the city the traveler leaves from, "
