@@ -19,8 +19,10 @@ KEEP_ALIVE = 120  # seconds an idle kept-alive connection stays open (exporters 
 
 def bound_socket(host: str, port: int) -> socket.socket:
     """A listening socket on host:port; TraceError saying why when it cannot be."""
+    # IPPROTO_TCP named, as getaddrinfo names it: asyncio turns Nagle's algorithm off only
+    # on sockets that say so, and with it on a reply waits 40 ms for a delayed ACK
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                         socket.SOCK_STREAM)
+                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds at once
     try:
         sock.bind((host, port))
