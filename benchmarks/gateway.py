@@ -4,10 +4,10 @@ upstream directly, and its calls per second, with none lost (docs/pipelines.md).
     python benchmarks/gateway.py [--calls 2000] [--concurrency 1 200] [--latency 0.02]
 
 Each side runs in its own process, as in use: the upstream, the gateway (`python -m engine
-gateway --port 0`, an empty run log each setting) and the client. The upstream is
-tests/support/fake_openai.py's server on 127.0.0.1 with
-`prompt_responder` (its reply depends on the whole request, as a model's does) and a fixed
-`--latency` of work a call. Each call is a GSM8K question (../shared/datasets/gsm8k) under
+gateway --port 0`, an empty run log each setting) and the client (aiohttp). The upstream is
+an aiohttp server on 127.0.0.1 whose reply is tests/support/fake_openai.py's
+`prompt_responder` (it depends on the whole request, as a model's does), after a fixed
+`--latency` of work a call, so that 200 calls at once are not queued by the upstream. Each call is a GSM8K question (../shared/datasets/gsm8k) under
 a system prompt, each one different, so every call through the gateway is a cache miss
 that goes upstream and is recorded as a span in an empty run log (one per setting).
 
@@ -49,24 +49,25 @@ def questions(count: int) -> list[str]:
 async def send(url: str, texts: list[str], concurrency: int) -> tuple[list[float], float,
                                                                       int]:
     """Each text as one chat call; (per-call latencies in ms, wall seconds, failures)."""
-    import httpx
+    import aiohttp
 
     limit = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
     failures = 0
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(
-            max_connections=concurrency, max_keepalive_connections=concurrency)) as http:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
+                                     timeout=aiohttp.ClientTimeout(total=120)) as http:
 
         async def one(text: str) -> None:
             nonlocal failures
             async with limit:
                 started = time.perf_counter()
-                reply = await http.post(f"{url}/chat/completions", json={
-                    "model": "fake", "temperature": 0, "messages": [
-                        {"role": "system", "content": SYSTEM},
-                        {"role": "user", "content": text}]})
+                async with http.post(f"{url}/chat/completions", json={
+                        "model": "fake", "temperature": 0, "messages": [
+                            {"role": "system", "content": SYSTEM},
+                            {"role": "user", "content": text}]}) as reply:
+                    body = await reply.json()
                 latencies.append((time.perf_counter() - started) * 1000)
-                if reply.status_code != 200 or not reply.json().get("choices"):
+                if reply.status != 200 or not body.get("choices"):
                     failures += 1
 
         started = time.perf_counter()
@@ -80,14 +81,38 @@ def quantile(values: list[float], q: float) -> float:
 
 
 UPSTREAM = """
-import sys, time
+import asyncio, sys, time
 sys.path.insert(0, sys.argv[1])
-from tests.support.fake_openai import FakeOpenAIServer, prompt_responder
-with FakeOpenAIServer(responder=prompt_responder, latency=float(sys.argv[2])) as server:
-    print(server.base_url, flush=True)
-    sys.stdin.read()
-"""
+from aiohttp import web
+from tests.support.fake_openai import prompt_responder
+LATENCY = float(sys.argv[2])
 
+
+async def chat(request):
+    body = await request.json()
+    text = prompt_responder(body)
+    await asyncio.sleep(LATENCY)
+    return web.json_response({"id": "chatcmpl-bench", "object": "chat.completion",
+                              "created": int(time.time()), "model": body.get("model"),
+                              "choices": [{"index": 0, "finish_reason": "stop", "message":
+                                           {"role": "assistant", "content": text}}],
+                              "usage": {"prompt_tokens": 50, "completion_tokens": 20,
+                                        "total_tokens": 70}})
+
+
+async def main():
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    print(f"http://127.0.0.1:{port}/v1", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+asyncio.run(main())
+"""
 
 def start(command: list[str], marker: str) -> tuple[subprocess.Popen, str]:
     """A child process and the first word of its first line starting with `marker`."""

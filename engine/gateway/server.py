@@ -81,10 +81,18 @@ class Recorder:
     def __init__(self, store: SpanStore) -> None:
         self.store = store
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._busy = False
         self._thread = threading.Thread(target=self._run, name="gateway-spans", daemon=True)
         self._thread.start()
 
     async def record(self, row: tuple) -> None:
+        if not self._busy:  # nothing being written: write this one now, in this thread
+            self._busy = True
+            try:
+                self.store.append([row])
+                return
+            finally:
+                self._busy = False
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self._queue.put((row, loop, done))
