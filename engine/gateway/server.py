@@ -85,8 +85,11 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="gateway-spans", daemon=True)
         self._thread.start()
 
-    async def record(self, row: tuple) -> None:
-        if not self._busy:  # nothing being written: write this one now, in this thread
+    async def record(self, row: tuple, alone: bool = False) -> None:
+        """Write `row` and return once it is committed. A call `alone` (no other in
+        flight) is written at once, on this thread, without the hand-off; under load the
+        calls queue for the writer thread, which commits them in batches."""
+        if alone and not self._busy:
             self._busy = True
             try:
                 self.store.append([row])
@@ -216,6 +219,7 @@ class Gateway:
         self._lock = threading.Lock()
         self._served: Any = None
         self._client: Any = None
+        self._active = 0  # requests being handled
         # OTLP/HTTP spans on POST /v1/traces too, into the same store: one process serves
         # a pipeline's model calls and its instrumentor's spans (engine/traces/collect.py)
         self.intake = Receiver(self.db, log=log, store=self.store, serve=False)
@@ -264,6 +268,13 @@ class Gateway:
 
     # --- one request -------------------------------------------------------------------
     async def handle(self, request: Any) -> Any:
+        self._active += 1
+        try:
+            return await self._handle(request)
+        finally:
+            self._active -= 1
+
+    async def _handle(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
         path = request.url.path
@@ -473,7 +484,7 @@ class Gateway:
         row = (trace_id, secrets.token_hex(8), parent, named_node(request, body)
                or "ChatCompletion", begin, end,
                json.dumps(attributes, ensure_ascii=False), SERVICE)
-        await self.recorder.record(row)
+        await self.recorder.record(row, alone=self._active <= 1)
         seen = Seen(node, sent, completion, cache_hit, patched,
                     (time.perf_counter() - started) * 1000)
         with self._lock:
