@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 REPORT_EVERY = 5.0  # seconds between count lines while spans arrive
@@ -59,27 +60,35 @@ def cmd_collect(args: argparse.Namespace) -> int:
     print(f"collecting OTLP/HTTP spans on {receiver.url}{PATH} into {args.db} "
           f"(exporters: OTEL_EXPORTER_OTLP_ENDPOINT={receiver.url}); Ctrl-C stops",
           flush=True)
+    receiver.start()
+    serve_until_stopped(lambda: _count_line(receiver) if receiver.counts.spans
+                        or receiver.counts.rejected else None, receiver.close)
+    print(f"stopped: {_count_line(receiver)}", flush=True)
+    return 0
+
+
+def serve_until_stopped(report: Callable[[], str | None], close: Callable[[], None],
+                        every: float = REPORT_EVERY) -> None:
+    """Wait until Ctrl-C or SIGTERM (the work in progress finishes), printing `report()`
+    with the time whenever it changed (None: nothing to say yet); then `close()`."""
     stop = threading.Event()
     try:
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     except ValueError:  # not the main thread (called from another program): Ctrl-C only
         previous = None
-    receiver.start()
-    reported = (0, 0)
+    reported = None
     try:
-        while not stop.wait(REPORT_EVERY):
-            counts = receiver.counts
-            if (counts.spans, counts.rejected) != reported:
-                reported = (counts.spans, counts.rejected)
-                print(f"{time.strftime('%H:%M:%S')} {_count_line(receiver)}", flush=True)
+        while not stop.wait(every):
+            line = report()
+            if line is not None and line != reported:
+                reported = line
+                print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
     except KeyboardInterrupt:
         pass
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        receiver.close()
-    print(f"stopped: {_count_line(receiver)}", flush=True)
-    return 0
+        close()
 
 
 def _count_line(receiver: Any) -> str:

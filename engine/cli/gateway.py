@@ -15,18 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
-import time
 from typing import Any
 
-from engine.cli.collect import port_number
+from engine.cli.collect import port_number, serve_until_stopped
 from engine.core.graph import METRICS
 from engine.runs.settings import non_negative_int, positive_int
 
 DEFAULT_PORT = 8790
-REPORT_EVERY = 5.0
 
 
 def _log(line: str) -> None:
@@ -115,24 +111,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         print(f"gateway on {gateway.url}/v1 (forwarding to {url}) recording into {args.db}; "
               f"point a pipeline at it with OPENAI_BASE_URL={gateway.url}/v1; Ctrl-C stops",
               flush=True)
-        stop = threading.Event()
-        try:
-            previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        except ValueError:
-            previous = None
-        reported = -1
-        try:
-            while not stop.wait(REPORT_EVERY):
-                counts = gateway.counts
-                if counts.calls != reported:
-                    reported = counts.calls
-                    print(f"{time.strftime('%H:%M:%S')} {_count_line(counts)}", flush=True)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
-            gateway.close()
+        serve_until_stopped(lambda: _count_line(gateway.counts) if gateway.counts.calls
+                            or gateway.counts.errors else None, gateway.close)
         print(f"stopped: {_count_line(gateway.counts)}", flush=True)
     finally:
         if server is not None:

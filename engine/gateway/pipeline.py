@@ -37,7 +37,13 @@ from engine.runlog.state import load_resume_state
 from engine.runlog.writer import add_notes
 from engine.traces import TraceError
 from engine.traces.collect import collected
-from engine.traces.importer import TARGET, ImportResult, import_traces
+from engine.traces.importer import (
+    TARGET,
+    ImportResult,
+    import_traces,
+    json_lines,
+    text_lines,
+)
 
 DEFAULT_CONCURRENCY = 4
 DEFAULT_TIMEOUT = 120.0
@@ -55,20 +61,8 @@ class TraceResult:
 
 def read_data(path: str | Path) -> list[tuple[int, dict[str, Any], str | None]]:
     """(line number, input fields, target or None) of each line; TraceError on a bad one."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise TraceError(f"--data {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"--data {path}: cannot read ({exc.__class__.__name__})") from None
     rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
+    for number, row in json_lines(text_lines(path, "--data")):
         if not isinstance(row, dict) or not row:
             raise TraceError(f"{path}:{number}: expected a JSON object of input fields (and "
                              "'target')")

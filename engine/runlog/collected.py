@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,59 +96,44 @@ class SpanStore:
     def _write(self, rows: list[tuple], sql: str, received_at: float | None) -> int:
         if not rows:
             return 0
-        if sql is _APPEND and len(rows) < 8:  # a few rows: as parameters, no Arrow table
-            return self._append_few(rows, received_at)
-        columns = {name: list(values) for name, values in zip(ROW, zip(*rows))}
-        columns["received_at"] = [time.time() if received_at is None else received_at] \
-            * len(rows)
-        columns["position"] = list(range(len(rows)))
-        batch = pa.table(columns)
-        with self._lock:
-            con = self._connection()
-            con.register("_spans", batch)
-            try:
-                con.execute("BEGIN TRANSACTION")
-                try:
-                    con.execute(sql)
-                    added = len(rows) if sql is _APPEND else con.fetchone()[0]
-                    con.execute("COMMIT")
-                except BaseException:
-                    con.execute("ROLLBACK")
-                    raise
-            except BaseException:
-                self._let_go()
-                raise
-            finally:
-                if self._con is not None:
-                    con.unregister("_spans")
-            self._used = time.monotonic()
-            if self._used - self._opened > self.hold:
-                self._let_go()
-        return int(added)
-
-    def _append_few(self, rows: list[tuple], received_at: float | None) -> int:
         when = time.time() if received_at is None else received_at
-        with self._lock:
-            con = self._connection()
-            try:
+        if sql is _APPEND and len(rows) < 8:  # a few rows: as parameters, no Arrow table
+            with self._holding() as con:
                 if len(rows) == 1:  # one statement commits itself
                     con.execute(_APPEND_ROW, [*rows[0], when, 0])
                 else:
-                    con.execute("BEGIN TRANSACTION")
-                    try:
-                        for position, row in enumerate(rows):
-                            con.execute(_APPEND_ROW, [*row, when, position])
-                        con.execute("COMMIT")
-                    except BaseException:
-                        con.execute("ROLLBACK")
-                        raise
+                    _in_transaction(con, lambda: [con.execute(_APPEND_ROW, [*row, when, i])
+                                                  for i, row in enumerate(rows)])
+            return len(rows)
+        columns = {name: list(values) for name, values in zip(ROW, zip(*rows))}
+        columns["received_at"] = [when] * len(rows)
+        columns["position"] = list(range(len(rows)))
+        with self._holding() as con:
+            con.register("_spans", pa.table(columns))
+            try:
+                if sql is _APPEND:
+                    _in_transaction(con, lambda: con.execute(sql))
+                    added = len(rows)
+                else:  # the count of rows the insert added (repeats are left out)
+                    added = _in_transaction(con, lambda: con.execute(sql).fetchone()[0])
+            finally:
+                con.unregister("_spans")
+        return int(added)
+
+    @contextmanager
+    def _holding(self) -> Iterator[Any]:
+        """The connection, held under the lock for one write; let go after a failure,
+        or when it has been held `hold` seconds."""
+        with self._lock:
+            con = self._connection()
+            try:
+                yield con
             except BaseException:
                 self._let_go()
                 raise
             self._used = time.monotonic()
             if self._used - self._opened > self.hold:
                 self._let_go()
-        return len(rows)
 
     def _connection(self) -> Any:
         if self._con is None:
@@ -189,6 +175,18 @@ class SpanStore:
         self._closed.set()
         with self._lock:
             self._let_go()
+
+
+def _in_transaction(con: Any, work: Callable[[], Any]) -> Any:
+    """`work()` in one transaction, rolled back when it raises."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        result = work()
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return result
 
 
 def _has_table(con) -> bool:

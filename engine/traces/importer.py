@@ -18,7 +18,7 @@ import gc
 import json
 import secrets
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -304,15 +304,31 @@ def example_of(trace: Trace, target: str | None) -> Example:
     return Example(trace.example_id, fields, target)  # type: ignore[arg-type]
 
 
+def text_lines(path: str | Path, flag: str) -> list[str]:
+    """The lines of a file a flag names; TraceError (one line) when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TraceError(f"{flag} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{flag} {path}: cannot read ({exc.__class__.__name__})") from None
+
+
+def json_lines(lines: list[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, its JSON value, None when it is not JSON) of each non-blank line."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError:
+            yield number, None
+
+
 def read_targets(path: str | Path, traces: list[Trace]) -> dict[str, str]:
     """example id -> target, from `{"trace_id": ..., "target": ...}` or `{"input": ...,
     "target": ...}` lines. TraceError on a bad line or a file that matches no trace."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise TraceError(f"--targets {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"--targets {path}: cannot read ({exc.__class__.__name__})") from None
+    lines = text_lines(path, "--targets")
     by_trace = {}
     for t in traces:
         by_trace.setdefault(t.trace_id, []).append(t)
@@ -320,13 +336,7 @@ def read_targets(path: str | Path, traces: list[Trace]) -> dict[str, str]:
     for t in traces:
         by_input.setdefault(t.root_input.strip(), []).append(t)
     found: dict[str, str] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
+    for number, row in json_lines(lines):
         if not isinstance(row, dict) or not isinstance(row.get(TARGET), str) or not (
                 isinstance(row.get("trace_id"), str) or isinstance(row.get("input"), str)):
             raise TraceError(f"{path}:{number}: expected a JSON object with 'target' and "
