@@ -132,7 +132,7 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
                                   "semback.gateway.session": session}
                     if outcome.error:
                         attributes["semback.gateway.error"] = outcome.error
-                    await gateway.recorder.record((
+                    gateway.journal.record((
                         trace_id, root, "", "pipeline", started, time.time_ns(),
                         json.dumps(attributes, ensure_ascii=False), SERVICE))
                     done += 1

@@ -7,7 +7,8 @@ any other path with an OpenAI-style error naming what it serves. It also takes O
 spans on `POST /v1/traces`, as `collect` does and into the same table, so one process
 serves a pipeline's model calls and its instrumentor's spans. Each chat call it answers
 is recorded as an OpenInference LLM span in the run log's `collected_spans`, the table
-`collect` fills, written before the reply goes out: `import-traces --collected` reads a
+`collect` fills: journaled before the reply goes out and written in batches soon after
+(engine/gateway/journal.py), so that `import-traces --collected` reads a
 pipeline that has no instrumentor at all, and a gateway restarted mid-run has lost no call
 it answered. Spans are grouped into traces by the W3C `traceparent` header when the client
 sends one, else by the session in the path.
@@ -30,11 +31,9 @@ forwarded instead when it sends one. Neither is ever written anywhere.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
-import queue
 import secrets
 import threading
 import time
@@ -53,6 +52,7 @@ from engine.gateway.calls import (
     sse_events,
 )
 from engine.gateway.interventions import NODE_HEADER, NODE_METADATA, Candidate
+from engine.gateway.journal import Journal, journal_path
 from engine.runlog.collected import SpanStore, gateway_replies, open_for_collecting
 from engine.traces.collect import PATH as TRACES_PATH
 from engine.traces.collect import Receiver
@@ -71,69 +71,6 @@ def session_ids(session: str) -> tuple[str, str]:
     """The trace id and root span id of a session's trace (the runner writes the root)."""
     digest = hashlib.sha256(f"semback-session:{session}".encode()).hexdigest()
     return digest[:32], digest[32:48]
-
-
-class Recorder:
-    """Spans written in group commits: each call's span waits for the transaction that
-    holds it (so an answered call is on disk), and the calls that arrive while one commits
-    go together in the next, so the writes keep up with many calls at once."""
-
-    def __init__(self, store: SpanStore) -> None:
-        self.store = store
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._busy = False
-        self._thread = threading.Thread(target=self._run, name="gateway-spans", daemon=True)
-        self._thread.start()
-
-    async def record(self, row: tuple, alone: bool = False) -> None:
-        """Write `row` and return once it is committed. A call `alone` (no other in
-        flight) is written at once, on this thread, without the hand-off; under load the
-        calls queue for the writer thread, which commits them in batches."""
-        if alone and not self._busy:
-            self._busy = True
-            try:
-                self.store.append([row])
-                return
-            finally:
-                self._busy = False
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        self._queue.put((row, loop, done))
-        await done
-
-    def _run(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(item is None for item in batch)
-            batch = [item for item in batch if item is not None]
-            try:
-                if batch:
-                    self.store.append([row for row, _, _ in batch])
-                outcome: BaseException | None = None
-            except BaseException as exc:  # noqa: BLE001 - handed to each waiting call
-                outcome = exc
-            for _, loop, done in batch:
-                loop.call_soon_threadsafe(_settle, done, outcome)
-            if stop:
-                return
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(30)
-
-
-def _settle(done: asyncio.Future, error: BaseException | None) -> None:
-    if done.done():
-        return
-    if error is None:
-        done.set_result(None)
-    else:
-        done.set_exception(error)
 
 
 @dataclass
@@ -205,7 +142,8 @@ class Gateway:
         self.timeout = timeout
         # held while calls keep coming (another process gets the file in the pauses)
         self.store = SpanStore(self.db, idle=0.5, hold=10.0, timeout=STORE_TIMEOUT)
-        self.recorder = Recorder(self.store)
+        # each answered call is journaled before its reply, in the run log soon after
+        self.journal = Journal(self.store, journal_path(self.db), log=log)
         self.cache: dict[str, dict[str, Any]] = {}
         for key, output in gateway_replies(self.db):
             try:
@@ -219,7 +157,6 @@ class Gateway:
         self._lock = threading.Lock()
         self._served: Any = None
         self._client: Any = None
-        self._active = 0  # requests being handled
         # OTLP/HTTP spans on POST /v1/traces too, into the same store: one process serves
         # a pipeline's model calls and its instrumentor's spans (engine/traces/collect.py)
         self.intake = Receiver(self.db, log=log, store=self.store, serve=False)
@@ -257,7 +194,7 @@ class Gateway:
         if self._served is not None:
             self._served.close()
             self._served = None
-        self.recorder.close()
+        self.journal.close()
         self.store.close()
 
     def __enter__(self) -> Gateway:
@@ -268,13 +205,6 @@ class Gateway:
 
     # --- one request -------------------------------------------------------------------
     async def handle(self, request: Any) -> Any:
-        self._active += 1
-        try:
-            return await self._handle(request)
-        finally:
-            self._active -= 1
-
-    async def _handle(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
         path = request.url.path
@@ -484,7 +414,7 @@ class Gateway:
         row = (trace_id, secrets.token_hex(8), parent, named_node(request, body)
                or "ChatCompletion", begin, end,
                json.dumps(attributes, ensure_ascii=False), SERVICE)
-        await self.recorder.record(row, alone=self._active <= 1)
+        self.journal.record(row)
         seen = Seen(node, sent, completion, cache_hit, patched,
                     (time.perf_counter() - started) * 1000)
         with self._lock:

@@ -278,3 +278,36 @@ def test_a_command_pipeline_gets_its_session_url_and_one_example_on_stdin(tmp_pa
     assert [s.node for s in sessions["cmd-1"]] == [None]
     outcome, _ = asyncio.run(run(f"{sys.executable} {failing}"))
     assert outcome.error == "the command exited with status 1: bad input, sorry"
+
+
+def test_a_gateway_killed_after_answering_has_lost_no_call(tmp_path, upstream):
+    """Killed with SIGKILL right after its replies (no chance to write its spans): the
+    next gateway on the run log writes them from the journal and answers the same
+    requests from them, without asking the upstream again."""
+    import signal
+    import subprocess
+    import sys
+
+    db = tmp_path / "runs.duckdb"
+    child = subprocess.Popen([sys.executable, "-m", "engine", "gateway", "--db", str(db),
+                              "--upstream", upstream.base_url, "--port", "0"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        url = child.stdout.readline().split()[2]  # "gateway on URL/v1 ..."
+        # this process holds the run log, so the gateway can only journal its calls
+        from engine.runlog.schema import connect
+
+        with connect(db):
+            killed = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
+            answers = [ask(killed, "Sys.", f"call {i}") for i in range(5)]
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+        assert Path(f"{db}.gateway-journal").read_text().count("\n") == 5
+    finally:
+        child.kill()
+    assert len(upstream.requests) == 5
+    with Gateway(db, upstream.base_url, port=0) as gateway:
+        again = [ask(client(gateway), "Sys.", f"call {i}") for i in range(5)]
+        assert gateway.counts.upstream == 0  # every one from the spans the journal kept
+    assert again == answers
+    assert len(collected_spans(db)) == 10  # five answered before the kill, five after
