@@ -142,6 +142,11 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
 
                 outcomes = list(await asyncio.gather(*(one(i, fields) for i, (_, fields, _)
                                                        in enumerate(rows))))
+                if not gateway.counts.calls and any(not o.error for o in outcomes):
+                    raise TraceError(f"{spec.label} made no model call through the gateway: "
+                                     "its client must take its base URL from "
+                                     "OPENAI_BASE_URL (or OPENAI_API_BASE), which the runner "
+                                     "sets, not a URL of its own")
                 if passes:  # which call reads which, asked of the pipeline itself
                     flows.update(await find_flows(gateway, runner, [
                         (rows[i][1], calls) for i, calls in sorted(passes.items())]))

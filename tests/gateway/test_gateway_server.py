@@ -311,3 +311,15 @@ def test_a_gateway_killed_after_answering_has_lost_no_call(tmp_path, upstream):
         assert gateway.counts.upstream == 0  # every one from the spans the journal kept
     assert again == answers
     assert len(collected_spans(db)) == 10  # five answered before the kill, five after
+
+
+def test_trace_says_so_when_the_pipeline_calls_no_model_through_it(tmp_path, upstream):
+    from engine.gateway.pipeline import trace_pipeline
+    from engine.traces import TraceError
+
+    module = _pipeline_module(tmp_path)
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "x", "target": "X"}\n', encoding="utf-8")
+    with pytest.raises(TraceError, match="made no model call through the gateway"):
+        trace_pipeline(PipelineSpec(f"{module}:fine", None, str(tmp_path)), data,
+                       tmp_path / "runs.duckdb", upstream=upstream.base_url)
