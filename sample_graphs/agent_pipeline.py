@@ -9,7 +9,8 @@ Each example is a traveler's question ("I fly from Oslo to Madrid tomorrow. Shou
 an umbrella?"); the answer is yes when it rains where they arrive. Two stages:
 
 - the weather lookup runs a tool loop: the model calls get_weather(city), the code runs
-  the tool, and the model states the weather in one sentence. Its prompt is at fault: it
+  the tool, and the model states the weather in one sentence (a call a small model writes
+  as JSON text instead of in its template's tool-call format is read as one). Its prompt is at fault: it
   asks for the city the traveler leaves from, so the fix changes the tool call, which a
   replay of the recorded calls cannot show (it serves the recorded weather);
 - the packing advice reads that sentence and answers yes or no.
@@ -50,9 +51,33 @@ def get_weather(city: str) -> str:
     return WEATHER.get(city.strip().lower(), "unknown")
 
 
+def text_tool_call(content: str, tools: list[dict] | None) -> list[dict]:
+    """A tool call a small model wrote as text ({"name": ..., "arguments": {...}}) instead
+    of in its chat template's tool-call format, read as the call it means."""
+    names = {t["function"]["name"] for t in tools or []}
+    try:
+        said = json.loads(content.strip().removeprefix("```json").strip("`").strip())
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(said, dict) or said.get("name") not in names:
+        return []
+    return [{"id": "call_0", "type": "function", "function": {
+        "name": said["name"], "arguments": json.dumps(said.get("arguments") or {})}}]
+
+
 def ask(messages: list[dict], max_tokens: int, stream: bool,
         tools: list[dict] | None = None) -> tuple[str, list[dict]]:
     """One model call: its reply's text and tool calls, read from a stream or not."""
+    content, calls = _ask(messages, max_tokens, stream, tools)
+    if tools and not calls:
+        calls = text_tool_call(content, tools)
+        if calls:
+            content = ""
+    return content, calls
+
+
+def _ask(messages: list[dict], max_tokens: int, stream: bool,
+         tools: list[dict] | None = None) -> tuple[str, list[dict]]:
     extra = {"tools": tools} if tools else {}
     if not stream:
         reply = CLIENT.chat.completions.create(model=MODEL, temperature=0,
