@@ -39,6 +39,9 @@ def _add_pipeline(p: argparse.ArgumentParser) -> None:
                             "stdout")
     p.add_argument("--data", required=True, metavar="FILE.jsonl",
                    help="one JSON object a line: the input fields, and 'target'")
+    p.add_argument("--targets", metavar="FILE.jsonl",
+                   help="targets kept apart from --data: lines of the same input fields with "
+                        "'target', matched to --data's lines by their fields")
     p.add_argument("--db", default="runs.duckdb", help="the run log (default: runs.duckdb)")
     p.add_argument("--metric", default="exact_match", metavar="NAME|FILE.py:NAME",
                    help=f"how an output is scored: {', '.join(m for m in METRICS if m != 'judge')}"
@@ -139,6 +142,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     url, server, model = _upstream(args)
     try:
         result = trace_pipeline(_spec(args), args.data, args.db, upstream=url,
+                                targets=args.targets,
                                 metric=args.metric, val=args.val, run_id=args.run_id,
                                 concurrency=args.concurrency, timeout=args.timeout,
                                 model=args.model, upstream_model=model,
@@ -177,6 +181,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             if note:
                 _log(note)
         summary = optimize_pipeline(_spec(args), args.data, args.db, upstream=url,
+                                    targets=args.targets,
                                     metric=args.metric, val=args.val, steps=args.steps,
                                     method=args.method, run_id=args.run_id,
                                     concurrency=args.concurrency, timeout=args.timeout,

@@ -59,8 +59,11 @@ class TraceResult:
                 "errors": [{"line": n, "error": e} for n, e in self.errors]}
 
 
-def read_data(path: str | Path) -> list[tuple[int, dict[str, Any], str | None]]:
-    """(line number, input fields, target or None) of each line; TraceError on a bad one."""
+def read_data(path: str | Path, targets: str | Path | None = None
+              ) -> list[tuple[int, dict[str, Any], str | None]]:
+    """(line number, input fields, target or None) of each line; TraceError on a bad one.
+    `targets`: a file of the same lines with 'target', matched to these by their fields
+    (its target wins)."""
     rows = []
     for number, row in json_lines(text_lines(path, "--data")):
         if not isinstance(row, dict) or not row:
@@ -72,7 +75,14 @@ def read_data(path: str | Path) -> list[tuple[int, dict[str, Any], str | None]]:
         rows.append((number, row, None if target is None else str(target)))
     if not rows:
         raise TraceError(f"--data {path}: no examples")
-    return rows
+    if targets is None:
+        return rows
+    given = {json.dumps(fields, sort_keys=True): target
+             for _, fields, target in read_data(targets) if target is not None}
+    matched = [(n, f, given.get(json.dumps(f, sort_keys=True), t)) for n, f, t in rows]
+    if given and not any(json.dumps(f, sort_keys=True) in given for _, f, _ in rows):
+        raise TraceError(f"--targets {targets}: no line's fields match a line of --data")
+    return matched
 
 
 def upstream_of(base_url: str | None, backend: str | None) -> tuple[str, Any, str | None]:
@@ -99,12 +109,12 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
                    metric: str = "exact_match", val: int = 0, run_id: str | None = None,
                    concurrency: int = DEFAULT_CONCURRENCY, timeout: float = DEFAULT_TIMEOUT,
                    model: str | None = None, upstream_model: str | None = None,
-                   local: bool = False,
+                   local: bool = False, targets: str | Path | None = None,
                    log: Callable[[str], None] = lambda line: None) -> TraceResult:
     """Run the pipeline on each example of `data` through a gateway to `upstream` and
     import the traces as a run that re-runs the pipeline (`local`: the upstream is the
     embedded model, which later commands start again)."""
-    rows = read_data(data)
+    rows = read_data(data, targets)
     tag = secrets.token_hex(4)
     passes: dict[int, list[Any]] = {}  # the first examples' calls, to ask for flows on
     flows: set[tuple[str, str]] = set()
@@ -162,14 +172,14 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
                          f"{errors[0][1]})")
     trace_ids = {session_ids(f"trace-{tag}-{i}")[0]: i for i in ok}
     with tempfile.TemporaryDirectory() as folder:
-        targets = None
+        by_trace = None  # each traced example's target, by its trace id
         if any(rows[i][2] is not None for i in ok):
-            targets = Path(folder) / "targets.jsonl"
-            targets.write_text("".join(
+            by_trace = Path(folder) / "targets.jsonl"
+            by_trace.write_text("".join(
                 json.dumps({"trace_id": t, "target": rows[i][2]}) + "\n"
                 for t, i in trace_ids.items() if rows[i][2] is not None), encoding="utf-8")
         imported = import_traces(
-            Path(data).stem, db, targets=targets, metric=metric, base_url=upstream,
+            Path(data).stem, db, targets=by_trace, metric=metric, base_url=upstream,
             model=model, run_id=run_id, val=val, concurrency=concurrency,
             spans=collected(db, trace_ids=list(trace_ids)), trace_order=trace_ids,
             flows=flows,
@@ -250,6 +260,7 @@ def optimize_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *,
                       concurrency: int = DEFAULT_CONCURRENCY,
                       timeout: float = DEFAULT_TIMEOUT, model: str | None = None,
                       upstream_model: str | None = None, local: bool = False,
+                      targets: str | Path | None = None,
                       optimizer_backend: str | None = None,
                       optimizer_model: str | None = None,
                       log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
@@ -263,7 +274,7 @@ def optimize_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *,
     traced = trace_pipeline(spec, data, db, upstream=upstream, metric=metric, val=val,
                             run_id=run_id, concurrency=concurrency, timeout=timeout,
                             model=model, upstream_model=upstream_model, local=local,
-                            log=log)
+                            targets=targets, log=log)
     run = traced.imported.run_id
     log(f"traced {len(traced.imported.pipeline.traces)} examples into run '{run}': "
         f"{len(traced.imported.pipeline.nodes)} nodes; {traced.imported.failing} failing")

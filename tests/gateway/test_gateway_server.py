@@ -323,3 +323,20 @@ def test_trace_says_so_when_the_pipeline_calls_no_model_through_it(tmp_path, ups
     with pytest.raises(TraceError, match="made no model call through the gateway"):
         trace_pipeline(PipelineSpec(f"{module}:fine", None, str(tmp_path)), data,
                        tmp_path / "runs.duckdb", upstream=upstream.base_url)
+
+
+def test_targets_kept_apart_from_the_data_are_matched_by_their_fields(tmp_path):
+    from engine.gateway.pipeline import read_data
+    from engine.traces import TraceError
+
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "a"}\n{"question": "b", "target": "old"}\n',
+                    encoding="utf-8")
+    targets = tmp_path / "targets.jsonl"
+    targets.write_text('{"question": "b", "target": "B"}\n{"question": "a", "target": "A"}\n',
+                       encoding="utf-8")
+    assert read_data(data, targets) == [(1, {"question": "a"}, "A"),
+                                        (2, {"question": "b"}, "B")]
+    targets.write_text('{"question": "z", "target": "Z"}\n', encoding="utf-8")
+    with pytest.raises(TraceError, match="no line's fields match"):
+        read_data(data, targets)
