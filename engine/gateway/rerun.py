@@ -108,8 +108,8 @@ class PipelineRerun:
         by_node: dict[str, list[Seen]] = {}
         for call in seen:
             if call.node is None:
-                note = f"a call matched no node of the run (session {session}): " \
-                       f"{_first_words(call.request)}"
+                note = ("a re-run made a call that matches no node of the run (a branch "
+                        f"its traces never showed): {_first_words(call.request)}")
                 if note not in self.notes:
                     self.notes.append(note)
                 continue

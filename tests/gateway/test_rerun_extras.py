@@ -50,7 +50,7 @@ def test_a_branch_the_recorded_runs_never_took_is_noted_never_a_crash(tmp_path):
 
         triage_output, notes = asyncio.run(rerun_with_hard_triage())
     assert triage_output == "hard"
-    assert len(notes) == 1 and "matched no node" in notes[0]
+    assert len(notes) == 1 and "matches no node of the run" in notes[0]
     assert "Expert desk" in notes[0]
     assert notes[0] in (run_record(db, run)["notes"] or "")  # kept in the run's notes
 
