@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import secrets
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -233,10 +232,6 @@ async def open_rerun(db: str | Path, run_id: str, *, base_url: str | None = None
         gateway.close()
         if server is not None:
             server.stop()
-
-
-def _print(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 async def with_rerun(db: str | Path, run_id: str, work: Callable[[Any], Any]) -> Any:

@@ -80,7 +80,6 @@ class PipelineRerun:
     graph: GraphSpec
     rules: list[NodeRule]
     notes: list[str] = field(default_factory=list)
-    passes: int = 0
 
     def candidate(self, prompts: Prompts, replies: dict[str, str]) -> str:
         text = json.dumps([sorted(prompts.text.items()), sorted(replies.items())])
@@ -97,7 +96,6 @@ class PipelineRerun:
         replies = {n: wire_reply(node_spec(recorded, n), a.output_text)
                    for n, a in (fixed or {}).items()}
         candidate = self.candidate(prompts, replies)
-        self.passes += 1
         session = f"{ctx.step}-{split}-{_safe(example.id)}-{candidate[:8]}-" \
                   f"{secrets.token_hex(4)}"
         fields = json.loads(example.fields.get(PIPELINE_FIELDS) or "{}")

@@ -37,7 +37,6 @@ import json
 import secrets
 import threading
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +151,9 @@ class Gateway:
                 continue
         self.candidates: dict[str, Candidate] = {}
         self.workers: dict[str, Route] = {}
-        self.sessions: dict[str, list[Seen]] = defaultdict(list)
+        # the calls of the sessions a runner will read back (`expect`), by session: other
+        # clients' sessions are recorded as spans only, never held here
+        self.sessions: dict[str, list[Seen]] = {}
         self.counts = Counts()
         self._lock = threading.Lock()
         self._served: Any = None
@@ -160,6 +161,11 @@ class Gateway:
         # OTLP/HTTP spans on POST /v1/traces too, into the same store: one process serves
         # a pipeline's model calls and its instrumentor's spans (engine/traces/collect.py)
         self.intake = Receiver(self.db, log=log, store=self.store, serve=False)
+
+    def expect(self, session: str) -> None:
+        """Hold the calls of `session` for the runner, which pops them when it is done."""
+        with self._lock:
+            self.sessions.setdefault(session, [])
 
     # --- lifecycle ---------------------------------------------------------------------
     @property
@@ -421,7 +427,7 @@ class Gateway:
             self.counts.calls += 1
             self.counts.cache_hits += cache_hit
             self.counts.patched += patched
-            if route.session:
+            if route.session in self.sessions:  # a session the runner reads back
                 self.sessions[route.session].append(seen)
 
     def _trace_of(self, route: Route, request: Any) -> tuple[str, str]:

@@ -52,6 +52,7 @@ def test_forwards_records_an_openinference_span_and_answers_again_from_the_cache
         assert first == again == "saw: Summarize the text. / The cat sat."
         assert len(upstream.requests) == 1  # the second from the cache
         assert (gateway.counts.calls, gateway.counts.cache_hits) == (2, 1)
+        assert gateway.sessions == {}  # a client's own session is recorded, never held
         assert c.models.list().data[0].id == "fake"
     rows = collected_spans(db)
     assert len(rows) == 2
