@@ -165,6 +165,18 @@ def run(base_url: str, model: str, out: str | Path | None, limit: int, targets: 
     return answers
 
 
+def answer(text: str, shop: str, customer: str) -> str:
+    """The pipeline on one message, untraced, its model wherever OPENAI_BASE_URL points: how
+    `python -m engine trace --pipeline` runs it through the gateway (docs/pipelines.md),
+    which finds the order stage's template from the shop and customer it was filled with."""
+    import os
+
+    client = OpenAI(api_key=os.environ.get("OPENAI_API_KEY") or "not-needed")
+    return pipeline(client, os.environ.get("OPENAI_MODEL", "qwen"),
+                    {"text": text, "shop": shop, "customer": customer}, PROMPTS,
+                    trace.get_tracer("openai_tools_pipeline"))
+
+
 def main() -> None:
     command_line(__doc__, run, "expected totals")
 

@@ -1,6 +1,7 @@
 """Chat completions as the gateway handles them: a request's cache key, a streamed reply
 assembled into one completion and a completion streamed again as server-sent events, a
-reply's text (a tool call as engine.llm.base.tool_call_text writes it) and back, and the
+reply's text (a tool call as engine.llm.base.tool_call_text writes it) and back, the
+template a system message was filled from (the example's own input values in it), and the
 OpenInference attributes of the LLM span that records one call.
 
 Every function here is pure: JSON in, JSON (or bytes) out."""
@@ -15,11 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from engine.llm.base import tool_call_text
+from engine.prompts.recorded import PLACEHOLDER
 
 # request fields that do not change what the model is asked: left out of the cache key
 # (a streamed and a plain request share their reply; metadata only names the node)
 NOT_ASKED = ("stream", "stream_options", "metadata", "user")
 TOOL_CALL = re.compile(r'<tool_call name="([^"]*)">(.*)</tool_call>')
+# an input value shorter than this is not taken for a filled-in variable ("1", "no")
+SHORTEST_VARIABLE = 3
 
 
 def request_key(body: dict[str, Any]) -> str:
@@ -166,11 +170,40 @@ def _message_attributes(prefix: str, message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def template_of(system: str, fields: dict[str, Any]) -> tuple[str, dict[str, str]] | None:
+    """The template `system` was filled from, when the example's own input values stand in
+    it, with the variables each filled: "You are the assistant of Green Basket." with
+    shop="Green Basket" is "You are the assistant of {shop}." (what OpenInference's
+    using_prompt_template records). None when no value stands in it as a whole word, when
+    the message already holds a `{name}` (it would read as a variable), or when the values
+    are all of it (no prompt is left)."""
+    if PLACEHOLDER.search(system):
+        return None
+    values = sorted(((str(v), str(k)) for k, v in fields.items()
+                     if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                     and len(str(v).strip()) >= SHORTEST_VARIABLE and str(k).isidentifier()),
+                    key=lambda pair: -len(pair[0]))
+    variables: dict[str, str] = {}
+    template = system
+    for value, name in values:
+        pattern = re.compile(rf"(?<!\w){re.escape(value)}(?!\w)")
+        if not pattern.search(template):
+            continue
+        template = pattern.sub(lambda _, slot="{" + name + "}": slot, template)
+        variables[name] = value
+    if not variables or not PLACEHOLDER.sub("", template).strip():
+        return None
+    return template, variables
+
+
 def span_attributes(body: dict[str, Any], completion: dict[str, Any], *,
                     node: str | None = None, cache_hit: bool = False,
-                    patched: bool = False, candidate: str | None = None) -> dict[str, Any]:
+                    patched: bool = False, candidate: str | None = None,
+                    fields: dict[str, Any] | None = None) -> dict[str, Any]:
     """The OpenInference attributes of one forwarded call (an LLM span), as the `openai`
-    instrumentor writes them; `semback.gateway.*` says what the gateway did."""
+    instrumentor writes them; `semback.gateway.*` says what the gateway did. `fields`: the
+    input of the example the call was made for (a runner's session): a system message
+    filled from them is recorded with its template, as using_prompt_template would."""
     params = {k: v for k, v in body.items() if k not in ("messages", "tools", "model",
                                                         "stream_options", "metadata")}
     if body.get("tool_choice") is not None:
@@ -191,6 +224,13 @@ def span_attributes(body: dict[str, Any], completion: dict[str, Any], *,
     if choices and isinstance(choices[0], dict):
         a.update(_message_attributes("llm.output_messages.0",
                                      choices[0].get("message") or {"role": "assistant"}))
+    system = next((m for m in body.get("messages") or [] if isinstance(m, dict)
+                   and m.get("role") in ("system", "developer")), None)
+    filled = template_of(_content(system.get("content")), fields) if system and fields \
+        else None
+    if filled:
+        a["llm.prompt_template.template"] = filled[0]
+        a["llm.prompt_template.variables"] = json.dumps(filled[1], ensure_ascii=False)
     for i, tool in enumerate(body.get("tools") or []):
         a[f"llm.tools.{i}.tool.json_schema"] = json.dumps(tool, ensure_ascii=False)
     usage = completion.get("usage") or {}

@@ -130,7 +130,7 @@ async def _requests(gateway: Gateway, runner: Runner, fields: dict[str, Any],
     await runner.run(fields, session, name)
     by_id = {v: k for k, v in ids.items()}
     out: dict[str, list[str]] = {}
-    for call in gateway.sessions.pop(session, []):
+    for call in gateway.done(session):
         if call.node in by_id:
             out.setdefault(by_id[call.node], []).append(json.dumps(
                 call.request.get("messages"), sort_keys=True))

@@ -130,7 +130,7 @@ def trace_pipeline(spec: PipelineSpec, data: str | Path, db: str | Path, *, upst
                     session = f"trace-{tag}-{i}"
                     started = time.time_ns()
                     outcome = await runner.run(fields, session)
-                    calls = gateway.sessions.pop(session, [])
+                    calls = gateway.done(session)
                     if not outcome.error and i < FLOW_EXAMPLES:
                         passes[i] = calls
                     trace_id, root = session_ids(session)

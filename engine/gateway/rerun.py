@@ -101,7 +101,7 @@ class PipelineRerun:
         fields = json.loads(example.fields.get(PIPELINE_FIELDS) or "{}")
         started = time.time()
         outcome = await self.runner.run(fields, session, candidate)
-        seen = self.gateway.sessions.pop(session, [])
+        seen = self.gateway.done(session)
         trace = ExampleTrace(example)
         by_node: dict[str, list[Seen]] = {}
         for call in seen:

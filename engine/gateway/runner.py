@@ -153,7 +153,7 @@ class Runner:
 
     async def run(self, fields: dict[str, Any], session: str,
                   candidate: str | None = None) -> Outcome:
-        self.gateway.expect(session)
+        self.gateway.expect(session, fields)
         async with self._slots:
             if self.spec.command:
                 return await self._command(fields, session, candidate)

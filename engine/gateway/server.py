@@ -154,6 +154,7 @@ class Gateway:
         # the calls of the sessions a runner will read back (`expect`), by session: other
         # clients' sessions are recorded as spans only, never held here
         self.sessions: dict[str, list[Seen]] = {}
+        self.inputs: dict[str, dict[str, Any]] = {}  # those sessions' examples' input fields
         self.counts = Counts()
         self._lock = threading.Lock()
         self._served: Any = None
@@ -162,10 +163,20 @@ class Gateway:
         # a pipeline's model calls and its instrumentor's spans (engine/traces/collect.py)
         self.intake = Receiver(self.db, log=log, store=self.store, serve=False)
 
-    def expect(self, session: str) -> None:
-        """Hold the calls of `session` for the runner, which pops them when it is done."""
+    def expect(self, session: str, fields: dict[str, Any] | None = None) -> None:
+        """Hold the calls of `session` for the runner, which takes them with `done`;
+        `fields`, the example's input, tell a system message filled from it (its span
+        records the template, engine/gateway/calls.py template_of)."""
         with self._lock:
             self.sessions.setdefault(session, [])
+            if fields:
+                self.inputs[session] = fields
+
+    def done(self, session: str) -> list[Seen]:
+        """The calls of an expected session, let go."""
+        with self._lock:
+            self.inputs.pop(session, None)
+            return self.sessions.pop(session, [])
 
     # --- lifecycle ---------------------------------------------------------------------
     @property
@@ -408,7 +419,8 @@ class Gateway:
                       cache_hit: bool, patched: bool, started: float, request: Any) -> None:
         trace_id, parent = self._trace_of(route, request)
         attributes = span_attributes(sent, completion, node=node, cache_hit=cache_hit,
-                                     patched=patched, candidate=route.candidate)
+                                     patched=patched, candidate=route.candidate,
+                                     fields=self.inputs.get(route.session or ""))
         if not patched:
             attributes["semback.gateway.key"] = key
         if route.session:

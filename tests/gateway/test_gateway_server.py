@@ -12,6 +12,7 @@ import duckdb
 import openai
 import pytest
 
+from engine.gateway.calls import template_of
 from engine.gateway.interventions import Candidate, NodeRule
 from engine.gateway.runner import PipelineSpec, Runner
 from engine.gateway.server import PLACEHOLDER_KEY, Gateway, session_ids
@@ -174,6 +175,19 @@ def test_dspy_instructions_are_swapped_inside_the_adapters_text():
     assert rule.match(system) == {}
     assert rule.render(system, "Copy the number.", {}).endswith(
         "your objective is: \n        Copy the number.")
+
+
+def test_a_system_message_filled_from_the_examples_input_is_read_as_its_template():
+    fields = {"shop": "Green Basket", "customer": "Mr. Li", "text": "Send 5 apples.",
+              "n": 5, "flag": True}
+    assert template_of("You serve Mr. Li at Green Basket. Mr. Li is kind.", fields) == (
+        "You serve {customer} at {shop}. {customer} is kind.",
+        {"shop": "Green Basket", "customer": "Mr. Li"})
+    # a value inside a longer word, a short value, a bool: no variable
+    assert template_of("The Green Basketry serves 5 kinds.", fields) is None
+    # braces already there would read as variables; a message of values only has no prompt
+    assert template_of("Answer as JSON {shop} for Green Basket.", fields) is None
+    assert template_of("Green Basket", fields) is None
 
 
 def test_unsupported_paths_bad_bodies_and_a_down_upstream_get_openai_errors(tmp_path):

