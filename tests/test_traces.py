@@ -156,7 +156,8 @@ def test_ambiguous_flows_are_reported_not_guessed(tmp_path, capsys):
     # with both flows refused, three calls feed nothing: no final call can be named; the
     # error itself says why each flow was not taken, and its JSON lists them
     assert code == 2 and out.startswith("error:")
-    assert "first, second, short" in out and "ambiguous flows, not taken" in out
+    assert "first, second, short" in out and "Flows considered and not taken" in out
+    assert "--edge FROM:TO" in out
     assert "the same text came from 2 calls" in out
     assert "a text shorter than 8 characters is no evidence of flow" in out
     error = json.loads(said.out)

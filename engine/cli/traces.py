@@ -1,6 +1,7 @@
 """Command line of imported traces (engine/traces):
 
-    python -m engine import-traces FILE --db DB [--node-key ATTR] [--targets FILE.jsonl]
+    python -m engine import-traces FILE --db DB [--node-key ATTR] [--edge FROM:TO ...]
+                                   [--targets FILE.jsonl]
                                    [--metric NAME|FILE.py:NAME] [--base-url URL]
                                    [--val N] [--model NAME] [--run-id ID] [--json]
                                    [--concurrency N] [--timeout S] [--optimizer-max-tokens N]
@@ -56,6 +57,10 @@ def register_cli(sub: Any) -> None:
     p.add_argument("--node-key", metavar="ATTR",
                    help="group LLM spans into call sites by this span attribute (default: "
                         "span name and system message)")
+    p.add_argument("--edge", action="append", default=[], metavar="FROM:TO",
+                   help="a flow the content cannot show: call FROM's reply feeds call TO "
+                        "(node ids, as the import names them; repeatable). Refused when a "
+                        "trace contradicts it")
     p.add_argument("--targets", metavar="FILE.jsonl",
                    help='expected outputs, one JSON object a line: {"trace_id": "<32 hex>", '
                         '"target": "..."} or {"input": "<root input>", "target": "..."}; '
@@ -107,6 +112,16 @@ def register_cli(sub: Any) -> None:
     p.set_defaults(func=cmd_backprop)
 
 
+def declared_edge(text: str) -> tuple[str, str]:
+    """`--edge FROM:TO` as a pair of node ids."""
+    from engine.traces import TraceError
+
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.strip() for p in parts):
+        raise TraceError(f"--edge {text}: expected FROM:TO, two call sites' node ids")
+    return parts[0].strip(), parts[1].strip()
+
+
 def cmd_import_traces(args: argparse.Namespace) -> int:
     from engine.traces import TraceError
     from engine.traces.importer import import_traces
@@ -132,7 +147,7 @@ def cmd_import_traces(args: argparse.Namespace) -> int:
                            model=args.model, run_id=args.run_id,
                            concurrency=args.concurrency, timeout=args.timeout,
                            optimizer_max_tokens=args.optimizer_max_tokens, val=args.val,
-                           spans=spans)
+                           spans=spans, edges=[declared_edge(e) for e in args.edge])
     if args.json:
         print(json.dumps(result.as_json(), ensure_ascii=False, indent=1))
         return 0

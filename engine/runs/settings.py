@@ -288,7 +288,7 @@ def edge_sources_line(config: Mapping[str, Any]) -> str:
     by_how: dict[str, list[str]] = {}
     for edge, how in sorted(sources.items()):
         by_how.setdefault(how, []).append(edge.replace("->", " → "))
-    order = ("structure", "content", "intervention")
+    order = ("structure", "content", "intervention", "declaration")
     return "Flows found by " + "; by ".join(
         f"{how}: {', '.join(by_how[how])}" for how in sorted(
             by_how, key=lambda h: order.index(h) if h in order else len(order)))

@@ -35,6 +35,9 @@ class FrameworkProfile:
     generic_names: tuple[str, ...] = ()
     # a span name whose group 1 names the unit (DSPy's `Predict(NoteSentence).forward`)
     unit_name: str | None = None
+    # a span name of the framework's machinery whose group 1 is the name the user's code
+    # gave the step (LangChain's `RunnableAssign<city>`: the `assign` key)
+    unit_key: str | None = None
     # (marker, indent): the user's instructions follow the marker in the system message,
     # each line indented so
     prompt_markers: tuple[tuple[str, str], ...] = ()
@@ -49,7 +52,8 @@ PROFILES = (
     FrameworkProfile(
         "langchain",
         generic_names=(r"Runnable\w*(?:<.*>)?", r"\w*PromptTemplate", r"\w*OutputParser",
-                       r"Chat\w+")),
+                       r"Chat\w+"),
+        unit_key=r"Runnable(?:Assign|Parallel)<(\w+)>"),
     FrameworkProfile(
         "dspy",
         generic_names=(r"\w*Adapter\.(?:__call__|acall)", r"\w*LM\.(?:__call__|acall)",
@@ -73,9 +77,19 @@ def _whole(patterns: list[str]) -> re.Pattern[str]:
 
 GENERIC_NAMES = _whole([n for p in PROFILES for n in p.generic_names])
 UNIT_NAMES = tuple(re.compile(f"^{p.unit_name}$") for p in PROFILES if p.unit_name)
+UNIT_KEYS = tuple(re.compile(f"^{p.unit_key}$") for p in PROFILES if p.unit_key)
 PROMPT_MARKERS = tuple(m for p in PROFILES for m in p.prompt_markers)
 IGNORED_FIELDS = frozenset(f for p in PROFILES for f in p.ignored_fields)
 RETRY_ADAPTERS = _whole([p.retry_adapter for p in PROFILES if p.retry_adapter])
+
+
+def key_name(span_name: str) -> str | None:
+    """The name the user's code gave a framework's step (an `assign` key), or None."""
+    for pattern in UNIT_KEYS:
+        found = pattern.match(span_name)
+        if found:
+            return found[1]
+    return None
 
 
 def signature_name(span_name: str) -> str | None:

@@ -86,7 +86,8 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                   rerun: dict[str, Any] | None = None,
                   extra_fields: dict[str, dict[str, str]] | None = None,
                   trace_order: dict[str, int] | None = None,
-                  flows: Collection[tuple[str, str]] = ()) -> ImportResult:
+                  flows: Collection[tuple[str, str]] = (),
+                  edges: Collection[tuple[str, str]] = ()) -> ImportResult:
     """Read the spans, infer the pipeline, and write it as a run. Every check comes before
     the first write: bad input raises TraceError (or RunLogError) and writes nothing.
 
@@ -110,7 +111,8 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
     gateway), and `extra_fields`: example id -> fields added to that example (the
     pipeline's own input fields, which a re-run calls it with). `trace_order`: trace id ->
     its place, for traces whose start times do not give their order (examples that ran
-    concurrently). `flows`: flows found by intervention (engine.traces.infer)."""
+    concurrently). `flows`: flows found by intervention, and `edges`: flows the user
+    declared (--edge FROM:TO), both as engine.traces.infer takes them."""
     # The spans become hundreds of thousands of long-lived objects (calls, traces, their
     # templates) with no cycles among them, which the cyclic collector would scan again
     # and again (a third of a large import's time): it is off while they are built, and
@@ -123,7 +125,7 @@ def import_traces(path: str | Path, db: str | Path, *, node_key: str | None = No
                        concurrency=concurrency, timeout=timeout,
                        optimizer_max_tokens=optimizer_max_tokens, val=val, spans=spans,
                        collecting=collecting, rerun=rerun, extra_fields=extra_fields,
-                       trace_order=trace_order, flows=flows)
+                       trace_order=trace_order, flows=flows, edges=edges)
     finally:
         gc.unfreeze()
         if collecting:
@@ -138,8 +140,10 @@ def _import(path: str | Path, db: str | Path, *, node_key: str | None,
             rerun: dict[str, Any] | None = None,
             extra_fields: dict[str, dict[str, str]] | None = None,
             trace_order: dict[str, int] | None = None,
-            flows: Collection[tuple[str, str]] = ()) -> ImportResult:
-    pipeline = infer_pipeline(iter_spans(path) if spans is None else spans, node_key, flows)
+            flows: Collection[tuple[str, str]] = (),
+            edges: Collection[tuple[str, str]] = ()) -> ImportResult:
+    pipeline = infer_pipeline(iter_spans(path) if spans is None else spans, node_key, flows,
+                              edges)
     if trace_order:
         pipeline.traces.sort(key=lambda t: trace_order.get(t.trace_id, len(trace_order)))
     check_distinct_examples(pipeline.traces)

@@ -51,8 +51,10 @@ from engine.traces.conventions import (
     RETRY_ADAPTERS,
     SPAN_KIND,
     UNIT_KINDS,
+    key_name,
     signature_name,
 )
+from engine.traces.names import SiteName, node_ids, slug
 from engine.traces.otlp import SYSTEM_ROLES, Call, Span, is_llm_span, json_value, llm_call
 
 MIN_EVIDENCE = 8  # characters: a shorter text in a later call is no evidence of flow
@@ -115,15 +117,19 @@ class Site:
     key: tuple
     name: str  # the readable name, before it is made unique
     unit: Span | None
+    tool: str | None = None  # the tool the call is made to call, or its only tool
 
 
 def infer_pipeline(spans: Iterable[Span], node_key: str | None = None,
-                   flows: Collection[tuple[str, str]] = ()) -> Pipeline:
+                   flows: Collection[tuple[str, str]] = (),
+                   edges: Collection[tuple[str, str]] = ()) -> Pipeline:
     """The graph of the pipeline whose spans these are; TraceError when there is none.
 
     `flows`: flows found by intervention (engine/gateway/flows.py), each a pair of call
     sites' system messages, from and to: an edge wherever both call sites are in a trace,
     whatever the content shows (the value is a slot where the messages hold it).
+    `edges`: flows the user declared (`--edge FROM:TO`, node ids), taken the same way; one
+    that a trace contradicts (TO called before FROM answered) is refused with that trace.
 
     `spans` is read once, in order (a generator streams a file): each LLM span is read
     into its call as it comes, and of every span only what the inference reads is kept
@@ -157,17 +163,22 @@ def infer_pipeline(spans: Iterable[Span], node_key: str | None = None,
     tree = _Tree(tree_spans, {c.span.span_id: _raw_key(c) for calls in groups.values()
                               for _, c in calls})
     sites = {c.span.span_id: _site(c, key, tree) for calls in groups.values() for _, c in calls}
-    ids = _node_ids(list(sites.values()))
+    ids = node_ids([SiteName(site.key, site.name, site.key[0] == "unit" or len(site.key) == 1,
+                             site.key[1] if len(site.key) > 1 and site.key[0] != "unit"
+                             else "", site.tool) for site in sites.values()])
     roots = _roots(tree_spans)
+    prompted = _prompt_inputs(tree_spans)
     del tree, tree_spans
+    declared = _declared(edges, set(ids.values()))
     traces, ambiguous = [], []
     for group in list(groups):
         calls = groups.pop(group)  # a trace's calls, read: they are let go as it is built
         trace = _trace(group, calls, ids, sites, roots.get(calls[0][1].span.trace_id), own,
-                       ambiguous, frozenset(flows))
+                       ambiguous, frozenset(flows), declared, prompted)
         trace.calls = {node: call.settled() for node, call in trace.calls.items()}
         traces.append(trace)
     _check_one_pipeline(traces)
+    _check_declared(traces, declared)
     edges = sorted({e for t in traces for e in t.edges})
     _check_acyclic(traces, edges)
     output = _output_node(traces, edges, ambiguous)
@@ -187,6 +198,7 @@ def infer_pipeline(spans: Iterable[Span], node_key: str | None = None,
 
 
 KIND = SPAN_KIND
+PROMPT_KIND = "PROMPT"  # OpenInference's kind of a prompt template's span
 # what the inference reads of a span once its call (if it is one) has been read: its kind,
 # and of a span that may be a unit or a root, the values it received and returned
 _ALWAYS = (KIND, "gen_ai.operation.name")
@@ -202,7 +214,7 @@ def _kept(span: Span, node_key: str | None, same: dict[str, str]) -> Span:
     a = span.attributes
     kept = {k: same.setdefault(a[k], a[k]) if isinstance(a[k], str) else a[k]
             for k in _ALWAYS if k in a}
-    if not span.parent_id or str(a.get(KIND) or "").upper() in UNIT_KINDS:
+    if not span.parent_id or str(a.get(KIND) or "").upper() in (*UNIT_KINDS, PROMPT_KIND):
         kept.update((k, a[k]) for k in _VALUES if k in a)
     if node_key and node_key in a:
         kept[node_key] = a[node_key]
@@ -283,7 +295,7 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
             retried = {s.span_id for s in below}  # one node, all its calls
         units.append(up)
     if not units:
-        return Site(mine, mine[0], None)
+        return Site(mine, mine[0], None, _tool(call))
     # the unit that names the node: one named by a signature, else by its own name; its
     # values are the node's (without a name: the highest unit that returned a value)
     named_units = [(u, n) for u in units if (n := _unit_name(u))]
@@ -301,6 +313,17 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
     return Site(("unit", named), named, unit)
 
 
+def _tool(call: Call) -> str | None:
+    """The tool a call is made to call (its forced tool_choice), else its only tool."""
+    tools = call.tools or {}
+    choice = tools.get("tool_choice")
+    if isinstance(choice, dict):
+        return str((choice.get("function") or {}).get("name") or "") or None
+    offered = [str((t.get("function") or {}).get("name") or "") for t in tools.get("tools")
+               or [] if isinstance(t, dict)]
+    return offered[0] or None if len(offered) == 1 else None
+
+
 def _adapter_retry(unit: Span, below: list[Span], tree: _Tree) -> bool:
     """Whether the calls under `unit` (a predictor: DSPy's `Predict(Sig).forward`, or the
     `Predict(StringSignature)` inside a ChainOfThought) are one call made again through
@@ -316,9 +339,10 @@ def _adapter_retry(unit: Span, below: list[Span], tree: _Tree) -> bool:
 
 def _unit_name(span: Span) -> str | None:
     """A unit span's name as the code names it: the signature of `Predict(Sig).forward`,
-    else its own name; None for a framework's own machinery (engine/traces/conventions.py)."""
+    else its own name, else the key the code gave a framework's step (LangChain's `assign`
+    key); None for a framework's own machinery (engine/traces/conventions.py)."""
     if GENERIC_NAMES.match(span.name):
-        return None
+        return key_name(span.name)
     return signature_name(span.name) or span.name
 
 
@@ -355,47 +379,11 @@ def plain_input(value: str) -> str:
     return parsed if isinstance(parsed, str) else value
 
 
-def _slug(text: str) -> str:
-    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", text)  # NoteSentence -> note_sentence
-    words = re.findall(r"[A-Za-z0-9]+", text.lower())
-    return "_".join(words)[:40].strip("_") or "call"
-
-
-def _node_ids(sites: list[Site]) -> dict[tuple, str]:
-    """site key -> a readable, unique node id: the unit's name, else the span name, told
-    apart (when several sites share it) by the first words of their prompts."""
-    unique: dict[tuple, Site] = {}
-    for site in sites:
-        unique.setdefault(site.key, site)
-    names = Counter(_slug(site.name) for site in unique.values())
-    ids: dict[tuple, str] = {}
-    taken: set[str] = set()
-    for key, site in unique.items():
-        base = _slug(site.name)
-        if names[base] > 1 and len(key) > 1 and key[0] != "unit":
-            base = _distinct_words(key[1], [k[1] for k, s in unique.items()
-                                            if _slug(s.name) == base and len(k) > 1]) or base
-        node_id, n = base, 2
-        while node_id in taken or node_id == INPUT:
-            node_id, n = f"{base}_{n}", n + 1
-        taken.add(node_id)
-        ids[key] = node_id
-    return ids
-
-
-def _distinct_words(text: str, others: list[str], most: int = 6) -> str:
-    """The shortest start of `text` (1 to `most` words) that no other text starts with."""
-    words = re.findall(r"[A-Za-z0-9]+", text.lower())
-    rest = [re.findall(r"[A-Za-z0-9]+", o.lower()) for o in others if o != text]
-    for n in range(1, min(most, len(words)) + 1):
-        if all(o[:n] != words[:n] for o in rest):
-            return "_".join(words[:n])
-    return "_".join(words[:most])
-
-
 def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
            sites: dict[str, Site], root_input: str | None, own: bool, ambiguous: list[dict],
-           flows: frozenset[tuple[str, str]] = frozenset()) -> Trace:
+           flows: frozenset[tuple[str, str]] = frozenset(),
+           edges: frozenset[tuple[str, str]] = frozenset(),
+           prompted: dict[str, list[tuple[str, str]]] | None = None) -> Trace:
     trace_id, _, example = group
     by_node: dict[str, Call] = {}
     units: dict[str, Span] = {}
@@ -433,8 +421,11 @@ def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
             ambiguous.append({"trace_id": trace_id, "from": [node], "to": node,
                               "text": "", "reason": problem})
         earlier = order[:order.index(node)]
-        declared = [up for up in earlier if (by_node[up].system, call.system) in flows]
-        slots = _evidence(trace, earlier, node, ambiguous, declared)
+        shown = [up for up in earlier if (by_node[up].system, call.system) in flows]
+        told = [up for up in earlier if (up, node) in edges and up not in shown]
+        declared = shown + told
+        slots = _evidence(trace, earlier, node, ambiguous, declared,
+                          (prompted or {}).get(call.span.span_id, []))
         if trace.root_input.strip():
             slots.setdefault(INPUT, trace.root_input)
         spec: dict[str, Any] = {"messages": make_template(call.non_system(), slots)}
@@ -454,8 +445,10 @@ def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
         for up in slots_used(spec):  # a template variable's slot: content too
             if up != INPUT and up not in declared:
                 trace.found_by.setdefault((up, node), "content")
-        for up in declared:
+        for up in shown:
             trace.found_by.setdefault((up, node), "intervention")
+        for up in told:
+            trace.found_by.setdefault((up, node), "declaration")
         trace.edges.update((up, node) for up in declared)
         # a flow the content left ambiguous that the pipeline itself showed is no longer so
         ambiguous[:] = [a for a in ambiguous if a.get("trace_id") != trace_id
@@ -528,7 +521,7 @@ def _returned_fields(unit: Span | None) -> list[str]:
 def _names_source(field_name: str, up: str, trace: Trace) -> bool:
     """Whether a received field's name says where it came from: the upstream node's id,
     or a field the upstream unit returned (DSPy's `note` from NoteSentence)."""
-    return field_name != "" and (_slug(field_name) == up or field_name in trace.returns[up])
+    return field_name != "" and (slug(field_name) == up or field_name in trace.returns[up])
 
 
 def _received(unit: Span | None) -> list[tuple[str, str]]:
@@ -552,16 +545,19 @@ def _received(unit: Span | None) -> list[tuple[str, str]]:
 
 
 def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict],
-              declared: list[str] = ()) -> dict[str, str]:
+              declared: list[str] = (), prompted: list[tuple[str, str]] = ()
+              ) -> dict[str, str]:
     """upstream node -> the text of its value found in `node`'s messages: structural
-    (the node's unit received it), found by intervention (`declared`: where the messages
-    hold the value), or by content."""
+    (the node's unit received it, or the prompt template that rendered its messages:
+    `prompted`), found by intervention or declared (`declared`: where the messages hold
+    the value), or by content."""
     call = trace.calls[node]
     body = "\n".join(c for _, c in call.non_system())
     system_text = call.system if call.template is not None else ""
     slots: dict[str, str] = {}
     # what the unit received, and what the call's template variables received
-    received = _received(trace.units.get(node)) + list(call.variables.items())
+    received = _received(trace.units.get(node)) + list(call.variables.items()) + \
+        list(prompted)
     structural: dict[str, str] = {}
     for name, text in received:
         text = text.strip()
@@ -625,12 +621,63 @@ def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict]
     return slots
 
 
+def _prompt_inputs(spans: list[Span]) -> dict[str, list[tuple[str, str]]]:
+    """LLM span id -> the values the prompt template that rendered its messages received:
+    the PROMPT span beside it (LangChain's ChatPromptTemplate, under the same parent), the
+    last to start before it. OpenInference records the variables there, not on the call."""
+    templates: dict[tuple[str, str], list[Span]] = defaultdict(list)
+    for s in spans:
+        if str(s.attributes.get(KIND) or "").upper() == PROMPT_KIND:
+            templates[(s.trace_id, s.parent_id)].append(s)
+    out = {}
+    for s in spans:
+        before = [t for t in templates.get((s.trace_id, s.parent_id), ()) if t.start <= s.start]
+        if before and is_llm_span(s):
+            out[s.span_id] = _received(max(before, key=lambda t: t.start))
+    return out
+
+
+def _declared(edges: Collection[tuple[str, str]], nodes: set[str]
+              ) -> frozenset[tuple[str, str]]:
+    """The flows the user declared (--edge FROM:TO), each naming two call sites."""
+    for a, b in edges:
+        for name in (a, b):
+            if name not in nodes:
+                raise TraceError(f"--edge {a}:{b}: no call site is named '{name}' (the call "
+                                 f"sites: {', '.join(sorted(nodes))})")
+        if a == b:
+            raise TraceError(f"--edge {a}:{b}: a call cannot feed itself")
+    return frozenset(edges)
+
+
+def _check_declared(traces: list[Trace], edges: frozenset[tuple[str, str]]) -> None:
+    """A declared flow that a trace contradicts is refused: there, TO was called before
+    FROM answered, so it cannot have read FROM's reply."""
+    for a, b in sorted(edges):
+        for t in traces:
+            up, down = t.calls[a].span, t.calls[b].span
+            if down.start < up.end or list(t.calls).index(b) < list(t.calls).index(a):
+                raise TraceError(f"--edge {a}:{b}: trace {t.trace_id} contradicts it: '{b}' "
+                                 f"was called before '{a}' answered, so it cannot read "
+                                 "that reply")
+
+
 def _texts(reply: str) -> list[str]:
-    """What of a reply may be passed on: the reply itself, or the text in its output tags."""
+    """What of a reply may be passed on: the reply itself, the text in its output tags, or
+    a tool call's arguments, whole or each value (longest first: code that formats a
+    forced call's arguments into the next prompt passes on only the values)."""
     out = [reply.strip()]
     inner, _ = P.parse_output(reply)
-    if inner.strip() and inner.strip() not in out:
-        out.append(inner.strip())
+    called = TOOL_CALL.fullmatch(reply.strip())
+    arguments = json_value(called[1] if called else reply)
+    parts = [inner.strip()]
+    if called:
+        parts.append(called[1].strip())
+    if isinstance(arguments, dict):
+        parts += sorted((str(v).strip() for v in arguments.values()
+                         if isinstance(v, (str, int, float)) and not isinstance(v, bool)),
+                        key=len, reverse=True)
+    out += [p for p in parts if p and p not in out]
     return [t for t in out if t]
 
 
@@ -696,12 +743,41 @@ def _output_node(traces: list[Trace], edges: list[tuple[str, str]],
     if len(sinks) == 1:
         return sinks[0]
     unsure = [a for a in ambiguous if set(a["from"]) & set(sinks)]
-    reasons = sorted({f"{', '.join(a['from'])} -> {a['to']}: {a['reason']}" for a in unsure})
-    note = (f" (ambiguous flows, not taken: {'; '.join(reasons[:3])}"
-            f"{f'; {len(reasons) - 3} more' if len(reasons) > 3 else ''})") if unsure else ""
+    considered = _considered(unsure, sinks, nodes, len(traces))
+    shown = "; ".join(f"{c['from']} -> {c['to']}: {c['reason']}"
+                      + (f" ('{c['text']}')" if c["text"] else "")
+                      + f" in {c['traces']} of {len(traces)} traces" for c in considered[:4])
+    more = f"; {len(considered) - 4} more" if len(considered) > 4 else ""
     raise TraceError(f"the calls {', '.join(sinks)} feed no later call that the content "
-                     f"shows, so the pipeline's final call is not one{note}",
-                     {"ambiguous": unsure})
+                     f"shows, so the pipeline's final call is not one. Flows considered and "
+                     f"not taken: {shown}{more}. Declare a flow the content cannot show with "
+                     "--edge FROM:TO", {"ambiguous": unsure, "candidates": considered})
+
+
+def _considered(unsure: list[dict], sinks: list[str], nodes: list[str], traces: int
+                ) -> list[dict[str, Any]]:
+    """The flows out of the calls that feed nothing that the import considered, and why
+    each was not taken, one entry a flow and reason (`traces`: in how many traces;
+    `text`: the first trace's text): the ambiguous ones, and for a call none of whose
+    reply's text is in any later call, each later call it might have fed."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for a in unsure:
+        for up in a["from"]:
+            if up in sinks:
+                entry = out.setdefault((up, a["to"], a["reason"]), {
+                    "from": up, "to": a["to"], "text": a["text"], "reason": a["reason"],
+                    "traces": 0, "trace_ids": set()})
+                entry["trace_ids"].add(a["trace_id"])
+    for up in sinks:
+        if any(k[0] == up for k in out):
+            continue
+        for down in nodes[nodes.index(up) + 1:]:
+            out[(up, down, "")] = {"from": up, "to": down, "text": "", "reason": (
+                "no text of its reply (whole, in output tags, or a tool call's arguments) is "
+                f"in the messages of '{down}'"), "traces": traces, "trace_ids": set()}
+    for entry in out.values():
+        entry["traces"] = len(entry.pop("trace_ids")) or entry["traces"]
+    return list(out.values())
 
 
 def _nodes(traces: list[Trace], edges: list[tuple[str, str]]) -> dict[str, NodeInfo]:

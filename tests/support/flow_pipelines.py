@@ -126,3 +126,43 @@ def branching_responder(body: dict) -> str:
     if system.startswith("Expert desk"):
         return "It needs care."
     return "yes"
+
+
+def record_instrumented(name: str, texts: list[str], base_url: str, out) -> None:
+    """Run pipeline `name` ("order" or "currency") on each text under its framework's own
+    OpenInference instrumentor (OpenAI's, LangChain's), its spans to the OTLP JSON lines
+    file `out`: the traces a user would import, with no gateway in between."""
+    import os
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sample_graphs"))
+    from otlp_export import tracer_provider
+
+    provider = tracer_provider(out, f"flow_{name}")
+    if name == "order":
+        from openinference.instrumentation.openai import OpenAIInstrumentor as Instrumentor
+    else:
+        from openinference.instrumentation.langchain import (
+            LangChainInstrumentor as Instrumentor,
+        )
+    Instrumentor().instrument(tracer_provider=provider)
+    tracer = provider.get_tracer("flow_pipelines")
+    saved = {k: os.environ.get(k) for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
+    os.environ.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="not-needed")
+    try:
+        for text in texts:
+            if name == "order":  # one trace a pass: the two calls under one parent span
+                with tracer.start_as_current_span("pipeline", attributes={
+                        "openinference.span.kind": "CHAIN", "input.value": text}):
+                    order(text)
+            else:
+                currency(text)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        Instrumentor().uninstrument()
+        provider.shutdown()
