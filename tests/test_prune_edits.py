@@ -335,3 +335,41 @@ def test_under_auto_gates_the_estimate_counts_a_step_gated_or_pruned_at_most_onc
     # the gates' 5 node calls per example at most, alone or pruning: pruning adds nothing
     assert upper["per-node gates (auto)"] == 4 * 16 * 5
     assert upper["pruning the kept edits"] == 0
+
+
+def test_an_edit_whose_removal_costs_one_validation_example_is_kept(tmp_path):
+    """Pruning's boundary: an edit is dropped only when validation without it scores at
+    least as well. Here hint_b's edit is needed by exactly one of twenty validation
+    examples: without it validation scores 19/20 against 20/20, so it must be kept (a
+    tolerance of one example in twenty would drop it)."""
+    graph = write_graph(tmp_path, TWO_HINTS, arithmetic_rows())
+    probe_db = tmp_path / "split.duckdb"  # which examples the seed puts in validation
+    run_engine(graph, probe_db, ScriptedBackend(responder=both_needed), steps=0, train=4,
+               val=20)
+    val = [r[0] for r in rows(probe_db, "SELECT example_id FROM examples WHERE split = 'val' "
+                                        "ORDER BY position")]
+    assert len(val) == 20
+    special = next(r["question"] for r in arithmetic_rows() if r["id"] == val[0])
+
+    def one_example_needs_b(request: LLMRequest) -> str | None:
+        """hint_a's edit fixes every example; hint_b's only `special`, which needs both."""
+        node, text = request.meta.get("node"), request.user_text
+        if request.purpose == "forward" and node == "final":
+            a, b = map(int, re.findall(r"(\d+) apples and buys (\d+)", text)[0])
+            good = text.count(chr(10) + "good" + chr(10))
+            needed = 2 if special in text else 1
+            return f"<output>{a + b if good >= needed and 'good' in text.split(chr(10)) else 0}" \
+                   "</output>"
+        return both_needed(request)
+
+    db = tmp_path / "runs.duckdb"
+    result = run_engine(graph, db, ScriptedBackend(responder=one_example_needs_b), steps=1,
+                        train=4, val=20)
+    # the pass without hint_b scored 19 of 20: below the joint 20 of 20, so both are kept
+    assert rows(db, "SELECT node_id, accepted, val_after FROM updates WHERE step = 1 AND "
+                    "node_id LIKE 'hint_%' ORDER BY 1") == [("hint_a", True, 1.0),
+                                                           ("hint_b", True, 1.0)]
+    assert step1(result).metrics["edits_pruned"] == 0
+    assert step1(result).val_score == 1.0
+    assert rows(db, "SELECT count(*) FROM losses WHERE step = 1 AND split = 'val' AND "
+                    "score = 1") == [(20,)]
