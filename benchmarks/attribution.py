@@ -71,7 +71,8 @@ from engine.core.graph import parse_graph  # noqa: E402
 from engine.llm.base import LLMError, LLMRequest  # noqa: E402
 from engine.llm.scripted import ScriptedBackend  # noqa: E402
 from engine.methods import METHODS as STEP_METHODS  # noqa: E402
-from engine.probes.blame import Verdict, blame  # noqa: E402
+from engine.probes.blame import blame  # noqa: E402
+from engine.probes.verdict import Verdict  # noqa: E402
 from engine.runlog.schema import RunLogError  # noqa: E402
 from engine.runlog.state import run_exists  # noqa: E402
 from engine.runs.execute import RunConfig, execute  # noqa: E402

@@ -147,7 +147,7 @@ def edit_origin(db: str, run_id: str, step: int, node_id: str) -> str | None:
 
 @st.cache_data(**CACHE_OPTIONS)
 def _blame_estimate(db: str, run_id: str, step: int, examples: str, version: Stamp) -> str:
-    from engine.probes.blame import estimate_from_log
+    from engine.probes.estimate import estimate_from_log
 
     try:
         return estimate_from_log(db, run_id, step, examples)

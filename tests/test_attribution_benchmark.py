@@ -123,7 +123,7 @@ def test_two_faults_is_right_only_as_a_tie_on_both_culprits(monkeypatch, capsys,
 
 
 def test_a_tie_is_right_only_on_exactly_the_planted_culprits():
-    from engine.probes.blame import Verdict
+    from engine.probes.verdict import Verdict
 
     both = {"fault_a", "fault_b"}
     assert attribution.is_right(Verdict(None, "", tied=["fault_a", "fault_b"]), both)

@@ -13,20 +13,20 @@ import duckdb
 import pytest
 
 from engine.cli import main
+from engine.core.claims import gradient_claim
+from engine.data.stats import wilson
 from engine.llm.base import LLMError
 from engine.llm.scripted import ScriptedBackend
-from engine.probes.blame import (
+from engine.probes.blame import blame
+from engine.probes.probe import ProbeResult
+from engine.probes.verdict import (
     Evidence,
-    blame,
     edit_verdict,
     examples_to_separate,
-    gradient_claim,
     logged_verdict,
     verdict,
     weigh,
-    wilson,
 )
-from engine.probes.probe import ProbeResult
 from engine.runlog.reader import node_blame, step_updates
 from engine.runs.execute import RunConfig, execute
 from tests.support.blame_fault_script import blame_fault_responder
@@ -470,7 +470,7 @@ def test_repeats_are_ignored_at_temperature_zero(tmp_path):
 
 def test_edit_probes_of_the_proposal_on_its_own_examples_are_in_sample(tmp_path, capsys,
                                                                        monkeypatch):
-    from engine.probes.blame import probe
+    from engine.probes.single import probe
 
     db = logged_run(tmp_path)
     bk = ScriptedBackend(responder=blame_fault_responder())
@@ -576,7 +576,7 @@ def test_the_pages_verdict_reads_the_same_candidates_edit_as_blame(tmp_path):
     candidate's, else the best-scored one that changed the prompt), not whichever row
     comes last: here `total`'s second candidate left it unchanged, its first changed it
     but was never probed, so `numbers` has no node to be compared with."""
-    from engine.probes.blame import chosen_updates
+    from engine.probes.verdict import chosen_updates
     from engine.runlog.probing import step_proposal
 
     db = logged_run(tmp_path)

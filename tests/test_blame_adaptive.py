@@ -96,7 +96,8 @@ def test_the_estimate_from_the_log_bounds_what_blame_plans(tmp_path):
     import re
 
     from engine.llm.scripted import ScriptedBackend
-    from engine.probes.blame import blame, estimate_from_log
+    from engine.probes.blame import blame
+    from engine.probes.estimate import estimate_from_log
     from tests.support.blame_fault_script import blame_fault_responder
     from tests.test_blame import logged_run
 
@@ -227,7 +228,7 @@ def test_the_paces_share_the_steps_wall_time_by_each_kinds_time_at_the_model(tmp
 
 def test_the_estimate_reads_as_people_write_durations():
     """A scripted run's paces (tens of microseconds) and an embedded one's (seconds)."""
-    from engine.probes.blame import _estimate_line
+    from engine.probes.estimate import _estimate_line
 
     fast = _estimate_line(10, 40, 5, (5e-05, 0.0004), adaptive=True)
     assert "under a second at this run's pace (under 10 ms a forward call, under 10 ms an " \

@@ -1,5 +1,5 @@
 """One fact, one number: the verdict `engine blame` prints and the
-pages' drawings of it come from the same per-node facts (engine.probes.blame `weighed`).
+pages' drawings of it come from the same per-node facts (engine.probes.verdict `weighed`).
 
 On the demo as it was before its rebuild (tests/support/tie_demo.yaml: `note` and `thing`
 both read the sentence) with tests/support/tie_script.py (no gradient fixes anything;
@@ -16,7 +16,8 @@ from pathlib import Path
 
 from dashboard.views.colors import TIED, color_nodes
 from engine.cli import main
-from engine.probes.blame import blame, logged_blame
+from engine.probes.blame import blame
+from engine.probes.verdict import logged_blame
 from engine.runlog.reader import node_blame, step_updates
 from engine.runs.execute import RunConfig, execute
 

@@ -14,7 +14,7 @@ import pytest
 from dashboard.views.blame import interval_text
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
-from engine.probes.blame import probe
+from engine.probes.single import probe
 from engine.runlog.debug import example_rows
 from engine.runlog.reader import node_blame
 from tests.support.blame_fault_script import blame_fault_responder

@@ -31,7 +31,7 @@ from dashboard.views.graph_spec import (
     placed_boxes,
     text_color,
 )
-from engine.probes.blame import logged_blame
+from engine.probes.verdict import logged_blame
 
 XSS = "<img src=x onerror=alert(1)>"
 TINY = gh.GraphModel(order=("hint_a", "hint_b", "final"),

@@ -549,7 +549,7 @@ def test_on_the_demo_the_sibling_stage_shows_prompts_that_differ_and_counts_them
 def test_check_the_blame_says_which_nodes_tie(log, tmp_path, monkeypatch):
     """Two nodes above the rest but not each other (blame's tie): the stage names both and
     says why neither alone is named, not "no node yet"."""
-    from engine.probes.blame import Verdict
+    from engine.probes.verdict import Verdict
 
     db, _ = _probed_copy(log, tmp_path / "tie.duckdb", lambda n: {"mood": n, "answer": n})
     tie = Verdict(None, "a tie: the 90% intervals of answer and mood (answer 4/4, mood 4/4) "

@@ -168,7 +168,7 @@ def test_the_graph_page_offers_a_button_not_a_command_line(open_page, log):
     assert "python -m engine blame" not in texts(at)
     assert at.button(key="graph_blame").label == "Check the blame"
     # what it would cost, said before it starts: the line blame itself prints first
-    from engine.probes.blame import estimate_from_log
+    from engine.probes.estimate import estimate_from_log
 
     said = estimate_from_log(log.db, log.textgrad, 1, "failing")
     assert said.startswith("blame: up to ") and " model calls" in said

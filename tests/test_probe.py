@@ -12,7 +12,7 @@ import pytest
 
 from engine.cli import main
 from engine.llm.scripted import ScriptedBackend
-from engine.probes.blame import probe
+from engine.probes.single import probe
 from engine.runs.execute import RunConfig, execute
 from tests.support.blame_fault_script import HONEST, blame_fault_responder
 from tests.support.runlog import rows

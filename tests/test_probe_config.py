@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from engine.llm.scripted import ScriptedBackend
-from engine.probes.blame import probe
+from engine.probes.single import probe
 from engine.prompts.sets import PROMPT_SETS
 from engine.runs.execute import RunConfig, execute
 

@@ -13,7 +13,7 @@ from dashboard import data, jobs, probe_data
 from dashboard.views import job_watch
 from dashboard.views.text import code
 from engine.data.stats import bracketed, wilson
-from engine.probes.blame import logged_verdict
+from engine.probes.verdict import logged_verdict
 
 LABEL = "Check the blame"
 

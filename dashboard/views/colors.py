@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dashboard.views.text import chars
-from engine.probes.blame import NodeFact
+from engine.probes.verdict import NodeFact
 
 QUANTITIES = {
     "blame": "Blame from probes",
@@ -114,7 +114,7 @@ def blame_caption(fact: NodeFact) -> str:
 
 
 def blame_coloring(facts: list[NodeFact]) -> Coloring:
-    """Colours and labels per node from the verdict's own facts (engine.probes.blame
+    """Colours and labels per node from the verdict's own facts (engine.probes.verdict
     `weighed`, via `logged_blame`): the node it names deep red, every node it ties on the
     one tie colour, the others a rose as pale as the share of failing examples their
     count fixed (never as deep as a named node), and each label the very count the

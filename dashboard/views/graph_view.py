@@ -10,7 +10,7 @@ from dashboard.views.colors import Coloring, color_nodes
 from dashboard.views.graph_component import graph_drawing
 from dashboard.views.graph_spec import graph_spec
 from dashboard.views.text import chars, fmt
-from engine.probes.blame import LoggedBlame, NodeFact, logged_blame
+from engine.probes.verdict import LoggedBlame, NodeFact, logged_blame
 
 
 def decoration(sel: Selection, graph: data.RunGraph, quantity: str, *,
@@ -38,7 +38,7 @@ def llm_nodes(graph: data.RunGraph) -> list[str]:
 
 def step_blame(sel: Selection, graph: data.RunGraph) -> LoggedBlame:
     """The probes' verdict at the selected step and what it rests on per node: the one
-    function (engine.probes.blame.logged_blame) behind the banner (views.blame
+    function (engine.probes.verdict.logged_blame) behind the banner (views.blame
     .show_verdict, fed the same rows) and the drawing's blame colours and labels."""
     rows = probe_data.node_blame(sel.db, sel.run, sel.step).to_dict("records")
     updates = data.updates(sel.db, sel.run, sel.step).to_dict("records")

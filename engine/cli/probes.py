@@ -80,7 +80,7 @@ def _text(value: str) -> str:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from engine.console import console, out
-    from engine.probes.blame import probe
+    from engine.probes.single import probe
 
     if args.output is not None:
         kind, text = "output", _text(args.output)

@@ -20,7 +20,7 @@ gradient probes name a node the edit probes are not weighed at all (`weigh`). So
      interval, which the leader would then have to clear.
    When the leader's interval lies above every other node's, the gradient probes have
    named it and probing stops. An example's gradients, where the step did not
-   back-propagate it, are computed when a round first probes it (engine/probes/blame.py,
+   back-propagate it, are computed when a round first probes it (engine/probes/plan.py,
    `ready`): on the embedded pair that backward pass is most of blame's cost.
 2. Only when they name no node do the edit probes run, in rounds the same way, on the
    failing examples.
