@@ -43,6 +43,7 @@ from statistics import NormalDist
 from typing import Any
 
 from engine.data.stats import Z90, wilson
+from engine.probes.plan import BlamePlan
 
 ROUND = 4  # examples a round: a few, so that a clear leader stops early
 LEAKS = 2  # gradient fixes, all carrying the answer, after which a node's are not followed
@@ -165,7 +166,7 @@ class Spent:
         return {"planned": self.planned, "made": self.made, "notes": self.notes}
 
 
-async def probe_adaptively(plan: dict[str, Any], run_id: str,
+async def probe_adaptively(plan: BlamePlan, run_id: str,
                            probe_all: Callable[[Jobs], Awaitable[list]],
                            counts_of: Callable[[list, str], dict[str, tuple[int, ...]]],
                            named_of: Callable[[list], list[str]],
@@ -174,8 +175,8 @@ async def probe_adaptively(plan: dict[str, Any], run_id: str,
     returns their results; `counts_of(results, kind)` is each node's (flips, counted,
     leaks) of that kind so far; `named_of(results)` the nodes the verdict names or ties on;
     `skip(n)`: n planned probes will not be made (for the progress line's total)."""
-    jobs = plan["jobs"]
-    failing = set(plan["failing"])
+    jobs = plan.jobs
+    failing = set(plan.failing)
     own = [j for j in jobs if j["kind"] == "gradient" and not j.get("method")]
     edits = [j for j in jobs if j["kind"] == "edit" and j["example_id"] in failing]
     guards = [j for j in jobs if j["kind"] == "edit" and j["example_id"] not in failing]

@@ -44,7 +44,7 @@ from typing import Any
 from engine.llm.base import Backend
 from engine.probes.adaptive import probe_adaptively
 from engine.probes.estimate import blame_estimate, estimate_from_log
-from engine.probes.plan import plan_step, ready
+from engine.probes.plan import BlamePlan, Job, plan_step, ready
 from engine.probes.probe import ProbeError, Prober, ProbeResult, load_run, open_prober
 from engine.probes.report import BlameReport, summarize
 from engine.probes.selection import EXAMPLE_CHOICES, NothingToProbe
@@ -112,9 +112,9 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
         if not plans:
             raise ProbeError(empty[0] if len(empty) == 1 else
                              f"no step of run '{run_id}' has examples to probe ({empty[-1]})")
-        temperature = float(plans[0]["run"].config.get("temperature", 0.0)) if plans else 0.0
+        temperature = float(plans[0].run.config.get("temperature", 0.0)) if plans else 0.0
         draws = repeats if temperature > 0 else 1
-        total = sum(len(p["jobs"]) for p in plans) * draws
+        total = sum(len(p.jobs) for p in plans) * draws
         adaptive = adaptive and len(plans) == 1
         estimate = blame_estimate(plans, draws, adaptive)
         if announce:
@@ -139,7 +139,7 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
                     progress(done, total)
                 return result
 
-            async def probe_all(jobs: list[dict], plan: dict = plan) -> list[ProbeResult]:
+            async def probe_all(jobs: list[Job], plan: BlamePlan = plan) -> list[ProbeResult]:
                 # a pending job whose node received no gradient is dropped: adaptive
                 # blame counts what it made, and skips the rest of its plan
                 return list(await asyncio.gather(*(one(job, i)
@@ -153,7 +153,7 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
                     skip)
                 results.extend(made)
             else:
-                results.extend(await probe_all(plan["jobs"]))
+                results.extend(await probe_all(plan.jobs))
             tokens += sum((c.prompt_tokens or 0) + (c.completion_tokens or 0)
                           for c in prober.calls if not c.cache_hit)
             prober.save()
@@ -174,7 +174,7 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
         f"each probe drawn {repeats} times at temperature {temperature:g}" if draws > 1 else
         f"--repeats {repeats} ignored: the run is at temperature 0, so every draw is the same")
     if plans:
-        config = plans[0]["run"].config
+        config = plans[0].run.config
         report.forward_model = str(names[0] or config.get("model") or config.get("backend"))
         report.rewriter = str(names[1] or config.get("optimizer_model") or report.forward_model)
     report.calls, report.model_calls, report.tokens = calls, model_calls, tokens

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.probes.plan import BlamePlan
 from engine.probes.probe import (
     descendants,
     load_run,
@@ -17,23 +18,23 @@ from engine.runlog.probing import (
 )
 
 
-def blame_estimate(plans: list[dict], draws: int, adaptive: bool) -> str:
+def blame_estimate(plans: list[BlamePlan], draws: int, adaptive: bool) -> str:
     """One line before the first probe: the probes planned, their model calls (a gradient
     probe: its rewrite, an optimizer call, and the nodes below; an edit probe: the node and
     those below; an example whose gradients are still to compute: about an optimizer call
     per node; cached calls count too) and the time at the run's own paces (`run_paces`)."""
     forward = optimizer = probes = 0
     for plan in plans:
-        below = _llm_below(plan["run"].graph, plan["nodes"])
-        for job in plan["jobs"]:
+        below = _llm_below(plan.run.graph, plan.nodes)
+        for job in plan.jobs:
             probes += draws
             forward += draws * below[job["node_id"]]
             if job["kind"] == "gradient":
                 optimizer += draws
             else:
                 forward += draws
-        optimizer += len(plan.get("pending", ())) * len(plan["nodes"])
-    run = plans[0]["run"]
+        optimizer += len(plan.pending) * len(plan.nodes)
+    run = plans[0].run
     return _estimate_line(probes, forward, optimizer, run_paces(run.db, run.run_id), adaptive)
 
 

@@ -6,7 +6,8 @@ when a round of adaptive blame first probes its example."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.events import Gradient
@@ -27,9 +28,37 @@ from engine.runlog.probing import (
     recorded_claims,
 )
 
+# one probe: Prober.intervene's arguments (kind, example_id, node_id, and the kind's own)
+Job = dict[str, Any]
+
+
+@dataclass
+class BlamePlan:
+    """What blame probes at one step, and what the report needs of it."""
+
+    run: LoggedRun
+    failing: list[str]  # the chosen examples that fail at the step
+    nodes: list[str]  # its LLM nodes, in order
+    jobs: list[Job]  # every planned probe
+    # (example, node) -> the gradient the node acted on (logged, or re-computed)
+    gradients: dict[tuple[str, str], str]
+    edits: dict[str, str] = field(default_factory=dict)  # node -> its proposed prompt
+    copied: set[str] = field(default_factory=set)  # proposals refused as copies
+    unchanged: set[str] = field(default_factory=set)  # updates that left the prompt as it was
+    # the claims recorded at backward time, (example, node) -> (asks change, reading)
+    recorded: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # with `methods`: per method, its gradients, its per-edge (text, claim), its claims
+    by_method: dict[str, dict[tuple[str, str], str]] = field(default_factory=dict)
+    by_edge: dict[str, dict[tuple[str, str, str], tuple[str, bool]]] = field(
+        default_factory=dict)
+    method_claims: dict[str, dict[tuple[str, str], bool]] = field(default_factory=dict)
+    # adaptive: examples whose own gradients are still to compute, and what computes them
+    pending: set[str] = field(default_factory=set)
+    backprop: Callable[[list[str]], Awaitable[None]] | None = None
+
 
 async def plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[str],
-                     lazy: bool = False) -> dict[str, Any]:
+                    lazy: bool = False) -> BlamePlan:
     """The step's failing and passing examples, the gradients to follow (logged, or
     re-computed with the run's method through the probe client) and the probe jobs.
     `lazy` (adaptive blame): the gradients the log lacks are not computed here; their
@@ -131,24 +160,21 @@ async def plan_step(run: LoggedRun, prober: Prober, which: str, methods: list[st
         pending.difference_update(ids)
         gradients.update((await backprop(run_method, ids))[0])
 
-    return {"run": run, "failing": failing, "nodes": nodes, "edits": edits, "copied": copied,
-            "unchanged": unchanged, "pending": pending, "backprop_own": backprop_own,
-            "gradients": gradients, "by_method": by_method, "by_edge": by_edge,
-            "method_claims": method_claims, "jobs": jobs,
-            "recorded": {k: v for k, v in recorded_claims(run.db, run.run_id, run.step).items()
-                         if k in logged and k in gradients and gradients[k] == logged[k]},
-            "run_method": run_method}
+    recorded = {k: v for k, v in recorded_claims(run.db, run.run_id, run.step).items()
+                if k in logged and k in gradients and gradients[k] == logged[k]}
+    return BlamePlan(run, failing, nodes, jobs, gradients, edits, copied, unchanged, recorded,
+                     by_method, by_edge, method_claims, pending, backprop_own)
 
 
-async def ready(plan: dict[str, Any], jobs: list[dict]) -> list[dict]:
+async def ready(plan: BlamePlan, jobs: list[Job]) -> list[Job]:
     """`jobs` with every pending gradient job (see `plan_step`'s `lazy`) given its
     gradient, computed now for the examples that lack one; a node that received no gradient
     on an example has no job there."""
     wanted = sorted({j["example_id"] for j in jobs if j.get("feedback", "") is None
-                     and j["example_id"] in plan["pending"]})
-    if wanted:
-        await plan["backprop_own"](wanted)
-    gradients = plan["gradients"]
+                     and j["example_id"] in plan.pending})
+    if wanted and plan.backprop is not None:
+        await plan.backprop(wanted)
+    gradients = plan.gradients
     out = []
     for job in jobs:
         if job["kind"] == "gradient" and job.get("feedback", "") is None:

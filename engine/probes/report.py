@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.core.claims import gradient_claim
 from engine.probes.adaptive import Spent
+from engine.probes.plan import BlamePlan
 from engine.probes.probe import (
     ProbeResult,
     descendants,
@@ -114,24 +115,23 @@ def edge_json(row: Evidence) -> dict[str, Any]:
             "claimed": row.claimed, "mean_score_change": row.mean_score_change}
 
 
-def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
+def summarize(run_id: str, steps: list[int], which: str, plans: list[BlamePlan],
               results: list[ProbeResult]) -> BlameReport:
-    nodes = plans[0]["nodes"] if plans else []
+    nodes = plans[0].nodes if plans else []
     grads = {n: Evidence(n, "gradient") for n in nodes}
     edits = {n: Evidence(n, "edit") for n in nodes}
-    names = list(plans[0]["by_method"]) if plans else []
+    names = list(plans[0].by_method) if plans else []
     per_method = {(m, n): Evidence(n, "gradient", m) for m in names for n in nodes}
-    graph = plans[0]["run"].graph if plans else None
+    graph = plans[0].run.graph if plans else None
     per_edge = {(m, n, t): Evidence(n, "gradient", m, edge=t) for m in names for n in nodes
                 for t in graph.successors(n)}
-    method_claims = {(m, p["run"].step, e, n): c for p in plans
-                     for m, cl in p.get("method_claims", {}).items() for (e, n), c in cl.items()}
-    edge_claims = {(m, p["run"].step, e, n, t): c for p in plans
-                   for m, edges in p.get("by_edge", {}).items()
+    method_claims = {(m, p.run.step, e, n): c for p in plans
+                     for m, cl in p.method_claims.items() for (e, n), c in cl.items()}
+    edge_claims = {(m, p.run.step, e, n, t): c for p in plans
+                   for m, edges in p.by_edge.items()
                    for (e, n, t), (_, c) in edges.items()}
-    texts = {(p["run"].step, e, n): t for p in plans for (e, n), t in p["gradients"].items()}
-    recorded = {(p["run"].step, e, n): c for p in plans
-                for (e, n), c in p.get("recorded", {}).items()}
+    texts = {(p.run.step, e, n): t for p in plans for (e, n), t in p.gradients.items()}
+    recorded = {(p.run.step, e, n): c for p in plans for (e, n), c in p.recorded.items()}
     claims = []
     for key, draws in group(results).items():
         kind, method, node, step, example, edge = key
@@ -151,9 +151,9 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
             claims.append({"step": step, "example": example, "node": node, "asks_change": asks,
                            "reading": reading, "flipped": fixed_by(draws)})
     for p in plans:
-        for n in p["copied"]:
+        for n in p.copied:
             edits[n].copy_rejected += 1
-        for n in p.get("unchanged", ()):
+        for n in p.unchanged:
             edits[n].unchanged += 1
     has_gradients = any(r.probed for r in grads.values())
     chosen, evidence, note = weigh(list(grads.values()) if has_gradients else [],
@@ -176,15 +176,15 @@ def summarize(run_id: str, steps: list[int], which: str, plans: list[dict],
     counts = {n: list(pointed.values()).count(n) for n in nodes}
     top = max(counts.values(), default=0)
     leaders = [n for n, c in counts.items() if c == top and top > 0]
-    examples = [(p["run"].step, e) for p in plans for e in p["failing"]]
+    examples = [(p.run.step, e) for p in plans for e in p.failing]
     report = BlameReport(run_id, steps, which, examples, list(grads.values()),
                          list(edits.values()), evidence, chosen,
                          leaders[0] if len(leaders) == 1 else None, claims,
                          list(per_method.values()), results=results, evidence_note=note)
     report.pointed = (top if len(leaders) == 1 else 0, len(pointed), len(claims_by_example))
     if len(plans) == 1:
-        run = plans[0]["run"]
-        origins = {n: proposal_origin(run.db, run.run_id, run.step, n) for n in plans[0]["edits"]}
+        run = plans[0].run
+        origins = {n: proposal_origin(run.db, run.run_id, run.step, n) for n in plans[0].edits}
         report.edit_origins = {n: origin for n, origin in origins.items() if origin}
     report.method_verdicts = {m: verdict([per_method[(m, n)] for n in nodes]) for m in names}
     for m, n, t in list(per_edge):  # one successor: the edge's gradient is the node's
