@@ -21,6 +21,7 @@ ALL = None  # every function of the file
 # messages it can print (ALL: the whole file).
 SOURCES: dict[str, dict[str, set[str] | None]] = {
     "import-traces": {"engine/traces/importer.py": ALL, "engine/traces/infer.py": ALL,
+                      "engine/traces/flows.py": ALL,
                       "engine/traces/otlp.py": ALL,
                       "engine/cli/traces.py": {"cmd_import_traces"}},
     "backprop": {"engine/traces/backprop.py": ALL, "engine/runlog/traces.py": ALL,

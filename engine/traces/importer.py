@@ -40,7 +40,8 @@ from engine.runlog.writer import RunLogWriter, open_for_writing, run_row
 from engine.runs.execute import default_max_tokens, make_client
 from engine.runs.settings import RunConfig
 from engine.traces import TraceError
-from engine.traces.infer import INPUT, Pipeline, Trace, infer_pipeline, plain_input
+from engine.traces.flows import Trace
+from engine.traces.infer import INPUT, Pipeline, infer_pipeline, plain_input
 from engine.traces.otlp import Span, iter_spans
 
 TARGET = "target"

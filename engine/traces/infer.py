@@ -27,6 +27,8 @@
 - Each trace is one example: its input is the root span's `input.value`, else the first
   call's last user message.
 
+How flows are found lives in engine/traces/flows.py, how nodes are named in names.py.
+
 This project's own export (`export --format otel`) holds a whole run in one trace; its
 forward calls are grouped into examples by their `semback.*` attributes instead (the
 first step's only), and its nodes by `semback.node_id`.
@@ -35,13 +37,11 @@ first step's only), and its nodes by `semback.node_id`.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.prompts import templates as P
 from engine.prompts.recorded import make_template, reply_fields, slots_used
 from engine.traces import TraceError
 from engine.traces.conventions import (
@@ -54,35 +54,22 @@ from engine.traces.conventions import (
     key_name,
     signature_name,
 )
-from engine.traces.names import SiteName, node_ids, slug
+from engine.traces.flows import (
+    PROMPT_KIND,
+    TOOL_CALL,
+    Trace,
+    check_declared,
+    considered_flows,
+    declared_edges,
+    evidence,
+    prompt_inputs,
+)
+from engine.traces.names import SiteName, node_ids
 from engine.traces.otlp import SYSTEM_ROLES, Call, Span, is_llm_span, json_value, llm_call
 
-MIN_EVIDENCE = 8  # characters: a shorter text in a later call is no evidence of flow
 INPUT = "input"  # the example field holding the pipeline's input
 OWN_NODE_KEY = "semback.node_id"
 OWN_PROMPT = "semback.prompt"  # the node's own prompt, which its messages render inside
-
-
-@dataclass
-class Trace:
-    """One trace: one example of the pipeline."""
-
-    trace_id: str
-    example_id: str
-    root_input: str
-    calls: dict[str, Call]  # node id -> its call (a loop's last)
-    templates: dict[str, Any] = field(default_factory=dict)  # engine/prompts/recorded.py
-    edges: set[tuple[str, str]] = field(default_factory=set)
-    values: dict[str, str] = field(default_factory=dict)  # node id -> the value it returned
-    units: dict[str, Span] = field(default_factory=dict)  # node id -> the span that owns it
-    prompts: dict[str, str] = field(default_factory=dict)  # node id -> its prompt here
-    loops: dict[str, int] = field(default_factory=dict)  # node id -> its calls, when > 1
-    returns: dict[str, list[str]] = field(default_factory=dict)  # node -> its unit's fields
-    # how each edge was found: "structure", "content" or "intervention"
-    found_by: dict[tuple[str, str], str] = field(default_factory=dict)
-
-    def final_output(self, node_id: str) -> str:
-        return self.values.get(node_id, self.calls[node_id].output)
 
 
 @dataclass
@@ -105,9 +92,6 @@ class Pipeline:
     max_tokens: int | None = None  # the largest reply limit the calls asked for
     # edge -> how it was found ("structure", "content", "intervention"), the first trace's
     found_by: dict[tuple[str, str], str] = field(default_factory=dict)
-
-
-TOOL_CALL = re.compile(r'<tool_call name="[^"]*">(.*)</tool_call>')
 
 
 @dataclass
@@ -167,9 +151,9 @@ def infer_pipeline(spans: Iterable[Span], node_key: str | None = None,
                              site.key[1] if len(site.key) > 1 and site.key[0] != "unit"
                              else "", site.tool) for site in sites.values()])
     roots = _roots(tree_spans)
-    prompted = _prompt_inputs(tree_spans)
+    prompted = prompt_inputs(tree_spans)
     del tree, tree_spans
-    declared = _declared(edges, set(ids.values()))
+    declared = declared_edges(edges, set(ids.values()))
     traces, ambiguous = [], []
     for group in list(groups):
         calls = groups.pop(group)  # a trace's calls, read: they are let go as it is built
@@ -178,7 +162,7 @@ def infer_pipeline(spans: Iterable[Span], node_key: str | None = None,
         trace.calls = {node: call.settled() for node, call in trace.calls.items()}
         traces.append(trace)
     _check_one_pipeline(traces)
-    _check_declared(traces, declared)
+    check_declared(traces, declared)
     edges = sorted({e for t in traces for e in t.edges})
     _check_acyclic(traces, edges)
     output = _output_node(traces, edges, ambiguous)
@@ -198,7 +182,6 @@ def infer_pipeline(spans: Iterable[Span], node_key: str | None = None,
 
 
 KIND = SPAN_KIND
-PROMPT_KIND = "PROMPT"  # OpenInference's kind of a prompt template's span
 # what the inference reads of a span once its call (if it is one) has been read: its kind,
 # and of a span that may be a unit or a root, the values it received and returned
 _ALWAYS = (KIND, "gen_ai.operation.name")
@@ -424,7 +407,7 @@ def _trace(group: tuple, calls: list[tuple[str, Call]], ids: dict[tuple, str],
         shown = [up for up in earlier if (by_node[up].system, call.system) in flows]
         told = [up for up in earlier if (up, node) in edges and up not in shown]
         declared = shown + told
-        slots = _evidence(trace, earlier, node, ambiguous, declared,
+        slots = evidence(trace, earlier, node, ambiguous, declared,
                           (prompted or {}).get(call.span.span_id, []))
         if trace.root_input.strip():
             slots.setdefault(INPUT, trace.root_input)
@@ -518,169 +501,6 @@ def _returned_fields(unit: Span | None) -> list[str]:
     return list(returned) if isinstance(returned, dict) else []
 
 
-def _names_source(field_name: str, up: str, trace: Trace) -> bool:
-    """Whether a received field's name says where it came from: the upstream node's id,
-    or a field the upstream unit returned (DSPy's `note` from NoteSentence)."""
-    return field_name != "" and (slug(field_name) == up or field_name in trace.returns[up])
-
-
-def _received(unit: Span | None) -> list[tuple[str, str]]:
-    """The values a unit received: (field, text) of its `input.value` (a JSON object's
-    string fields, or the whole text)."""
-    if unit is None:
-        return []
-    value = unit.attributes.get("input.value")
-    if not isinstance(value, str):
-        return []
-    parsed = json_value(value)
-    if isinstance(parsed, dict):
-        out = []
-        for name, v in parsed.items():
-            if isinstance(v, str):
-                out.append((name, v))
-            elif isinstance(v, dict):  # DSPy and LangChain nest keyword arguments
-                out.extend((k, x) for k, x in v.items() if isinstance(x, str))
-        return out
-    return [("", parsed if isinstance(parsed, str) else value)]
-
-
-def _evidence(trace: Trace, earlier: list[str], node: str, ambiguous: list[dict],
-              declared: list[str] = (), prompted: list[tuple[str, str]] = ()
-              ) -> dict[str, str]:
-    """upstream node -> the text of its value found in `node`'s messages: structural
-    (the node's unit received it, or the prompt template that rendered its messages:
-    `prompted`), found by intervention or declared (`declared`: where the messages hold
-    the value), or by content."""
-    call = trace.calls[node]
-    body = "\n".join(c for _, c in call.non_system())
-    system_text = call.system if call.template is not None else ""
-    slots: dict[str, str] = {}
-    # what the unit received, and what the call's template variables received
-    received = _received(trace.units.get(node)) + list(call.variables.items()) + \
-        list(prompted)
-    structural: dict[str, str] = {}
-    for name, text in received:
-        text = text.strip()
-        if not text:
-            continue
-        sources = [up for up in earlier if trace.values[up].strip() == text]
-        if len(sources) > 1:
-            named = [up for up in sources if _names_source(name, up, trace)]
-            sources = named or sources
-        if len(sources) > 1:
-            ambiguous.append({"trace_id": trace.trace_id, "from": sources, "to": node,
-                              "text": text[:80], "reason": f"the value of '{name}' came "
-                              f"from {len(sources)} calls"})
-        elif sources and (text != trace.root_input.strip()
-                          or _names_source(name, sources[0], trace)):
-            # a value the unit received from an earlier one: a flow however short, unless
-            # it is the pipeline's whole input and the field does not name its source
-            if text in body or text in system_text:
-                structural[sources[0]] = text
-            else:
-                ambiguous.append({"trace_id": trace.trace_id, "from": sources, "to": node,
-                                  "text": text[:80], "reason": f"'{node}' received the "
-                                  f"value as '{name}' but its call's messages do not hold it"})
-    slots.update(structural)
-    for up in structural:
-        trace.found_by[(up, node)] = "structure"
-    found: dict[str, str] = {}
-    for up in earlier:
-        if up in structural:
-            continue
-        upstream = trace.calls[up]
-        if upstream.span.end > call.span.start and upstream.span.end and call.span.start:
-            continue  # still running when this call began: its reply cannot be in it
-        for text in _texts(trace.values[up]):
-            if text in body or text in system_text:
-                found[up] = text
-                break
-    by_text: dict[str, list[str]] = defaultdict(list)
-    for up, text in found.items():
-        by_text[text].append(up)
-    for text, ups in by_text.items():
-        if len(ups) > 1:
-            ambiguous.append({"trace_id": trace.trace_id, "from": ups, "to": node,
-                              "text": text[:80], "reason": "the same text came from "
-                              f"{len(ups)} calls"})
-        elif trace.root_input and text in trace.root_input:
-            ambiguous.append({"trace_id": trace.trace_id, "from": ups, "to": node,
-                              "text": text[:80], "reason": "the text is also in the "
-                              "pipeline's input"})
-        elif len(text) < MIN_EVIDENCE:
-            ambiguous.append({"trace_id": trace.trace_id, "from": ups, "to": node,
-                              "text": text, "reason": f"a text shorter than {MIN_EVIDENCE} "
-                              "characters is no evidence of flow"})
-        else:
-            slots[ups[0]] = text
-            trace.found_by.setdefault((ups[0], node), "content")
-    for up in declared:  # the pipeline showed the flow: the value is a slot where it sits
-        text = trace.values[up].strip()
-        if up not in slots and text and (text in body or text in system_text):
-            slots[up] = text
-    return slots
-
-
-def _prompt_inputs(spans: list[Span]) -> dict[str, list[tuple[str, str]]]:
-    """LLM span id -> the values the prompt template that rendered its messages received:
-    the PROMPT span beside it (LangChain's ChatPromptTemplate, under the same parent), the
-    last to start before it. OpenInference records the variables there, not on the call."""
-    templates: dict[tuple[str, str], list[Span]] = defaultdict(list)
-    for s in spans:
-        if str(s.attributes.get(KIND) or "").upper() == PROMPT_KIND:
-            templates[(s.trace_id, s.parent_id)].append(s)
-    out = {}
-    for s in spans:
-        before = [t for t in templates.get((s.trace_id, s.parent_id), ()) if t.start <= s.start]
-        if before and is_llm_span(s):
-            out[s.span_id] = _received(max(before, key=lambda t: t.start))
-    return out
-
-
-def _declared(edges: Collection[tuple[str, str]], nodes: set[str]
-              ) -> frozenset[tuple[str, str]]:
-    """The flows the user declared (--edge FROM:TO), each naming two call sites."""
-    for a, b in edges:
-        for name in (a, b):
-            if name not in nodes:
-                raise TraceError(f"--edge {a}:{b}: no call site is named '{name}' (the call "
-                                 f"sites: {', '.join(sorted(nodes))})")
-        if a == b:
-            raise TraceError(f"--edge {a}:{b}: a call cannot feed itself")
-    return frozenset(edges)
-
-
-def _check_declared(traces: list[Trace], edges: frozenset[tuple[str, str]]) -> None:
-    """A declared flow that a trace contradicts is refused: there, TO was called before
-    FROM answered, so it cannot have read FROM's reply."""
-    for a, b in sorted(edges):
-        for t in traces:
-            up, down = t.calls[a].span, t.calls[b].span
-            if down.start < up.end or list(t.calls).index(b) < list(t.calls).index(a):
-                raise TraceError(f"--edge {a}:{b}: trace {t.trace_id} contradicts it: '{b}' "
-                                 f"was called before '{a}' answered, so it cannot read "
-                                 "that reply")
-
-
-def _texts(reply: str) -> list[str]:
-    """What of a reply may be passed on: the reply itself, the text in its output tags, or
-    a tool call's arguments, whole or each value (longest first: code that formats a
-    forced call's arguments into the next prompt passes on only the values)."""
-    out = [reply.strip()]
-    inner, _ = P.parse_output(reply)
-    called = TOOL_CALL.fullmatch(reply.strip())
-    arguments = json_value(called[1] if called else reply)
-    parts = [inner.strip()]
-    if called:
-        parts.append(called[1].strip())
-    if isinstance(arguments, dict):
-        parts += sorted((str(v).strip() for v in arguments.values()
-                         if isinstance(v, (str, int, float)) and not isinstance(v, bool)),
-                        key=len, reverse=True)
-    out += [p for p in parts if p and p not in out]
-    return [t for t in out if t]
-
-
 def _check_one_pipeline(traces: list[Trace]) -> None:
     sets = {frozenset(t.calls) for t in traces}
     if len(sets) == 1:
@@ -743,7 +563,7 @@ def _output_node(traces: list[Trace], edges: list[tuple[str, str]],
     if len(sinks) == 1:
         return sinks[0]
     unsure = [a for a in ambiguous if set(a["from"]) & set(sinks)]
-    considered = _considered(unsure, sinks, nodes, len(traces))
+    considered = considered_flows(unsure, sinks, nodes, len(traces))
     shown = "; ".join(f"{c['from']} -> {c['to']}: {c['reason']}"
                       + (f" ('{c['text']}')" if c["text"] else "")
                       + f" in {c['traces']} of {len(traces)} traces" for c in considered[:4])
@@ -752,32 +572,6 @@ def _output_node(traces: list[Trace], edges: list[tuple[str, str]],
                      f"shows, so the pipeline's final call is not one. Flows considered and "
                      f"not taken: {shown}{more}. Declare a flow the content cannot show with "
                      "--edge FROM:TO", {"ambiguous": unsure, "candidates": considered})
-
-
-def _considered(unsure: list[dict], sinks: list[str], nodes: list[str], traces: int
-                ) -> list[dict[str, Any]]:
-    """The flows out of the calls that feed nothing that the import considered, and why
-    each was not taken, one entry a flow and reason (`traces`: in how many traces;
-    `text`: the first trace's text): the ambiguous ones, and for a call none of whose
-    reply's text is in any later call, each later call it might have fed."""
-    out: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for a in unsure:
-        for up in a["from"]:
-            if up in sinks:
-                entry = out.setdefault((up, a["to"], a["reason"]), {
-                    "from": up, "to": a["to"], "text": a["text"], "reason": a["reason"],
-                    "traces": 0, "trace_ids": set()})
-                entry["trace_ids"].add(a["trace_id"])
-    for up in sinks:
-        if any(k[0] == up for k in out):
-            continue
-        for down in nodes[nodes.index(up) + 1:]:
-            out[(up, down, "")] = {"from": up, "to": down, "text": "", "reason": (
-                "no text of its reply (whole, in output tags, or a tool call's arguments) is "
-                f"in the messages of '{down}'"), "traces": traces, "trace_ids": set()}
-    for entry in out.values():
-        entry["traces"] = len(entry.pop("trace_ids")) or entry["traces"]
-    return list(out.values())
 
 
 def _nodes(traces: list[Trace], edges: list[tuple[str, str]]) -> dict[str, NodeInfo]:
