@@ -555,7 +555,7 @@ def test_check_the_blame_says_which_nodes_tie(log, tmp_path, monkeypatch):
     tie = Verdict(None, "a tie: the 90% intervals of answer and mood (answer 4/4, mood 4/4) "
                         "each lie above every other node's but overlap one another's", None,
                   ["answer", "mood"])
-    monkeypatch.setattr("dashboard.views.blame.logged_verdict",
+    monkeypatch.setattr("dashboard.widgets.blame.logged_verdict",
                         lambda *a, **k: (tie, "edit"))
     shown = text(learn(db, "Check the blame", run=log.demo, step=1))
     assert "The probes tie on `answer` and `mood`: a tie: the 90% intervals of answer and " \

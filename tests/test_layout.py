@@ -193,3 +193,17 @@ def test_the_sql_check_sees_a_query():
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
         fh.write('q = ("SELECT step "\n     "FROM steps WHERE run_id = ?")\nlabel = "Select a run"\n')
     assert sql_strings(Path(fh.name)) == ["SELECT step FROM steps WHERE run_id = ?"]
+
+
+def test_views_are_pure_and_widgets_draw():
+    """dashboard/views/ turns rows into what a page shows: it imports no streamlit, starts
+    no process and imports no widget or job; dashboard/widgets/ draws (docs/architecture.md)."""
+    views = ROOT / "dashboard" / "views"
+    for path in sorted(views.glob("*.py")):
+        names = imports_of(path)
+        assert not any(n == "streamlit" or n.startswith("streamlit.") for n in names), path.name
+        assert not any(n.startswith(("subprocess", "dashboard.widgets", "dashboard.jobs",
+                                     "dashboard.trace_jobs", "dashboard.screens"))
+                       for n in names), path.name
+        assert "dashboard.jobs" not in names and "dashboard" not in {
+            n for n in names if n.endswith(".jobs")}, path.name

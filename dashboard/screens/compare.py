@@ -11,8 +11,10 @@ import streamlit as st
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
 from dashboard.views.figures import compare_curves
-from dashboard.views.text import fmt, md, plural, show_diff, show_side_by_side
-from dashboard.views.validation import best_validation, fork_validation
+from dashboard.views.text import fmt, md, plural
+from dashboard.views.validation import best_validation
+from dashboard.widgets.text import show_diff, show_side_by_side
+from dashboard.widgets.validation import fork_validation
 
 OTHER_KEY = "other"
 PAIR_KEY = "pair"  # the example whose gradients are paired (a row picked in the table)

@@ -10,9 +10,11 @@ import streamlit as st
 
 from dashboard import data, links
 from dashboard.state import need_run, need_step, selection
-from dashboard.views.blame import blame_button, blame_cell
-from dashboard.views.text import fmt, md, show_messages, show_text
+from dashboard.views.blame import blame_cell
+from dashboard.views.text import fmt, md
 from dashboard.views.trace import model_ms, trace_header
+from dashboard.widgets.blame import blame_button
+from dashboard.widgets.text import show_messages, show_text
 
 PAGE_SIZE = 50
 SPLITS = ["all", "train", "val", "test"]

@@ -9,11 +9,14 @@ import streamlit as st
 
 from dashboard import data, links, probe_data
 from dashboard.state import need_run, need_step, selection
-from dashboard.views.blame import blame_button, interval_text, just_finished, show_verdict
+from dashboard.views.blame import interval_text
 from dashboard.views.colors import QUANTITIES
-from dashboard.views.graph_view import coloring, draw_graph, llm_nodes, node_rows
-from dashboard.views.method_compare import compare_section, latest_report
-from dashboard.views.text import md, round_chars, show_text
+from dashboard.views.graph_view import coloring, llm_nodes, node_rows
+from dashboard.views.text import md, round_chars
+from dashboard.widgets.blame import blame_button, just_finished, show_verdict
+from dashboard.widgets.graph_view import draw_graph
+from dashboard.widgets.method_compare import compare_section, latest_report
+from dashboard.widgets.text import show_text
 from engine.runs.settings import edge_sources_line
 
 FLOWS = {"example": "this example", "all": "all sampled examples"}

@@ -11,7 +11,8 @@ import streamlit as st
 
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
-from dashboard.views.text import fmt, md, plural, show_side_by_side, show_text
+from dashboard.views.text import fmt, md, plural
+from dashboard.widgets.text import show_side_by_side, show_text
 from engine.core.optimizer import PRUNED_REASON
 from engine.data.stats import bracketed, score_interval
 from engine.events import same_prompt

@@ -6,19 +6,20 @@ import streamlit as st
 
 from dashboard import data, probe_data
 from dashboard.state import need_run, need_step, selection
-from dashboard.views.blame import blame_button
-from dashboard.views.panes import (
+from dashboard.views.panes import candidate_count
+from dashboard.views.text import md
+from dashboard.widgets.blame import blame_button
+from dashboard.widgets.panes import (
     aggregate_pane,
     call_metrics,
-    candidate_count,
     forward_pane,
     gradients_received,
     gtbp_pane,
     sent_pane,
     update_pane,
 )
-from dashboard.views.text import md, show_text
-from dashboard.views.whatif import fork_panel, whatif_panel
+from dashboard.widgets.text import show_text
+from dashboard.widgets.whatif import fork_panel, whatif_panel
 
 sel = selection()
 graph = need_run(sel)

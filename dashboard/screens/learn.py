@@ -9,30 +9,22 @@ import streamlit as st
 from dashboard import data, jobs, probe_data
 from dashboard.state import PENDING_RUN_KEY, Selection, selection
 from dashboard.views.colors import QUANTITIES
-from dashboard.views.graph_view import draw_graph
 from dashboard.views.learn_stages import (
     FIX_TEXT,
     SIBLING_BLIND,
     STAGES,
-    blame_stage,
-    fix_stage,
     forward_text,
-    gate_stage,
     gradient_text,
     graph_text,
     loss_text,
-    without_siblings,
 )
-from dashboard.views.method_compare import compare_section
-from dashboard.views.panes import (
-    candidate_count,
-    forward_pane,
-    gradients_received,
-    loss_pane,
-    update_pane,
-)
+from dashboard.views.panes import candidate_count
 from dashboard.views.quality import noise_note
 from dashboard.views.text import md
+from dashboard.widgets.graph_view import draw_graph
+from dashboard.widgets.learn_stages import blame_stage, fix_stage, gate_stage, without_siblings
+from dashboard.widgets.method_compare import compare_section
+from dashboard.widgets.panes import forward_pane, gradients_received, loss_pane, update_pane
 
 TOUR_KEY = "tour"
 TEXT = {

@@ -17,8 +17,8 @@ from dashboard.state import (
     selection,
 )
 from dashboard.views.models import model_offer
-from dashboard.views.run_panel import run_panel
 from dashboard.views.text import fmt, md
+from dashboard.widgets.run_panel import run_panel
 
 SAMPLE_GRAPHS = jobs.ROOT / "sample_graphs"
 UPLOAD = "(upload a graph file)"

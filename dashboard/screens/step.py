@@ -6,18 +6,18 @@ import streamlit as st
 
 from dashboard import data, probe_data
 from dashboard.state import need_run, need_step, selection, set_node
-from dashboard.views.graph_view import draw_graph
-from dashboard.views.panes import (
+from dashboard.views.panes import candidate_count
+from dashboard.views.text import md
+from dashboard.views.walk import walk
+from dashboard.widgets.graph_view import draw_graph
+from dashboard.widgets.panes import (
     aggregate_pane,
-    candidate_count,
     forward_pane,
     gradients_received,
     loss_pane,
     sent_pane,
     update_pane,
 )
-from dashboard.views.text import md
-from dashboard.views.walk import walk
 
 WALK_KEY = "walk"
 COLOR_BY_PHASE = {"forward": "blame", "loss": "blame", "backward": "grad_chars",

@@ -14,9 +14,9 @@ import streamlit as st
 
 from dashboard import data, jobs, trace_jobs
 from dashboard.state import selection
-from dashboard.views import job_watch
 from dashboard.views.collected import Collected, ago
 from dashboard.views.text import md
+from dashboard.widgets import job_watch
 
 TOGGLE_KEY = "receive_traces"
 IMPORT_SLOT = "import-traces"

@@ -1,3 +1,4 @@
-"""What pages draw. Most modules here are functions that turn run-log rows into figures,
-HTML, diffs and graph specs, testable without Streamlit; a few (graph_component, text,
-whatif, panes, run_panel, learn_stages) are Streamlit pieces shared by several pages."""
+"""What pages show, pure: functions that turn run-log rows into figures, HTML, diffs,
+graph specs and sentences, testable without Streamlit. No module here imports streamlit
+or starts a process (tests/test_layout.py checks): what draws with Streamlit, or starts
+a job, is in dashboard/widgets/."""

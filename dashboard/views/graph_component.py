@@ -1,20 +1,17 @@
 """The one graph drawing every page uses: a bidirectional Streamlit component around
 vis-network, served from `dashboard/components/graph/` (no CDN). Clicking a node sends
 its id back; the callback makes it the selected node (the sidebar picker and the `node`
-query parameter follow)."""
+query parameter follow).
+
+Its pure parts, computed from run-log rows and testable without Streamlit; the
+Streamlit pieces that draw it (and start its jobs) are dashboard/widgets/graph_component.py."""
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
-import streamlit as st
-import streamlit.components.v1 as components
-
-from dashboard.state import set_node
-
 FOLDER = Path(__file__).resolve().parents[1] / "components" / "graph"
-_draw = components.declare_component("semback_graph", path=str(FOLDER))
+
 
 
 def clicked(value: object) -> str | None:
@@ -22,12 +19,3 @@ def clicked(value: object) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("node"), str):
         return value["node"]
     return None
-
-
-def _on_click(key: str) -> None:
-    set_node(clicked(st.session_state.get(key)))
-
-
-def graph_drawing(spec: dict, *, key: str = "graph_drawing") -> None:
-    """Draw `spec` (from `graph_spec.graph_spec`); a click on a node selects it."""
-    _draw(spec=spec, key=key, default=None, on_change=partial(_on_click, key))

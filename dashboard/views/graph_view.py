@@ -1,5 +1,8 @@
 """The graph drawing (one vis-network component; a click selects a node), decorated for
-the selected step."""
+the selected step.
+
+Its pure parts, computed from run-log rows and testable without Streamlit; the
+Streamlit pieces that draw it (and start its jobs) are dashboard/widgets/graph_view.py."""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ from dashboard import data, probe_data
 from dashboard.state import Selection
 from dashboard.views import graph_model as gh
 from dashboard.views.colors import Coloring, color_nodes
-from dashboard.views.graph_component import graph_drawing
-from dashboard.views.graph_spec import graph_spec
 from dashboard.views.text import chars, fmt
 from engine.probes.verdict import LoggedBlame, NodeFact, logged_blame
 
@@ -113,10 +114,3 @@ def node_tooltips(sel: Selection, graph: data.RunGraph, stats: list[dict],
             lines.append(f"output for {sel.example}: {outputs[node]}")
         tips[node] = "\n".join(lines)
     return tips
-
-
-def draw_graph(sel: Selection, graph: data.RunGraph, quantity: str, *,
-               key: str = "graph_drawing", **kwargs) -> None:
-    """The one drawing of the graph (vis-network component); clicking a node selects it."""
-    deco = decoration(sel, graph, quantity, **kwargs)
-    graph_drawing(graph_spec(graph.model, deco), key=key)

@@ -3,28 +3,29 @@ page: a button starts `python -m engine blame RUN --step S --method ... --json` 
 background, its progress shows live, and its JSON report becomes, per node, each method's
 gradient efficacy (flips over probed failing examples, with the 90% interval) and one
 sentence of what the evidence says. Both pages read the numbers from `comparison_rows`,
-so the two cannot disagree. A finished comparison of the step is shown without re-running."""
+so the two cannot disagree. A finished comparison of the step is shown without re-running.
+
+Its pure parts, computed from run-log rows and testable without Streamlit; the
+Streamlit pieces that draw it (and start its jobs) are dashboard/widgets/method_compare.py."""
 
 from __future__ import annotations
 
 import pandas as pd
-import streamlit as st
-
-from dashboard import jobs
-from dashboard.views import job_watch
-from dashboard.views.text import md
 
 LABEL = "Compare the methods on these traces"
+
 
 
 def slot(run: str, step: int) -> str:
     return f"compare|{run}|{int(step)}"
 
 
+
 def efficacy(flips: int, probed: int, interval) -> str:
     """'2/3 [25%, 92%]': flips over probed, with the report's 90% interval."""
     low, high = (float(interval[0]), float(interval[1])) if interval else (0.0, 1.0)
     return f"{int(flips)}/{int(probed)} [{low:.0%}, {high:.0%}]"
+
 
 
 def comparison_rows(report: dict | None) -> pd.DataFrame:
@@ -39,12 +40,14 @@ def comparison_rows(report: dict | None) -> pd.DataFrame:
                                        "efficacy"])
 
 
+
 def edge_rows(report: dict | None) -> pd.DataFrame:
     """The report's per-edge rows (`edges`, when the engine wrote them), as a table."""
     rows = [{"method": str(r["method"]), "edge": f"{r['source']} → {r['target']}",
              "efficacy": efficacy(r["flips"], r["probed"], r["interval"])}
             for r in (report or {}).get("edges") or []]
     return pd.DataFrame(rows, columns=["method", "edge", "efficacy"])
+
 
 
 def by_node(rows: pd.DataFrame) -> pd.DataFrame:
@@ -55,6 +58,7 @@ def by_node(rows: pd.DataFrame) -> pd.DataFrame:
     table = rows.pivot(index="node", columns="method", values="efficacy")
     nodes = list(dict.fromkeys(rows["node"]))
     return table.reindex(index=nodes, columns=order).reset_index()
+
 
 
 def verdict(rows: pd.DataFrame, node: str) -> str:
@@ -76,62 +80,3 @@ def verdict(rows: pd.DataFrame, node: str) -> str:
     n = ", ".join(sorted({str(p) for p in shares["probed"]}))
     return (f"At {node} the 90% intervals overlap ({counts}; n = {n}): the evidence cannot "
             "rank the methods yet.")
-
-
-def latest_report(db: str, run: str, step: int) -> tuple[jobs.Job | None, dict | None]:
-    """The newest finished comparison of (run, step) with a readable report."""
-    for job in jobs.compare_jobs(db, run, step):
-        if job.returncode == 0:
-            report = jobs.job_report(job)
-            if report is not None:
-                return job, report
-    return None, None
-
-
-def _running_elsewhere(db: str, run: str, step: int) -> list[jobs.Job]:
-    return [j for j in jobs.compare_jobs(db, run, step) if j.returncode is None]
-
-
-def compare_button(db: str, run: str, step: int, *, key: str, label: str = LABEL) -> bool:
-    """The button, or the live progress of the comparison it started; True while one runs."""
-    watched = job_watch.follow(slot(run, step),
-                               extra=lambda: _running_elsewhere(db, run, step))
-    if any(job.returncode is None for job in watched):
-        return True
-    if st.button(label, key=key, icon=":material/compare_arrows:",
-                 help=f"Re-run each method's backward pass ({', '.join(jobs.COMPARE_METHODS)})"
-                 f" on the failing examples of step {step} and follow its gradients "
-                 f"(python -m engine blame {run} --step {step} --method ... --json), in "
-                 "the background"):
-        job = jobs.start_compare(run, db, step)
-        job_watch.remember(slot(run, step), job)
-        st.rerun()
-    return False
-
-
-def show_comparison(report: dict | None, *, key: str) -> None:
-    """The per-node table of each method's gradient efficacy, and the sentences."""
-    rows = comparison_rows(report)
-    if rows.empty:
-        st.caption("The comparison found no node to probe (no failing example at this step).")
-        return
-    st.markdown("**Gradient efficacy per method**: failing examples fixed by following the "
-                "method's gradient / failing examples probed, [90% interval].")
-    st.table(by_node(rows).set_index("node"))
-    for node in dict.fromkeys(rows["node"]):
-        st.markdown(md(verdict(rows, node)))
-    edges = edge_rows(report)
-    if not edges.empty:
-        st.markdown("**Per edge** (a successor's gradient followed alone):")
-        st.table(edges.pivot(index="edge", columns="method", values="efficacy")
-                 .reindex(columns=list(dict.fromkeys(edges["method"]))))
-
-
-def compare_section(db: str, run: str, step: int, *, key: str, label: str = LABEL) -> None:
-    """The button (or its live progress) and the newest finished comparison's result."""
-    running = compare_button(db, run, step, key=key, label=label)
-    job, report = latest_report(db, run, step)
-    if report is not None and not running:
-        if not job_watch.watched(slot(run, step)):  # started elsewhere: say which job
-            st.caption(f"Comparison of step {step} ({md(job_watch.describe(job))}).")
-        show_comparison(report, key=key)

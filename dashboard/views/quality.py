@@ -1,21 +1,25 @@
 """Gradients that carry no signal: an empty reply, a single word, or a reply that mostly
 repeats the backward prompt it was given. A small model (the embedded ones) writes
 many of these, and a page that shows a gradient says so beside it rather than presenting
-it as advice."""
+it as advice.
+
+Its pure parts, computed from run-log rows and testable without Streamlit; the
+Streamlit pieces that draw it (and start its jobs) are dashboard/widgets/quality.py."""
 
 from __future__ import annotations
 
 import json
 import re
 
-import streamlit as st
-
 SHINGLE = 6  # words: a run of this many copied from the prompt is an echo, not a thought
+
 ECHO_SHARE = 0.5  # of the reply's word runs found in the prompt
+
 NOISE_NOTE = ("A small model writes gradients that are often noise: empty, one word, or "
               "pieces of the prompt it was given. Read them as the model's guess, not as a "
               "diagnosis; the probes (Check the blame, What if) are how you tell whether "
               "following one fixes the answer.")
+
 
 
 def noise_note(model: str | None) -> str:
@@ -25,11 +29,15 @@ def noise_note(model: str | None) -> str:
     return NOISE_NOTE.replace("A small model", f"A small embedded model such as this run's "
                               f"{model}", 1)
 
+
+
 _WORD = re.compile(r"[\w']+")
+
 
 
 def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
+
 
 
 def prompt_text(messages_json: object) -> str:
@@ -39,6 +47,7 @@ def prompt_text(messages_json: object) -> str:
     except ValueError:
         return ""
     return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+
 
 
 def degenerate(text: object, prompt: str = "") -> str | None:
@@ -59,12 +68,3 @@ def degenerate(text: object, prompt: str = "") -> str | None:
         if sum(run in runs for run in mine) >= ECHO_SHARE * len(mine):
             return "echoes the prompt"
     return None
-
-
-def mark(text: object, messages_json: object = None) -> bool:
-    """Under a shown gradient: a warning naming why it is degenerate. True when it was."""
-    why = degenerate(text, prompt_text(messages_json))
-    if why is None:
-        return False
-    st.warning(f"Degenerate gradient ({why}). {NOISE_NOTE}", icon=":material/blur_on:")
-    return True

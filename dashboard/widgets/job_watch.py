@@ -16,11 +16,14 @@ from dashboard import jobs
 from dashboard.views.text import md
 
 WATCH_KEY = "_watched_jobs"  # slot -> [job record path, ...], this session
+
 POLL_SECONDS = 1.5
+
 
 
 def _slots() -> dict[str, list[str]]:
     return st.session_state.setdefault(WATCH_KEY, {})
+
 
 
 def remember(slot: str, job: jobs.Job) -> None:
@@ -30,16 +33,19 @@ def remember(slot: str, job: jobs.Job) -> None:
         records.insert(0, str(job.record))
 
 
+
 def watched(slot: str) -> list[jobs.Job]:
     """The jobs watched in `slot`, newest first, exit codes refreshed."""
     found = [jobs.load(record) for record in _slots().get(slot, [])]
     return [job for job in found if job is not None]
 
 
+
 def last_line(job: jobs.Job) -> str:
     """The newest non-empty line of the job's log (the engine's progress, or its error)."""
     rows = [row for row in jobs.log_tail(job, lines=8).splitlines() if row.strip()]
     return rows[-1].strip() if rows and not rows[-1].startswith("$ ") else ""
+
 
 
 def describe(job: jobs.Job) -> str:
@@ -51,9 +57,11 @@ def describe(job: jobs.Job) -> str:
     return f"{job.kind} {job.run_id} {how} in {int(job.seconds)} s{on}"
 
 
+
 EXAMPLE_WORDS = {"val": "validation examples", "failing": "training examples",
                  "sampled": "back-propagated examples", "all": "training and validation "
                  "examples"}
+
 
 
 def _examples(job: jobs.Job) -> str:
@@ -64,6 +72,7 @@ def _examples(job: jobs.Job) -> str:
         return ""
     chosen = command[command.index("--examples") + 1]
     return f" · on {EXAMPLE_WORDS.get(chosen, f'examples {chosen}')}"
+
 
 
 def follow(slot: str, extra: Callable[[], list[jobs.Job]] | None = None) -> list[jobs.Job]:
@@ -82,12 +91,14 @@ def follow(slot: str, extra: Callable[[], list[jobs.Job]] | None = None) -> list
     return listed
 
 
+
 def _merge(*groups: list[jobs.Job]) -> list[jobs.Job]:
     seen: dict[str, jobs.Job] = {}
     for group in groups:
         for job in group:
             seen.setdefault(job.log, job)
     return sorted(seen.values(), key=lambda j: j.started_at, reverse=True)
+
 
 
 @st.fragment(run_every=POLL_SECONDS)
