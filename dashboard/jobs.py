@@ -10,7 +10,6 @@ the jobs again.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.processes import die_with_parent
 from engine.runlog import lake
 from engine.runs.settings import DEFAULTS, as_flags
 
@@ -206,7 +206,6 @@ def launch(cmd: list[str], run_id: str, db: str, steps: int, name: str, kind: st
     return job
 
 
-_PR_SET_PDEATHSIG = 1
 _TIED: list[subprocess.Popen] = []  # processes that end with this one
 
 
@@ -236,20 +235,7 @@ def _spawn_tied(cmd: list[str], options: dict[str, Any]) -> subprocess.Popen:
 
 def _die_with_parent() -> Any:
     """A preexec_fn asking the kernel for SIGTERM when the forking thread ends (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
+    return die_with_parent(signal.SIGTERM)
 
 
 @atexit.register

@@ -147,6 +147,19 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
+def sampling_options(request: LLMRequest) -> dict[str, Any]:
+    """The request's optional sampling settings as a chat-completions call takes them
+    (seed, top_p, stop): only those set, for every backend that sends them."""
+    out: dict[str, Any] = {}
+    if request.seed is not None:
+        out["seed"] = request.seed
+    if request.top_p is not None:
+        out["top_p"] = request.top_p
+    if request.stop:
+        out["stop"] = list(request.stop)
+    return out
+
+
 def tool_call_text(content: str, calls: list[tuple[str, str]]) -> str:
     """A reply as text when it asks for tools: its content (if any), then one line
     `<tool_call name="NAME">ARGUMENTS</tool_call>` a call, the arguments as JSON in

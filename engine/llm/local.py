@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.llm.base import LLMError, LLMReply, LLMRequest
+from engine.llm.base import LLMError, LLMReply, LLMRequest, sampling_options
 from engine.llm.models import DEFAULT_MODEL, MODELS, ResolvedModel, packaged_file, resolve_model
 from engine.llm.schema import token_budget
 
@@ -240,12 +240,7 @@ class LocalBackend:
                 # a tiny model loops on its own words; a firmer penalty keeps replies short
                 "repeat_penalty": REPEAT_PENALTY,
             }
-            if request.seed is not None:
-                kwargs["seed"] = request.seed
-            if request.top_p is not None:
-                kwargs["top_p"] = request.top_p
-            if request.stop:
-                kwargs["stop"] = list(request.stop)
+            kwargs.update(sampling_options(request))
             if request.schema is not None:
                 kwargs["grammar"] = self._grammar(request.schema)
                 kwargs["repeat_penalty"] = REPEAT_PENALTY_JSON

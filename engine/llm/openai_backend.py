@@ -27,6 +27,7 @@ from engine.llm.base import (
     SchemaRefused,
     TransientLLMError,
     estimate_tokens,
+    sampling_options,
     tool_call_text,
 )
 
@@ -126,12 +127,7 @@ class OpenAIBackend:
             "temperature": request.temperature,
             "max_tokens": request.max_tokens,
         }
-        if request.seed is not None:
-            kwargs["seed"] = request.seed
-        if request.top_p is not None:
-            kwargs["top_p"] = request.top_p
-        if request.stop:
-            kwargs["stop"] = list(request.stop)
+        kwargs.update(sampling_options(request))
         if request.schema is not None:
             kwargs["response_format"] = response_format(request)
         if request.tools:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
@@ -57,6 +56,7 @@ from engine.llm.local import (
     reply_tokens,
 )
 from engine.llm.openai_backend import OpenAIBackend
+from engine.processes import die_with_parent
 
 BINARY_NAME = "llama-server"
 BINARY_ENV = "SEMBACK_LLAMA_SERVER"  # a llama-server binary to use instead of the venv's
@@ -84,7 +84,6 @@ SERVER_REPEAT_PENALTY = 1.0
 SERVER_FLAGS = ("--load-mode", "none")
 START_TIMEOUT = 180.0  # seconds for the model to load and /health to answer 200
 SERVING_MODES = ("auto", "server", "in-process")
-_PR_SET_PDEATHSIG = 1
 _LIVE: set[LlamaServer] = set()  # running servers, stopped at exit even if dropped
 
 
@@ -111,21 +110,8 @@ def free_port() -> int:
 def _die_with_parent() -> Any:
     """A preexec_fn that asks the kernel to send the child SIGKILL when its parent dies
     (Linux); None elsewhere. SIGKILL, not SIGTERM: llama-server catches SIGTERM to shut down
-    gracefully and was seen to live on after it (it holds nothing worth saving). The C function is looked up here, before the fork."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
+    gracefully and was seen to live on after it (it holds nothing worth saving)."""
+    return die_with_parent(signal.SIGKILL)
 
 
 class LlamaServer:

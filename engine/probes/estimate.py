@@ -16,6 +16,7 @@ from engine.runlog.probing import (
     run_paces,
     step_failing,
 )
+from engine.runs.estimate import duration
 
 
 def blame_estimate(plans: list[BlamePlan], draws: int, adaptive: bool) -> str:
@@ -78,19 +79,13 @@ def _estimate_line(probes: int, forward: int, optimizer: int,
     when = ""
     if paces:
         seconds = forward * paces[0] + optimizer * paces[1]
-        when = (f" ({forward} forward, {optimizer} optimizer), {_duration(seconds)} at "
+        when = (f" ({forward} forward, {optimizer} optimizer), {duration(seconds, 'about ')} at "
                 f"this run's pace ({_pace(paces[0])} a forward call, {_pace(paces[1])} an "
                 "optimizer call; cached calls are faster)")
     how = ("adaptive: probed in rounds of a few examples, it stops where the probes no "
            "longer decide anything, so it usually makes far fewer; --exhaustive makes all"
            if adaptive else "every planned probe is made")
     return f"blame: up to {probes} probes, about {calls} model calls{when}; {how}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 1:
-        return "under a second"
-    return f"about {seconds:.0f} s" if seconds < 120 else f"about {seconds / 60:.0f} min"
 
 
 def _pace(seconds: float) -> str:

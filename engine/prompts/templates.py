@@ -151,12 +151,8 @@ BACKWARD_INPUT_TASKS = """The inputs written by earlier steps ({names}) were wri
 """
 BACKWARD_INPUT_TASK = '<task of="{name}">\n{task}\n</task>'
 
-BACKWARD_EXAMPLE = """
-
-For one example {reads}:
-{inputs}
-
-It produced this output:
+# an output and the feedback on it, as the backward and the probe-rewrite calls show them
+OUTPUT_AND_FEEDBACK = """It produced this output:
 <output>
 {output}
 </output>
@@ -165,6 +161,13 @@ Feedback on this output:
 <feedback>
 {feedback}
 </feedback>"""
+
+BACKWARD_EXAMPLE = """
+
+For one example {reads}:
+{inputs}
+
+""" + OUTPUT_AND_FEEDBACK
 
 BACKWARD_READS = "it read these inputs"
 # a call imported from traces: the messages it read, not only its inputs (BackwardView.read)
@@ -410,15 +413,7 @@ PROBE_REWRITE_SYSTEM = (
 PROBE_REWRITE = """A step of the pipeline read these inputs:
 {inputs}
 
-It produced this output:
-<output>
-{output}
-</output>
-
-Feedback on this output:
-<feedback>
-{feedback}
-</feedback>
+""" + OUTPUT_AND_FEEDBACK + """
 
 Rewrite the output as the feedback says it should have been, taking what it needs from the \
 inputs. Write only the rewritten output, between <output> and </output>."""

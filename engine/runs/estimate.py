@@ -114,7 +114,7 @@ class RunEstimate:
         money = (f"${cost:.2f} (at most ${most:.2f})" if cost is not None
                  else f"cost unknown (no price for {self._unpriced()})")
         seconds = self.seconds()
-        time = "" if seconds is None else f", ~{duration(seconds)} " + (
+        time = "" if seconds is None else f", {duration(seconds, '~')} " + (
             "at this model's measured speed" if self.sizes.speed_measured else
             "at the speed of a two-core machine (no run of these models here yet)")
         assumed = "; assumed: " + ", ".join(self.sizes.assumptions) \
@@ -149,8 +149,12 @@ class RunEstimate:
         return ", ".join(dict.fromkeys(m for m in self.models if m not in self.prices))
 
 
-def duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+def duration(seconds: float, about: str = "") -> str:
+    """A time as people say it, with one cut-off everywhere (run and blame estimates):
+    "under a second", "{about}40 s", "{about}3 min"; `about`: "~" or "about "."""
+    if seconds < 1:
+        return "under a second"
+    return f"{about}{seconds:.0f} s" if seconds < 90 else f"{about}{seconds / 60:.0f} min"
 
 
 def compact(n: int) -> str:
