@@ -478,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli import collect as collect_cli
     from engine.cli import diff as diff_cli
     from engine.cli import gateway as gateway_cli
+    from engine.cli import mcp as mcp_cli
     from engine.cli import models as models_cli
     from engine.cli import probes as probe_cli
     from engine.cli import prompts as prompts_cli
@@ -493,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     prompts_cli.register_cli(sub)
     collect_cli.register_cli(sub)
     gateway_cli.register_cli(sub)
+    mcp_cli.register_cli(sub)
     runlog_cli.register_cli(sub)
     _lake_flags(sub)
     return parser
