@@ -217,7 +217,7 @@ def test_runs_survives_a_run_stopped_during_step_zero(tmp_path, capsys):
 
 
 def test_a_run_stopped_in_step_zero_says_so_and_how_to_resume(tmp_path, capsys):
-    from engine.cli.commands import print_summary
+    from engine.cli.summary import print_summary
 
     db = tmp_path / "runs.duckdb"
     result = run_stopped_in_step_zero(tmp_path, db)

@@ -10,7 +10,7 @@ import sys
 from itertools import groupby
 from pathlib import Path
 
-from engine.cli.commands import validation_change
+from engine.cli.summary import validation_change
 from engine.events import CallRecord, Progress, StepFinished
 from engine.runs.progress import progress_line
 from tests.support.graphs import TWO_HINTS, arithmetic_rows, run_engine, write_graph
