@@ -64,7 +64,7 @@ from engine.traces.flows import (
     evidence,
     prompt_inputs,
 )
-from engine.traces.names import SiteName, node_ids
+from engine.traces.names import SiteName, node_ids, tool_of
 from engine.traces.otlp import SYSTEM_ROLES, Call, Span, is_llm_span, json_value, llm_call
 
 INPUT = "input"  # the example field holding the pipeline's input
@@ -278,7 +278,7 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
             retried = {s.span_id for s in below}  # one node, all its calls
         units.append(up)
     if not units:
-        return Site(mine, mine[0], None, _tool(call))
+        return Site(mine, mine[0], None, tool_of(call))
     # the unit that names the node: one named by a signature, else by its own name; its
     # values are the node's (without a name: the highest unit that returned a value)
     named_units = [(u, n) for u in units if (n := _unit_name(u))]
@@ -294,17 +294,6 @@ def _site(call: Call, key: str | None, tree: _Tree) -> Site:
             return Site(mine, mine[0], unit)
         named = "_".join(fields)
     return Site(("unit", named), named, unit)
-
-
-def _tool(call: Call) -> str | None:
-    """The tool a call is made to call (its forced tool_choice), else its only tool."""
-    tools = call.tools or {}
-    choice = tools.get("tool_choice")
-    if isinstance(choice, dict):
-        return str((choice.get("function") or {}).get("name") or "") or None
-    offered = [str((t.get("function") or {}).get("name") or "") for t in tools.get("tools")
-               or [] if isinstance(t, dict)]
-    return offered[0] or None if len(offered) == 1 else None
 
 
 def _adapter_retry(unit: Span, below: list[Span], tree: _Tree) -> bool:

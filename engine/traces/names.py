@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from engine.traces.conventions import GENERIC_NAMES
+from engine.traces.otlp import Call
 
 ROLE = re.compile(r"\s*you\s+are\s+(?:a|an|the)\s+", re.I)
 # words that end a role's name ("order assistant | of the shop")
@@ -104,3 +105,14 @@ def node_ids(sites: list[SiteName]) -> dict[tuple, str]:
         taken.add(node_id)
         ids[key] = node_id
     return ids
+
+
+def tool_of(call: Call) -> str | None:
+    """The tool a call is made to call (its forced tool_choice), else its only tool."""
+    tools = call.tools or {}
+    choice = tools.get("tool_choice")
+    if isinstance(choice, dict):
+        return str((choice.get("function") or {}).get("name") or "") or None
+    offered = [str((t.get("function") or {}).get("name") or "") for t in tools.get("tools")
+               or [] if isinstance(t, dict)]
+    return offered[0] or None if len(offered) == 1 else None
