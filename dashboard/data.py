@@ -319,9 +319,9 @@ def graded_answer(metric: str, prediction: object, target: object) -> str:
 
 
 @cached
-def backpropagated_steps(db: str, run_id: str) -> list[int]:
+def steps_with_gradients(db: str, run_id: str) -> list[int]:
     """Steps at which the run back-propagated (sent gradients or targets)."""
-    return debug.backpropagated_steps(db, run_id)
+    return debug.steps_with_gradients(db, run_id)
 
 
 @cached

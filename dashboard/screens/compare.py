@@ -180,8 +180,8 @@ def paired_step(sel, other: str, common: list[int]) -> tuple[int, str]:
     there, else the latest step both back-propagated, else the selected (or last common)
     step; with the sentence that says which and why."""
     wanted = sel.step if sel.step in common else common[-1]
-    ba = set(data.backpropagated_steps(sel.db, sel.run))
-    bb = set(data.backpropagated_steps(sel.db, other))
+    ba = set(data.steps_with_gradients(sel.db, sel.run))
+    bb = set(data.steps_with_gradients(sel.db, other))
     both = [s for s in common if s in ba and s in bb]
     if wanted in both:
         return wanted, f"Step {wanted}: both runs back-propagated at this step."

@@ -394,10 +394,10 @@ def plain(value: Any) -> Any:
 def blame_estimate(db: str, run_id: str, step: int | None, examples: str) -> dict:
     """What blame would spend at most, from the run log alone (no model call)."""
     from engine.probes.estimate import estimate_from_log
-    from engine.runlog.probing import backward_steps
+    from engine.runlog.probing import optimization_steps
 
     require_run(db, run_id)
-    steps = [step] if step is not None else backward_steps(db, run_id)
+    steps = [step] if step is not None else optimization_steps(db, run_id)
     if not steps:
         raise ValueError(f"run '{run_id}' has no backward step to blame")
     lines = [estimate_from_log(db, run_id, s, examples, len(steps) == 1) for s in steps]

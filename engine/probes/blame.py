@@ -49,7 +49,7 @@ from engine.probes.probe import ProbeError, Prober, ProbeResult, load_run, open_
 from engine.probes.report import BlameReport, summarize
 from engine.probes.selection import EXAMPLE_CHOICES, NothingToProbe
 from engine.probes.tally import own_counts
-from engine.runlog.probing import backward_steps
+from engine.runlog.probing import optimization_steps
 
 
 def parse_methods(text: str | None) -> list[str]:
@@ -88,7 +88,7 @@ async def blame(db: str, run_id: str, step: int | None = None, examples: str = "
     if repeats < 1:
         raise ProbeError(f"--repeats must be 1 or more, not {repeats}")
     methods = list(methods or [])
-    steps = backward_steps(db, run_id) if step is None else [step]
+    steps = optimization_steps(db, run_id) if step is None else [step]
     if step is None and not steps:
         load_run(db, run_id, 1)  # says why: no run, or no complete step
     started = time.perf_counter()

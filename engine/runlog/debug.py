@@ -248,7 +248,7 @@ def compare_rows(db: str | Path, run_a: str, run_b: str, step_a: int, step_b: in
                  {"a": run_a, "b": run_b, "sa": int(step_a), "sb": int(step_b)})
 
 
-def backpropagated_steps(db: str | Path, run_id: str) -> list[int]:
+def steps_with_gradients(db: str | Path, run_id: str) -> list[int]:
     """The steps at which the run sent gradients (gtbp: targets) back through the graph."""
     frame = query(db, """
         SELECT DISTINCT step FROM gradients WHERE run_id = ? AND kind IN ('gradient', 'target')

@@ -12,7 +12,7 @@ from engine.runlog.schema import connect, write
 from engine.runlog.writer import insert_rows
 
 
-def backward_steps(db: str | Path, run_id: str) -> list[int]:
+def optimization_steps(db: str | Path, run_id: str) -> list[int]:
     """Complete steps that ran a backward pass (step 0 is the initial evaluation)."""
     with connect(db, read_only=True) as con:
         return [r[0] for r in con.execute(
