@@ -109,16 +109,6 @@ def function_node(db: str, run_id: str, node_id: str) -> tuple[str, str] | None:
     return _function_nodes(db, run_id, stamp(db)).get(node_id)
 
 
-@st.cache_data(**CACHE_OPTIONS)
-def _all_updates(db: str, run_id: str, version: Stamp) -> pd.DataFrame:
-    return reader.all_updates(db, run_id)
-
-
-def all_updates(db: str, run_id: str) -> pd.DataFrame:
-    """Every proposal of a run, every column (val_alone and reject_reason included)."""
-    return _all_updates(db, run_id, stamp(db))
-
-
 COPY_REASON = "copies training examples"
 
 

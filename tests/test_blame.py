@@ -576,8 +576,7 @@ def test_the_pages_verdict_reads_the_same_candidates_edit_as_blame(tmp_path):
     candidate's, else the best-scored one that changed the prompt), not whichever row
     comes last: here `total`'s second candidate left it unchanged, its first changed it
     but was never probed, so `numbers` has no node to be compared with."""
-    from engine.probes.verdict import chosen_updates
-    from engine.runlog.probing import step_proposal
+    from engine.runlog.probing import chosen_updates, step_proposal
 
     db = logged_run(tmp_path)
     with duckdb.connect(db) as con:

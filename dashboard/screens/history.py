@@ -16,7 +16,7 @@ from dashboard.widgets.text import show_side_by_side, show_text
 from engine.core.optimizer import PRUNED_REASON
 from engine.data.stats import bracketed, score_interval
 from engine.events import same_prompt
-from engine.probes.verdict import chosen_updates
+from engine.runlog.probing import chosen_updates
 
 COPY_WORDS = ("copies", "copy", "training example", "leak")
 
@@ -50,7 +50,7 @@ def with_candidates(edits: pd.DataFrame) -> pd.DataFrame:
 def blame_probed(edits: pd.DataFrame) -> list[bool]:
     """Per row of one node's `edits` (with `candidate`): whether it is the edit blame's
     edit probes run at its step. A step writes one row per candidate prompt set under
-    --proposals, and blame tests one of them (engine.probes.verdict.chosen_updates: the kept
+    --proposals, and blame tests one of them (engine.runlog.probing.chosen_updates: the kept
     candidate's, else the best-scored one that changed the prompt, else the first)."""
     picked = set()
     for step, rows in edits.groupby("step"):

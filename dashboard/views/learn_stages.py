@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dashboard import data, probe_data
+from dashboard import data
 from dashboard.state import Selection
 from dashboard.views.text import code, fmt, md
 from engine.events import same_prompt
@@ -151,7 +151,7 @@ def gradient_row(db: str, run: str, step: int, example: str, node: str,
 
 def proposals_of(db: str, run: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A run's changed proposals: (accepted, rejected)."""
-    updates = probe_data.all_updates(db, run)
+    updates = data.updates(db, run)
     changed = updates[[not same_prompt(o, n) for o, n in
                        zip(updates["old_prompt"].fillna(""), updates["new_prompt"].fillna(""))]]
     kept = changed["accepted"].fillna(False).astype(bool)

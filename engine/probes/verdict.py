@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from engine.core.copies import COPY_REASON
 from engine.data.stats import wilson
 from engine.events import same_prompt
+from engine.runlog.probing import chosen_updates
 
 
 def proposal_kind(row: tuple[str, str, str] | None) -> str:
@@ -278,28 +279,6 @@ def weighed(found: Verdict, evidence: str, gradients: list[Evidence], edits: lis
         facts.append(NodeFact(node, evidence, standing, row.flips if row else 0,
                               row.counted if row else 0))
     return facts
-
-
-def chosen_updates(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Of a step's update rows (several per node under --proposals), the one per node whose
-    edit blame probes, by step_proposal's order (engine/runlog/probing.py): the kept
-    candidate's, else the best-scored one that changed the prompt, else the first."""
-    def known(value: Any) -> bool:  # not NULL (None, or a frame's NaN)
-        return value is not None and value == value
-
-    def order(u: dict[str, Any]) -> tuple:
-        kept = known(u.get("accepted")) and bool(u.get("accepted"))
-        changed = not same_prompt(u.get("old_prompt"), u.get("new_prompt"))
-        score = u.get("val_after")
-        candidate = u.get("candidate")
-        return (not kept, not changed, not known(score),
-                -float(score) if known(score) else 0.0,
-                int(candidate) if known(candidate) else 0)
-
-    chosen: dict[str, dict[str, Any]] = {}
-    for u in sorted(updates, key=order):
-        chosen.setdefault(u["node_id"], u)
-    return list(chosen.values())
 
 
 class LoggedBlame(NamedTuple):

@@ -15,13 +15,13 @@ Model calls of a diff are `llm_calls` rows with purpose `diff` under run B's id.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.events import Activation
 from engine.runlog.schema import RunLogError, check_readable, connect, user_tables, write
+from engine.runlog.snapshot import run_snapshot
 from engine.runlog.writer import insert_rows
 
 if TYPE_CHECKING:  # pandas only where a diff is read (a command that only writes, as
@@ -60,30 +60,19 @@ def load_side(db: str | Path, run_id: str, step: int | None) -> RunSide:
     """Run `run_id` after `step` (default: its last complete step)."""
     check_readable(db)
     with connect(db, read_only=True) as con:
-        run = con.execute("SELECT config, graph_yaml, backend, model FROM runs "
-                          "WHERE run_id = ?", [run_id]).fetchone()
-        if run is None:
-            raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
-        steps = [r[0] for r in con.execute("SELECT step FROM steps WHERE run_id = ? "
-                                           "ORDER BY step", [run_id]).fetchall()]
-        if not steps:
-            raise RunLogError(f"run '{run_id}' has no complete step yet")
-        if step is None:
-            step = steps[-1]
-        if step not in steps:
-            raise RunLogError(f"run '{run_id}' has no complete step {step} "
-                              f"(steps {steps[0]}..{steps[-1]})")
-        rows = con.execute("SELECT split, example_id, fields, target FROM examples "
-                           "WHERE run_id = ? ORDER BY split, position", [run_id]).fetchall()
-        versions = con.execute(
-            "SELECT node_id, version, prompt FROM prompt_versions WHERE run_id = ? AND accepted "
-            "AND step <= ? ORDER BY step, version", [run_id, step]).fetchall()
-    prompts: dict[str, tuple[int, str]] = {}
-    for node_id, version, prompt in versions:
-        prompts[node_id] = (version, prompt)
-    return RunSide(run_id, step, json.loads(run[0]), run[1],
-                   [(r[0], r[1], json.loads(r[2]), r[3]) for r in rows], prompts,
-                   run[2] or "", run[3] or "")
+        snap = run_snapshot(con, run_id)
+    if snap is None:
+        raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
+    steps = snap.steps
+    if not steps:
+        raise RunLogError(f"run '{run_id}' has no complete step yet")
+    if step is None:
+        step = steps[-1]
+    if step not in steps:
+        raise RunLogError(f"run '{run_id}' has no complete step {step} "
+                          f"(steps {steps[0]}..{steps[-1]})")
+    return RunSide(run_id, step, snap.config, snap.graph_yaml, snap.examples,
+                   snap.prompts(step), snap.backend, snap.model)
 
 
 def run_costs(db: str | Path, run_ids: list[str]) -> dict[str, dict[str, float]]:

@@ -26,6 +26,7 @@ from engine.runlog.schema import (
     check_readable,
     column_names,
     connect,
+    dict_rows,
     ensure_schema,
     log_exists,
     write,
@@ -63,10 +64,10 @@ def read_run(db: str | Path, run_id: str) -> dict[str, list[dict[str, Any]]]:
     check_readable(db)
     with connect(db, read_only=True) as con:
         _require_run(con, db, run_id)
-        tables = {name: _rows(con, f"SELECT {', '.join(column_names(name))} FROM {name} "
-                                   f"WHERE run_id = ? ORDER BY {order}", [run_id])
+        tables = {name: dict_rows(con, f"SELECT {', '.join(column_names(name))} FROM "
+                                       f"{name} WHERE run_id = ? ORDER BY {order}", [run_id])
                   for name, order in RUN_TABLES.items()}
-        tables["llm_cache"] = _rows(con, (
+        tables["llm_cache"] = dict_rows(con, (
             f"SELECT {', '.join(column_names('llm_cache'))} FROM llm_cache WHERE key IN "
             "(SELECT cache_key FROM llm_calls WHERE run_id = ?) ORDER BY key"), [run_id])
     return tables
@@ -79,10 +80,6 @@ def _require_run(con: Any, db: str | Path, run_id: str) -> None:
         raise RunLogError(f"{db}: no run '{run_id}' (see: python -m engine runs --db {db})")
 
 
-def _rows(con: Any, sql: str, params: list) -> list[dict[str, Any]]:
-    cursor = con.execute(sql, params)
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
 # --- json and parquet ------------------------------------------------------------------

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.runlog.schema import connect, write
+from engine.events import same_prompt
+from engine.runlog.schema import connect, dict_rows, write
+from engine.runlog.snapshot import run_snapshot
 from engine.runlog.writer import insert_rows
 
 
@@ -20,23 +22,50 @@ def optimization_steps(db: str | Path, run_id: str) -> list[int]:
             [run_id]).fetchall()]
 
 
-# the node's update blame probes: of several candidates' (--proposals), the kept one, else
-# the best-scored one that changed it
-_CHOSEN_UPDATE = ("SELECT old_prompt, new_prompt, reject_reason, coalesce(candidate, 0), "
-                  "coalesce(accepted, false), val_after, (SELECT count(DISTINCT "
-                  "coalesce(candidate, 0)) FROM updates WHERE run_id = u.run_id AND step = "
-                  "u.step) FROM updates u WHERE run_id = ? AND step = ? AND node_id = ? "
-                  "ORDER BY accepted DESC, new_prompt IS DISTINCT FROM old_prompt DESC, "
-                  "val_after DESC NULLS LAST, coalesce(candidate, 0) LIMIT 1")
+def chosen_updates(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of a step's update rows (several per node under --proposals), the one per node whose
+    edit blame probes: the kept candidate's, else the best-scored one that changed the
+    prompt (`same_prompt`: whitespace aside, an empty proposal changes nothing), else the
+    first. The one rule: step_proposal, the verdict and the Prompt history page use it."""
+    def known(value: Any) -> bool:  # not NULL (None, or a frame's NaN)
+        return value is not None and value == value
+
+    def order(u: dict[str, Any]) -> tuple:
+        kept = known(u.get("accepted")) and bool(u.get("accepted"))
+        changed = not same_prompt(u.get("old_prompt"), u.get("new_prompt"))
+        score = u.get("val_after")
+        candidate = u.get("candidate")
+        return (not kept, not changed, not known(score),
+                -float(score) if known(score) else 0.0,
+                int(candidate) if known(candidate) else 0)
+
+    chosen: dict[str, dict[str, Any]] = {}
+    for u in sorted(updates, key=order):
+        chosen.setdefault(u["node_id"], u)
+    return list(chosen.values())
+
+
+def _chosen_update(db: str | Path, run_id: str, step: int, node_id: str
+                   ) -> tuple[dict[str, Any] | None, int]:
+    """The node's chosen update at the step (`chosen_updates`) and the step's count of
+    candidate prompt sets."""
+    with connect(db, read_only=True) as con:
+        rows = dict_rows(con, "SELECT node_id, old_prompt, new_prompt, reject_reason, "
+                              "coalesce(candidate, 0) AS candidate, accepted, val_after "
+                              "FROM updates WHERE run_id = ? AND step = ? AND node_id = ?",
+                         [run_id, step, node_id])
+        candidates = con.execute("SELECT count(DISTINCT coalesce(candidate, 0)) FROM updates "
+                                 "WHERE run_id = ? AND step = ?", [run_id, step]).fetchone()[0]
+    chosen = chosen_updates(rows)
+    return (chosen[0] if chosen else None), int(candidates or 0)
 
 
 def step_proposal(db: str | Path, run_id: str, step: int, node_id: str
                   ) -> tuple[str, str, str] | None:
-    """(old prompt, new prompt, reject reason) of the node's update at the step: of several
-    candidates' (--proposals), the kept one, else the best-scored one that changed it."""
-    with connect(db, read_only=True) as con:
-        row = con.execute(_CHOSEN_UPDATE, [run_id, step, node_id]).fetchone()
-    return None if row is None else (row[0] or "", row[1] or "", row[2] or "")
+    """(old prompt, new prompt, reject reason) of the node's chosen update at the step."""
+    row, _ = _chosen_update(db, run_id, step, node_id)
+    return None if row is None else (row["old_prompt"] or "", row["new_prompt"] or "",
+                                     row["reject_reason"] or "")
 
 
 def proposal_origin(db: str | Path, run_id: str, step: int, node_id: str) -> str | None:
@@ -44,12 +73,12 @@ def proposal_origin(db: str | Path, run_id: str, step: int, node_id: str) -> str
     sets and that edit is not in the kept one: 'candidate 2 of 2, not kept (its prompt
     set scored 0.208 on validation)'. None for the kept candidate's edit, and for a step
     with one candidate."""
-    with connect(db, read_only=True) as con:
-        row = con.execute(_CHOSEN_UPDATE, [run_id, step, node_id]).fetchone()
-    if row is None or row[6] < 2 or row[4]:
+    row, candidates = _chosen_update(db, run_id, step, node_id)
+    if row is None or candidates < 2 or row["accepted"]:
         return None
-    scored = "" if row[5] is None else f" (its prompt set scored {row[5]:.3f} on validation)"
-    return f"candidate {row[3] + 1} of {row[6]}, not kept{scored}"
+    score = row["val_after"]
+    scored = "" if score is None else f" (its prompt set scored {score:.3f} on validation)"
+    return f"candidate {row['candidate'] + 1} of {candidates}, not kept{scored}"
 
 
 def running_runs(db: str | Path) -> list[str]:
@@ -65,22 +94,15 @@ def logged_run_rows(db: str | Path, run_id: str, step: int) -> dict[str, Any] | 
     accepted before `step` in the order written, and the runs still running. None when the
     run does not exist."""
     with connect(db, read_only=True) as con:
-        run = con.execute("SELECT config, graph_yaml FROM runs WHERE run_id = ?",
-                          [run_id]).fetchone()
-        if run is None:
-            return None
-        steps = [r[0] for r in con.execute("SELECT step FROM steps WHERE run_id = ? "
-                                           "ORDER BY step", [run_id]).fetchall()]
-        examples = [(r[0], r[1], json.loads(r[2]), r[3]) for r in con.execute(
-            "SELECT split, example_id, fields, target FROM examples WHERE run_id = ? "
-            "ORDER BY split, position", [run_id]).fetchall()]
-        versions = con.execute(
-            "SELECT node_id, version, prompt FROM prompt_versions WHERE run_id = ? AND accepted "
-            "AND step <= ? ORDER BY step, version", [run_id, max(step - 1, 0)]).fetchall()
+        snap = run_snapshot(con, run_id)
         running = [r[0] for r in con.execute(
             "SELECT run_id FROM runs WHERE status = 'running'").fetchall()]
-    return {"config": json.loads(run[0]), "graph_yaml": run[1], "steps": steps,
-            "examples": examples, "versions": versions, "running": running}
+    if snap is None:
+        return None
+    through = max(step - 1, 0)
+    versions = [(n, v, p) for n, v, p, s in snap.versions if s <= through]
+    return {"config": snap.config, "graph_yaml": snap.graph_yaml, "steps": snap.steps,
+            "examples": snap.examples, "versions": versions, "running": running}
 
 
 def save_probe_rows(db: str | Path, calls: list[dict], probes: list[dict],

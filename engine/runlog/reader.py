@@ -280,7 +280,7 @@ def node_view(db: str | Path, run_id: str, step: int, example_id: str, node_id: 
 
 def step_updates(db: str | Path, run_id: str, step: int | None = None) -> pd.DataFrame:
     """Proposed updates (one row per node and step, and per candidate under --proposals),
-    oldest first."""
+    oldest first: the step's, or with `step` None every step's."""
     where, params = "run_id = ?", [run_id]
     if step is not None:
         where += " AND step = ?"
@@ -505,12 +505,6 @@ def split_sizes(db: str | Path, run_id: str) -> dict[str, int]:
     frame = query(db, """SELECT split, count(DISTINCT example_id) AS n FROM examples
                          WHERE run_id = ? GROUP BY split""", [run_id])
     return {str(split): int(n) for split, n in frame.itertuples(index=False)}
-
-
-def all_updates(db: str | Path, run_id: str) -> pd.DataFrame:
-    """Every update row of a run, by step and node."""
-    return query(db, "SELECT * FROM updates WHERE run_id = ? ORDER BY step, node_id, "
-                     "coalesce(candidate, 0)", [run_id])
 
 
 def step_request_times(db: str | Path, run_id: str, step: int) -> list[tuple[float, float]]:

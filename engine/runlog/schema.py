@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -141,6 +141,13 @@ class RunLogError(Exception):
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return "lock" in text or "conflicting" in text or "being used by another" in text
+
+
+def dict_rows(con: Any, sql: str, params: list) -> list[dict[str, Any]]:
+    """A query's rows as dicts keyed by column name: the one row helper of the run log."""
+    cursor = con.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
 @contextmanager

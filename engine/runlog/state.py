@@ -10,7 +10,7 @@ from engine.core.forward import Prompts
 from engine.core.optimizer import OptimizerState
 from engine.llm.base import LLMReply
 from engine.llm.cache import Cache
-from engine.runlog.schema import RunLogError, check_readable, connect, log_exists
+from engine.runlog.schema import RunLogError, check_readable, connect, dict_rows, log_exists
 
 
 def run_exists(path: str, run_id: str) -> bool:
@@ -69,16 +69,16 @@ def load_resume_state(path: str, run_id: str, at_step: int | None = None) -> Res
         if run is None:
             raise RunLogError(f"{path}: no run '{run_id}' (see: python -m engine runs --db {path})")
         config, status, graph_yaml = json.loads(run[0]), run[1], run[2]
-        examples = _dicts(con, "SELECT split, example_id, position, fields, target FROM examples "
-                               "WHERE run_id = ?", [run_id])
+        examples = dict_rows(con, "SELECT split, example_id, position, fields, target "
+                                  "FROM examples WHERE run_id = ?", [run_id])
         last = con.execute("SELECT step, val_score, train_score FROM steps WHERE run_id = ? "
                            "AND step <= ? ORDER BY step DESC LIMIT 1",
                            [run_id, 2**31 - 1 if at_step is None else at_step]).fetchone()
         if last is None:
             return ResumePoint(config, status, graph_yaml, examples, None, False)
-        versions = _dicts(con, "SELECT node_id, version, prompt, accepted FROM prompt_versions "
-                               "WHERE run_id = ? AND step <= ? ORDER BY version",
-                          [run_id, last[0]])
+        versions = dict_rows(con, "SELECT node_id, version, prompt, accepted "
+                                  "FROM prompt_versions WHERE run_id = ? AND step <= ? "
+                                  "ORDER BY version", [run_id, last[0]])
         # only proposals rejected since the node's prompt last changed are still relevant
         rejected_rows = con.execute(
             "SELECT r.node_id, r.prompt FROM prompt_versions r WHERE r.run_id = ? AND r.step "
@@ -104,7 +104,3 @@ def load_resume_state(path: str, run_id: str, at_step: int | None = None) -> Res
     return ResumePoint(config, status, graph_yaml, examples, state, has_test)
 
 
-def _dicts(con: Any, sql: str, params: list) -> list[dict]:
-    cursor = con.execute(sql, params)
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row)) for row in cursor.fetchall()]
