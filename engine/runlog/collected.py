@@ -46,6 +46,11 @@ _INSERT = (  # new spans only: the first copy of each (trace_id, span_id), in th
 
 
 _APPEND = f"INSERT INTO {TABLE} SELECT {', '.join(COLUMNS)} FROM _spans"
+# the writer's connection: DuckDB's buffer pool kept small, and a checkpoint each 64 MB of
+# write-ahead log rather than each 16 MB (at 16 MB a busy receiver spent a third of its
+# time checkpointing; closing the connection, every `hold` seconds at most, checkpoints
+# too). Measured with benchmarks/collect_rate.py (docs/traces.md)
+WRITER_SETTINGS = ("SET memory_limit = '128MB'", "SET checkpoint_threshold = '64MB'")
 _APPEND_ROW = (f"INSERT INTO {TABLE} ({', '.join((*ROW, 'received_at', 'position'))}) "
                f"VALUES ({', '.join('?' * (len(ROW) + 2))})")
 
@@ -143,6 +148,8 @@ class SpanStore:
             stack = ExitStack()
             con = stack.enter_context(connect(self.db, timeout=self.timeout))
             try:
+                for setting in WRITER_SETTINGS:
+                    con.execute(setting)
                 con.execute(_CREATE)  # cheap, and a table dropped meanwhile comes back
             except BaseException:
                 stack.close()
