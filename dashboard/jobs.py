@@ -35,7 +35,7 @@ DEMO_FIXED_PROMPTS = ROOT / "sample_graphs" / "data" / "demo_fixed_prompts.yaml"
 # One step on the graph's own splits (8 train, 24 validation, 8 test) on the embedded pair
 # (0.5B forward, 1.5B optimizer), two candidate prompt sets: 126 to 147 s on two cores from
 # the command line with llama-server built for AVX-512, 133 to 164 s with the portable
-# build, measured 2026-12-05 (README, The demo; docs/demo.md). DEMO_DURATION is that range
+# build, measured 2026-12-05 (benchmarks/results/2026-12-demo.md). DEMO_DURATION is that range
 # as every page words it.
 DEMO_DURATION = "two to three minutes on two cores"
 # $SEMBACK_DEMO_BACKEND picks another backend for the demo buttons (the Runs page's demo,
