@@ -29,7 +29,9 @@ import streamlit as st
 
 from dashboard import data, links, live_view
 from dashboard.state import NODE_KEY, PENDING_RUN_KEY, PENDING_VIEW_KEY, SELECTION_KEY, Selection
+from dashboard.views.runlog_path import path_problem
 from dashboard.views.text import fmt, md, plural
+from engine.runlog import lake
 
 # Runs is the default page, served at the root (Streamlit ignores a default page's path)
 RUNS = st.Page("screens/runs.py", title="Runs", url_path="runs-table", default=True)
@@ -110,7 +112,8 @@ def sidebar() -> Selection:
         return Selection(db=db)
     run_ids = list(runs["run_id"])
     if not run_ids:
-        st.caption("No runs in this run log yet.")
+        problem = path_problem(db, lake.is_lake(db))
+        st.caption(problem[0] if problem else "No runs in this run log yet.")
         return Selection(db=db)
     if st.session_state.get(PENDING_RUN_KEY) in run_ids:  # started from the Runs page
         st.session_state["run"] = st.session_state.pop(PENDING_RUN_KEY)

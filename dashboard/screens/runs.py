@@ -17,8 +17,10 @@ from dashboard.state import (
     selection,
 )
 from dashboard.views.models import model_offer
+from dashboard.views.runlog_path import path_problem
 from dashboard.views.text import fmt, md
 from dashboard.widgets.run_panel import run_panel
+from engine.runlog import lake
 
 SAMPLE_GRAPHS = jobs.ROOT / "sample_graphs"
 UPLOAD = "(upload a graph file)"
@@ -333,6 +335,12 @@ try:
 except Exception as exc:  # noqa: BLE001 - the sidebar already says what is wrong
     st.error(f"Cannot read {sel.db}: {exc}")
     st.stop()
+problem = path_problem(sel.db, lake.is_lake(sel.db))
+if problem and not problem[1]:  # no run log can be made there: say so, offer nothing
+    st.error(problem[0])
+    st.stop()
+if problem:
+    st.warning(problem[0])
 if all_runs.empty:
     st.info(f"**{md(sel.db)}** has no runs yet. The demo optimizes a three-node graph "
             "(sample_graphs/demo.yaml) with the embedded models (Qwen2.5-Coder-0.5B for the "
