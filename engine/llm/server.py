@@ -124,7 +124,8 @@ class LlamaServer:
     def __init__(self, model_path: str | Path, *, slots: int = DEFAULT_SLOTS,
                  ctx_per_slot: int = 2048, threads: int | None = None,
                  binary: str | Path | None = None, chat_template: str | None = None,
-                 cache_ram_mib: int = CACHE_RAM_MIB, start_timeout: float = START_TIMEOUT):
+                 cache_ram_mib: int = CACHE_RAM_MIB, start_timeout: float = START_TIMEOUT,
+                 port: int = 0):
         self.model_path = Path(model_path)
         self.slots = max(1, slots)
         self.ctx_per_slot = ctx_per_slot
@@ -134,6 +135,7 @@ class LlamaServer:
         self.cache_ram_mib = cache_ram_mib
         self.start_timeout = start_timeout
         self.port = 0
+        self.fixed_port = port  # 0: a free port at each start
         self.process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
         self._lock = threading.Lock()
@@ -173,7 +175,7 @@ class LlamaServer:
                 where = self.binary or f".venv/bin/{BINARY_NAME}"
                 raise LLMError(f"llama-server is not installed ({where}): {BUILD_HINT}, or "
                                "use --local-serving in-process")
-            self.port = free_port()
+            self.port = self.fixed_port or free_port()
             self._log = tempfile.TemporaryFile(prefix="llama-server-")
             try:
                 self.process = subprocess.Popen(
