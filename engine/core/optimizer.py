@@ -97,7 +97,17 @@ async def evaluate(ctx: RunContext, prompts: Prompts, examples: list[Example], s
                    ) -> tuple[float | None, list[ExampleTrace], list[LossRecord]]:
     traces = await forward_pass(ctx, prompts, examples, split)
     losses = await compute_losses(ctx, traces, split)
-    return mean_score(losses), traces, losses
+    return pass_score(ctx, losses), traces, losses
+
+
+def pass_score(ctx: RunContext, losses: list[LossRecord]) -> float | None:
+    """A pass's score: the mean of its examples' scores. A run that re-runs the user's own
+    pipeline (ctx.rerun) leaves out the examples whose re-run failed (the pipeline raised
+    or timed out, its model was down): an example error says nothing of the prompts, so it
+    is never a failing score; None when every example failed."""
+    if ctx.rerun is not None:
+        losses = [loss for loss in losses if not loss.error]
+    return mean_score(losses)
 
 
 async def initial_step(ctx: RunContext, prompts: Prompts, splits: Splits) -> OptimizerState:

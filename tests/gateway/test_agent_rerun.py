@@ -77,6 +77,22 @@ def test_replay_cannot_see_the_fix_that_rerunning_keeps_and_blame_names(tmp_path
     assert summary["steps"] == [{"step": 1, "status": "finished", "kept": ["weather"]}]
 
 
+def test_an_example_the_rerun_fails_on_is_an_error_never_a_failing_score(tmp_path, server):
+    """With the fix, the pipeline itself raises on one validation example (its weather
+    service knows no Rome): that example is an example error with its exception line,
+    left out of the validation score, which the other five decide (1.0, not 5/6)."""
+    db = str(tmp_path / "runs.duckdb")
+    closed = PipelineSpec(f"{ROOT / 'tests' / 'support' / 'pipeline_code.py'}:"
+                          "agent_rome_closed", None, str(ROOT))
+    summary = optimize_pipeline(closed, DATA, db, upstream=server.base_url, val=6, steps=1)
+    assert summary["changed"] == ["weather"]
+    assert summary["validation"]["before"] == pytest.approx(2 / 6)
+    assert summary["validation"]["after"] == 1.0
+    errors = query(db, "SELECT example_id, score, error FROM losses WHERE run_id = ? AND "
+                       "step = 1 AND split = 'val' AND error IS NOT NULL", [summary["run_id"]])
+    assert len(errors) == 1 and "no report for Rome" in errors.error[0]
+
+
 def test_a_rerun_with_one_edit_sends_upstream_only_that_nodes_calls(tmp_path, server):
     db = str(tmp_path / "runs.duckdb")
     run = trace_pipeline(spec(), DATA, db, upstream=server.base_url, val=6).imported.run_id
