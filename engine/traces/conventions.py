@@ -85,16 +85,17 @@ RETRY_ADAPTERS = _whole([p.retry_adapter for p in PROFILES if p.retry_adapter])
 
 def key_name(span_name: str) -> str | None:
     """The name the user's code gave a framework's step (an `assign` key), or None."""
-    for pattern in UNIT_KEYS:
-        found = pattern.match(span_name)
-        if found:
-            return found[1]
-    return None
+    return _named(UNIT_KEYS, span_name)
 
 
 def signature_name(span_name: str) -> str | None:
     """The unit a span name names by its signature, or None."""
-    for pattern in UNIT_NAMES:
+    return _named(UNIT_NAMES, span_name)
+
+
+def _named(patterns: tuple[re.Pattern[str], ...], span_name: str) -> str | None:
+    """Group 1 of the first pattern that matches the whole span name, or None."""
+    for pattern in patterns:
         found = pattern.match(span_name)
         if found:
             return found[1]
