@@ -568,7 +568,7 @@ def test_a_step_with_two_candidates_shows_each_as_its_own_pane(log, tmp_path):
     widgets (two panes of one node and verdict must not share a key)."""
     db = with_second_candidate(log.db, tmp_path / "candidates.duckdb", log.demo,
                                " (second draw)",
-                               "candidate 2 scored 0 on validation, candidate 1 1 and was kept")
+                               "candidate 2 scored 0 on validation, candidate 1 scored 1 and was kept")
     with duckdb.connect(str(db)) as con:
         nodes = con.execute("SELECT count(DISTINCT node_id) FROM updates WHERE run_id = ? AND "
                             "step = 1", [log.demo]).fetchone()[0]
@@ -579,7 +579,7 @@ def test_a_step_with_two_candidates_shows_each_as_its_own_pane(log, tmp_path):
     labels = [m.value for m in at.markdown if "· candidate" in m.value]
     assert sum("candidate 1 of 2" in m for m in labels) == nodes
     assert sum("candidate 2 of 2" in m for m in labels) == nodes
-    assert "candidate 2 scored 0 on validation, candidate 1 1 and was kept" in body
+    assert "candidate 2 scored 0 on validation, candidate 1 scored 1 and was kept" in body
     # a step with one candidate names none
     one = learn(log.db, "Update", run=log.demo, step=1)
     assert "candidate prompt sets" not in text(one)

@@ -53,9 +53,9 @@ def test_the_better_candidate_is_kept_and_every_candidate_is_recorded(tmp_path):
                        "ORDER BY candidate, node_id")
     assert changed == [
         (0, "hint_a", "A-PLAIN", False, 0.0,
-         "candidate 1 scored 0 on validation, candidate 2 1 and was kept"),
+         "candidate 1 scored 0 on validation, candidate 2 scored 1 and was kept"),
         (0, "hint_b", "B-BAD", False, 0.0,
-         "candidate 1 scored 0 on validation, candidate 2 1 and was kept"),
+         "candidate 1 scored 0 on validation, candidate 2 scored 1 and was kept"),
         (1, "hint_a", "A-GOOD", True, 1.0, None),
     ]
     # the second candidate's update calls were sampled: a draw of their own
@@ -116,7 +116,7 @@ def test_when_no_candidate_improves_every_edit_is_rejected_and_shown_next(tmp_pa
     reasons = dict(rows(db, "SELECT candidate, reject_reason FROM updates WHERE step = 1 "
                             "AND node_id = 'hint_a'"))
     assert reasons[0] == "rejected jointly: the candidate scored 0, not above 0"
-    assert reasons[1] == "candidate 2 scored 0 on validation, candidate 1 0; neither above 0"
+    assert reasons[1] == "candidate 2 scored 0 on validation, candidate 1 scored 0; neither above 0"
     # step 2's update of hint_a was shown both rejected edits, in candidate order
     update = rows(db, "SELECT messages FROM llm_calls WHERE step = 2 AND purpose = 'update' "
                       "AND node_id = 'hint_a' AND temperature = 0")[0][0]

@@ -493,7 +493,8 @@ def candidate_reason(candidate: Candidate, best: Candidate, accepted: bool,
     if candidate.score is None:
         return (f"{mine} could not be scored on validation; {theirs} was "
                 f"{'kept' if accepted else 'the best'}")
-    return (f"{mine} scored {candidate.score:.4g} on validation, {theirs} {_score(best.score)}"
+    return (f"{mine} scored {candidate.score:.4g} on validation, {theirs} scored "
+            f"{_score(best.score)}"
             + (" and was kept" if accepted else f"; neither above {_score(val_before)}"))
 
 
