@@ -404,3 +404,7 @@ def test_history_counts_an_accepted_edits_validation_flips_in_a_one_step_run(log
     shown = texts(at)
     assert "No example changed pass/fail" not in shown
     assert "validation in this step's gate pass" in shown
+    # no step 2 was ever trained: the page says so, and links to a step that exists
+    assert "no later step trained with it" in shown and "step 2" not in shown
+    assert [link.label for link in at.get("page_link")
+            if "in Examples" in link.label] == ["Open step 1 in Examples, flipped only"]

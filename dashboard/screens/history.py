@@ -117,23 +117,28 @@ def edit_card(sel, node: str, edit: dict, flips: pd.DataFrame, *, inline: bool, 
         mine = flips[flips["step"] == edit["step"]]
         if kind == "accepted":
             what_it_changed(sel, node, int(edit["step"]))
+            later = int(edit["step"]) + 1  # the first step trained with the edit
+            trained = later in set(data.steps(sel.db, sel.run)["step"])
+            training = f"training at step {later}" if trained else \
+                "no later step trained with it"
             if mine.empty:
-                st.caption("No example changed pass/fail: validation in this step's gate, "
-                           f"training at step {int(edit['step']) + 1}.")
+                st.caption(f"No example changed pass/fail: validation in this step's gate, "
+                           f"{training}.")
             else:
                 st.caption("Examples that flipped with this edit: validation in this step's "
-                           "gate pass, against the validation before it; training at step "
-                           f"{int(edit['step']) + 1}, the first trained with it (edits of "
-                           "other nodes accepted at the same step share them):")
+                           f"gate pass, against the validation before it; {training}"
+                           + (", the first trained with it" if trained else "")
+                           + " (edits of other nodes accepted at the same step share them):")
                 st.dataframe(mine.rename(columns={
                     "split": "split", "example_id": "example", "score_before": "score before",
                     "score_after": "score after", "flipped": "flipped"}).drop(columns="step"),
                     hide_index=True)
                 first = mine.iloc[0]["example_id"]
-                st.page_link("screens/examples.py", label=f"Open step {int(edit['step']) + 1} "
-                             "in Examples, flipped only", icon=":material/table:",
-                             query_params={**sel.link(step=int(edit["step"]) + 1,
-                                                      example=first), "flipped": "1"})
+                shown = later if trained else int(edit["step"])  # a step that exists
+                st.page_link("screens/examples.py", label=f"Open step {shown} in Examples, "
+                             "flipped only", icon=":material/table:",
+                             query_params={**sel.link(step=shown, example=first),
+                                           "flipped": "1"})
 
 
 def what_it_changed(sel, node: str, step: int) -> None:
