@@ -181,3 +181,14 @@ def test_prompt_history_shows_what_an_accepted_edit_changed(gsm, monkeypatch, tm
         sorted(truth)
     assert all(e != "not explained within the bound" for e in table["explained by"])
     assert "What it changed:" in texts(at)
+
+
+def test_the_compare_drawing_words_a_node_as_the_line_under_it_does():
+    """One fact, one description: a node whose output is the same on both sides though its
+    prompt differs is drawn as such, not as a bare 'unchanged'."""
+    from dashboard.views.diff import change_caption
+
+    assert change_caption("unchanged", "same output (prompt differs)", False) == \
+        "same output (prompt differs)"
+    assert change_caption("source", "prompt differs", False) == "source"
+    assert change_caption("downstream", "its inputs differ", True) == "explains"

@@ -10,6 +10,7 @@ import streamlit as st
 
 from dashboard import data, diff_data, links
 from dashboard.state import need_run, selection
+from dashboard.views.diff import change_caption
 from dashboard.views.figures import compare_curves
 from dashboard.views.text import fmt, md, plural
 from dashboard.views.validation import best_validation
@@ -302,11 +303,11 @@ def why_they_differ(sel, other: str, step: int, example: str, graph) -> None:
         changes = {c.node: c for c in compared.diff.changes}
         colors = {n: EXPLAINS_COLOR if explained and n in explained
                   else KIND_COLORS.get(c.kind, "#ffffff") for n, c in changes.items()}
-        captions = {n: ("explains" if explained and n in explained else c.kind)
+        captions = {n: change_caption(c.kind, c.why, bool(explained and n in explained))
                     for n, c in changes.items()}
         st.graphviz_chart(change_graph(graph.model, colors, captions, explained or []))
         st.caption("Green: the explaining node; orange: source changes; grey: downstream "
-                   "changes; white: unchanged.")
+                   "changes; white: the same output on both sides.")
         if compared.not_compared:
             st.caption("Not compared (in one graph only): "
                        + ", ".join(md(n) for n in compared.not_compared))

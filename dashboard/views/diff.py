@@ -114,3 +114,12 @@ def _elide(text: str, keep: int) -> str:
 
 def _escape(text: str) -> str:
     return html.escape(text, quote=True)
+
+
+def change_caption(kind: str, why: str, explains: bool) -> str:
+    """What the Compare drawing writes under a node, in the words of the line under it: a
+    node whose output is the same on both sides says so, and why ("same output (prompt
+    differs)"), never a bare "unchanged" beside a text that says its prompt differs."""
+    if explains:
+        return "explains"
+    return why if kind == "unchanged" else kind
