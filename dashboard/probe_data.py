@@ -35,6 +35,19 @@ def probe_outputs(db: str, probe_id: str) -> pd.DataFrame:
 
 
 @st.cache_data(**CACHE_OPTIONS)
+def _sampled(db: str, run_id: str, step: int, version: Stamp) -> list[str]:
+    from engine.runlog.probing import sampled_examples
+
+    return sampled_examples(db, run_id, step)
+
+
+def sampled(db: str, run_id: str, step: int) -> list[str]:
+    """The examples the step back-propagated (its update call saw them): an edit probe's
+    flip on one is in-sample, no credit (blame shows them apart)."""
+    return _sampled(db, run_id, int(step), stamp(db))
+
+
+@st.cache_data(**CACHE_OPTIONS)
 def _node_blame(db: str, run_id: str, step: int, version: Stamp) -> pd.DataFrame:
     return reader.node_blame(db, run_id, step)
 

@@ -224,3 +224,14 @@ def test_what_if_says_probe_running_only_for_a_job_that_probes_this_node(
                               node="hint_a"))
     assert ("probe running" in body) == (says == "probe running")
     assert ("blame is running" in body) == (says == "blame is running on this run")
+
+
+def test_an_in_sample_edit_probe_is_not_a_plain_fix():
+    """What-if words an edit probe's flip on an example the update call saw as in-sample
+    (blame never credits it), not as a plain 'fixed'."""
+    from dashboard.views.whatif import flip_label
+
+    assert flip_label(0.0, 1.0) == "fixed: the example now passes"
+    assert flip_label(0.0, 1.0, in_sample=True) == \
+        "fixed in-sample: the update call saw this example, so no credit"
+    assert flip_label(1.0, 0.0, in_sample=True) == "broken: the example now fails"

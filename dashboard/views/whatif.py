@@ -22,11 +22,15 @@ def prompt_after(history: pd.DataFrame, node: str, step: int) -> str:
 
 
 
-def flip_label(before: object, after: object) -> str:
-    """'fixed' / 'broken' / 'unchanged' from two scores (1 is correct)."""
+def flip_label(before: object, after: object, in_sample: bool = False) -> str:
+    """'fixed' / 'broken' / 'unchanged' from two scores (1 is correct). `in_sample`: an
+    edit probe on an example the step's update call saw, whose flip is no credit (blame
+    shows it apart)."""
     b, a = _score(before), _score(after)
     if b is None or a is None:
         return "not scored"
+    if b < 1 <= a and in_sample:
+        return "fixed in-sample: the update call saw this example, so no credit"
     if b < 1 <= a:
         return "fixed: the example now passes"
     if a < 1 <= b:

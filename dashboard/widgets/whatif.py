@@ -115,10 +115,13 @@ def probe_results(sel: Selection) -> None:
     if rows.empty:
         st.caption("No probe of this node on this example yet.")
         return
+    seen = set(probe_data.sampled(sel.db, sel.run, sel.step))  # the update call's examples
     for row in list(rows.to_dict("records"))[::-1][:SHOWN_PROBES]:
         with st.container(border=True):
-            verdict = flip_label(row.get("before_score"), row.get("after_score"))
-            color = "green" if verdict.startswith("fixed") else (
+            verdict = flip_label(row.get("before_score"), row.get("after_score"),
+                                 row["kind"] == "edit" and row["example_id"] in seen)
+            color = "orange" if "in-sample" in verdict else "green" \
+                if verdict.startswith("fixed") else (
                 "red" if verdict.startswith("broken") else "gray")
             st.markdown(f"**{md(KINDS.get(row['kind'], row['kind']))}** · score "
                         f"{fmt(row.get('before_score'), '.2f')} → "
