@@ -21,7 +21,8 @@ who the sentence is about), and that it needs no change otherwise. Because its g
 every method gets the same gradients here: the method rows check the machinery, they do
 not rank methods. Ranking methods needs a real model: `--backend local` runs the same
 graphs on the default embedded pair (Qwen2.5-Coder-0.5B forward, 1.5B optimizer; about six
-minutes a graph on two cores). Its figures are in docs/probes.md.
+minutes a graph on two cores). Its figures are in benchmarks/results/2026-12-attribution.md
+(docs/probes.md gives the latest).
 
 Each graph: one optimization step with method semantic, then `blame` (pooled, every
 failing example) with --method semantic,textgrad,semantic-nosibling. Scored per graph:
