@@ -132,7 +132,7 @@ def test_the_switch_receives_a_running_pipelines_traces_and_imports_them_as_a_ru
     expect(imported).to_be_visible(timeout=60_000)
     run = re.search(r"as run (\S+?):", imported.inner_text())[1]
     assert read(log.db, "SELECT status FROM runs WHERE run_id = ?", run) == [("finished",)]
-    expect(main.get_by_text(f"3 calls, {SENTENCES} scored")).to_be_visible()
+    expect(main.get_by_text(f"3 call sites, {SENTENCES} scored")).to_be_visible()
     assert not page.locator("[data-testid='stException']").count()
     page.screenshot(path=str(SHOTS / "traces-imported.png"), full_page=True)
 

@@ -172,7 +172,7 @@ def import_status() -> None:
         return
     report = jobs.job_report(newest) or {}
     st.success(f"Imported {report.get('traces', '?')} traces as run **{md(run_id)}**: "
-               f"{len(report.get('nodes') or [])} calls, {report.get('scored', 0)} scored, "
+               f"{len(report.get('nodes') or [])} call sites, {report.get('scored', 0)} scored, "
                f"{report.get('failing', 0)} failing.", icon=":material/check_circle:")
     c1, c2 = st.columns(2)
     with c1:

@@ -153,7 +153,7 @@ def cmd_import_traces(args: argparse.Namespace) -> int:
         return 0
     p = result.pipeline
     print(f"imported {len(p.traces)} traces into run '{result.run_id}' ({args.db}): "
-          f"{len(p.nodes)} calls, {len(p.edges)} flows; {result.scored} scored"
+          f"{len(p.nodes)} call sites, {len(p.edges)} flows; {result.scored} scored"
           f"{f' ({result.val} held out for validation)' if result.val else ''}, "
           f"{result.failing} failing")
     for node in p.nodes.values():
