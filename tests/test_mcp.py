@@ -200,6 +200,40 @@ def test_validate_prompts_names_an_improvement_only_beyond_noise(demo, tmp_path)
     assert few["improvement"] is False and "noise" in few["note"]
 
 
+@pytest.mark.slow  # the traces walkthrough, then the server: about 30 s
+def test_on_an_imported_pipeline_run_blame_names_the_call_at_fault(tmp_path):
+    """An imported run (docs/traces.md's walkthrough: a plain-Python pipeline's traces,
+    imported and back-propagated against the scripted server, whose `numbers` prompt is at
+    fault): the tools see it, blame's estimate spends nothing, and blame names `numbers`,
+    re-calling the run's model as the command does."""
+    from benchmarks.traces_blame import RUN_ID, main
+    from tests.support.fake_openai import FakeOpenAIServer
+    from tests.support.traced_pipeline import responder
+
+    with FakeOpenAIServer(responder=responder) as server:
+        assert main(["--base-url", server.base_url, "--sentences", "4",
+                     "--dir", str(tmp_path)]) == 0
+        db = str(tmp_path / "traces.duckdb")
+
+        async def scenario():
+            async with connected(db) as session:
+                listed = await call(session, "list_runs", {})
+                shown = await call(session, "show_run", {"run_id": RUN_ID})
+                before = model_calls(db)
+                estimate = await call(session, "blame", {"run_id": RUN_ID,
+                                                         "estimate_only": True})
+                spent = model_calls(db) - before
+                report = await call(session, "blame", {"run_id": RUN_ID})
+                return listed, shown, estimate, spent, report
+
+        (_, runs), (_, run), (error, estimate), spent, (blame_error, report) = \
+            asyncio.run(scenario())
+    assert RUN_ID in [r["run_id"] for r in runs]
+    assert "numbers" in json.dumps(run)  # the imported graph's call sites
+    assert not error and spent == 0 and estimate["estimate"].startswith("blame: up to")
+    assert not blame_error and report["verdict"]["node"] == "numbers"
+
+
 @pytest.mark.slow  # a server and engine commands as processes: the file takes ~40 s
 def test_a_bad_run_id_is_the_command_lines_one_line_error(demo):
     db, _ = demo
