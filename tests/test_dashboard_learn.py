@@ -174,6 +174,26 @@ def test_without_a_paired_run_the_stage_offers_to_start_one(log, tmp_path, monke
     assert spec.graph.endswith("demo.yaml")
 
 
+def test_a_blame_on_other_examples_is_not_read_as_no_blame(log, tmp_path):
+    """After a blame on the validation examples, the table of a training example that no
+    probe touched says the step's probes are elsewhere, not "not probed yet"."""
+    example, _, _ = demo_example(log.db, log.demo)
+    db = tmp_path / "elsewhere.duckdb"
+    shutil.copy(log.db, db)
+    with duckdb.connect(str(db)) as con:
+        for i, other in enumerate(("v-1", "v-2")):
+            con.execute("""INSERT INTO probes (probe_id, run_id, step, example_id, node_id,
+                kind, intervention, before_output, after_output, before_score, after_score,
+                created_at, call_ids, leaks_target) VALUES (?, ?, 1, ?, 'mood', 'edit',
+                'x', 'wrong', 'right', 0.0, 1.0, ?, '[]', false)""",
+                        [f"e{i}", log.demo, other, float(i)])
+    at = learn(db, "Check the blame", run=log.demo, step=1, example=example)
+    table = at.dataframe[0].value.set_index("node")
+    assert set(table["followed its gradient"]) == {
+        "not probed on this example (the step's probes are on 2 other examples: see the "
+        "pooled verdict)"}
+
+
 def test_check_the_blame_reads_the_probes_and_starts_blame(log, tmp_path, monkeypatch):
     example, target, _ = demo_example(log.db, log.demo)
     db = tmp_path / "blame.duckdb"

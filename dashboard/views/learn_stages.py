@@ -179,3 +179,13 @@ def fix_node(graph: data.RunGraph, fixed: dict[str, str]) -> str:
             return node
     return graph.model.output if graph.model.output in trainable else (
         trainable[0] if trainable else graph.model.output)
+
+
+def not_probed_here(probed_elsewhere: int) -> str:
+    """A node the step's probes never touched on this example: "not probed yet" when the
+    step has no probe at all, else that the blame probed other examples (a validation
+    blame's verdict above a training example's table must not read as no blame at all)."""
+    if not probed_elsewhere:
+        return "not probed yet"
+    return (f"not probed on this example (the step's probes are on {probed_elsewhere} "
+            f"other example{'' if probed_elsewhere == 1 else 's'}: see the pooled verdict)")

@@ -18,6 +18,7 @@ from dashboard.views.learn_stages import (
     gradient_row,
     llm_siblings,
     node_names,
+    not_probed_here,
     pair_hint,
     pair_order,
     paired_runs,
@@ -186,11 +187,14 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
     # the update call saw the back-propagated examples: an edit's flip there is not credit
     seen = not data.example_gradients(tour.db, tour.run, tour.step, tour.example).empty
     llm = [n for n in graph.model.order if n not in graph.model.functions]
+    step_probes = probe_data.probes(tour.db, tour.run, tour.step)
+    elsewhere = 0 if step_probes.empty else \
+        step_probes.loc[step_probes["example_id"] != tour.example, "example_id"].nunique()
     rows = []
     for node in llm:
         mine = probes[probes["node_id"] == node] if not probes.empty else probes
         edit = edits[edits["node_id"] == node] if not edits.empty else edits
-        row = {"node": node, "followed its gradient": "not probed yet"}
+        row = {"node": node, "followed its gradient": not_probed_here(elsewhere)}
         if not mine.empty:
             p = mine.iloc[-1].to_dict()
             verdict = flip_label(p.get("before_score"), p.get("after_score"))
