@@ -35,6 +35,24 @@ def probe_outputs(db: str, probe_id: str) -> pd.DataFrame:
 
 
 @st.cache_data(**CACHE_OPTIONS)
+def _edited(db: str, run_id: str, step: int, version: Stamp) -> frozenset[str]:
+    from engine.probes.verdict import proposal_kind
+    from engine.runlog.probing import chosen_updates
+
+    rows = chosen_updates(reader.step_updates(db, run_id, step).to_dict("records"))
+    return frozenset(r["node_id"] for r in rows if proposal_kind(
+        (r.get("old_prompt") or "", r.get("new_prompt") or "",
+         r.get("reject_reason") if isinstance(r.get("reject_reason"), str) else "")
+    ) == "proposed")
+
+
+def edited(db: str, run_id: str, step: int) -> frozenset[str]:
+    """The nodes whose update at the step proposed an edit blame can run (the kept or
+    best candidate's, changed, not a copy of training examples)."""
+    return _edited(db, run_id, int(step), stamp(db))
+
+
+@st.cache_data(**CACHE_OPTIONS)
 def _sampled(db: str, run_id: str, step: int, version: Stamp) -> list[str]:
     from engine.runlog.probing import sampled_examples
 

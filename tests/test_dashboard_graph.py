@@ -168,8 +168,8 @@ def test_blame_colours_and_labels_are_the_verdicts_own_counts():
                         ["note", "thing", "answer"])
     coloring = color_nodes([], "blame", kept.facts)
     assert coloring.captions == {"note": "blamed · edit fixes 8/8",
-                                 "thing": "unchanged · fixes 0/8",
-                                 "answer": "unchanged · fixes 0/8"}
+                                 "thing": "no edit to probe",
+                                 "answer": "no edit to probe"}
     nothing = color_nodes([], "blame", logged_blame([], _edited("note"),
                                                     ["note", "thing"]).facts)
     assert (nothing.colors, nothing.captions) == ({}, {}) and "not probed" in nothing.legend
@@ -252,3 +252,15 @@ def test_fork_command_sets_the_hand_edited_prompt(tmp_path, monkeypatch):
     assert node == "final" and Path(file).read_text() == "Answer with a number."
     assert cmd[cmd.index("--run-id") + 1] == job.run_id and job.run_id.startswith("tiny-")
     assert job.kind == "fork" and [j.run_id for j in jobs.list_jobs(db)] == [job.run_id]
+
+
+def test_a_node_with_no_edit_reads_alike_on_every_page():
+    """One fact, one wording: a node whose update left its prompt as it was has no edit to
+    probe on the drawing, the node card and the Learn tables; an edit not yet run is
+    'not probed'."""
+    from dashboard.views.blame import unprobed_edit
+
+    assert unprobed_edit(False) == "no edit to probe"
+    assert unprobed_edit(True) == "not probed"
+    kept = logged_blame([_counts("note", 8, 0, 8, 8)], _edited("note"), ["note", "thing"])
+    assert color_nodes([], "blame", kept.facts).captions["thing"] == unprobed_edit(False)

@@ -241,7 +241,8 @@ def test_check_the_blame_shows_the_edit_probes_when_every_gradient_fix_leaks(log
     assert "a leak, not credit" in table.loc["mood", "followed its gradient"]
     assert table.loc["mood", "ran with its proposed prompt"] == (
         "fixed: the example now passes (its update call saw this example: not credit)")
-    assert table.loc["answer", "ran with its proposed prompt"] == "no proposal probed"
+    # answer has an edit at the step, not run on this example
+    assert table.loc["answer", "ran with its proposed prompt"] == "not probed"
     shown = text(at)
     assert "No single node's gradient fixes this example when followed alone." in shown
     assert f"blame {log.demo} --step 1 --examples val" in shown

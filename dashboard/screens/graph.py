@@ -9,7 +9,7 @@ import streamlit as st
 
 from dashboard import data, links, probe_data
 from dashboard.state import need_run, need_step, selection
-from dashboard.views.blame import interval_text
+from dashboard.views.blame import interval_text, unprobed_edit
 from dashboard.views.colors import QUANTITIES
 from dashboard.views.graph_view import coloring, llm_nodes, node_rows
 from dashboard.views.text import md, round_chars
@@ -65,7 +65,8 @@ def node_summary(sel, graph) -> None:
               "when its output was rewritten the way its gradient said (python -m engine "
               "blame)")
     c2.metric("fixed by its edit alone", f"{int(b.get('edit_flips') or 0)} / "
-              f"{int(b.get('edit_probed') or 0)}" if b.get("edit_probed") else "not probed")
+              f"{int(b.get('edit_probed') or 0)}" if b.get("edit_probed") else
+              unprobed_edit(node in probe_data.edited(sel.db, sel.run, sel.step)))
     if b.get("probed") or b.get("edit_probed"):
         c1.caption(f"90% interval {interval_text(b.get('flips'), b.get('probed'))}")
         c2.caption(f"90% interval {interval_text(b.get('edit_flips'), b.get('edit_probed'))}")

@@ -67,3 +67,12 @@ def blame_cell(blame: object, probes: object, leaked: object = None,
 
 
 APPLIED_KEY = "_blame_seen"  # blame jobs whose end a page has already acted on
+
+
+NO_EDIT = "no edit to probe"  # the node's update left its prompt as it was
+
+
+def unprobed_edit(edited: bool) -> str:
+    """A node's edit with no probe, in one wording on every page: "no edit to probe" when
+    its update left the prompt as it was (there is nothing to run), else "not probed"."""
+    return "not probed" if edited else NO_EDIT

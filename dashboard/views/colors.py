@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dashboard.views.blame import NO_EDIT
 from dashboard.views.text import chars
 from engine.probes.verdict import NodeFact
 
@@ -106,8 +107,8 @@ def blame_caption(fact: NodeFact) -> str:
                f"{EVIDENCE[fact.kind]} {count}"
     if fact.standing == "weighed":
         return f"{EVIDENCE[fact.kind]} {count}"
-    if fact.standing == "unchanged":
-        return f"unchanged · fixes {count}"
+    if fact.standing == "unchanged":  # compared as 0 of n, as the verdict does
+        return NO_EDIT
     if fact.standing == "copied":
         return "edit copied examples"
     return ""

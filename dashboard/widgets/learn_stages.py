@@ -9,7 +9,7 @@ import streamlit as st
 
 from dashboard import data, jobs, probe_data
 from dashboard.state import Selection
-from dashboard.views.blame import interval_text
+from dashboard.views.blame import interval_text, unprobed_edit
 from dashboard.views.learn_stages import (
     EDIT_COLUMN,
     FIX_SLOT,
@@ -187,6 +187,7 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
     # the update call saw the back-propagated examples: an edit's flip there is not credit
     seen = not data.example_gradients(tour.db, tour.run, tour.step, tour.example).empty
     llm = [n for n in graph.model.order if n not in graph.model.functions]
+    edited_nodes = probe_data.edited(tour.db, tour.run, tour.step)
     step_probes = probe_data.probes(tour.db, tour.run, tour.step)
     elsewhere = 0 if step_probes.empty else \
         step_probes.loc[step_probes["example_id"] != tour.example, "example_id"].nunique()
@@ -204,7 +205,7 @@ def blame_stage(tour: Selection, graph: data.RunGraph) -> None:
                         "score after": fmt(p.get("after_score"), ".2f"),
                         "followed its gradient": verdict,
                         "answer after": str(p.get("after_output") or "")[:80]})
-        row[EDIT_COLUMN] = "no proposal probed"
+        row[EDIT_COLUMN] = unprobed_edit(node in edited_nodes)
         if not edit.empty:
             e = edit.iloc[-1].to_dict()
             row[EDIT_COLUMN] = flip_label(e.get("before_score"), e.get("after_score"))
@@ -245,6 +246,7 @@ def pooled_blame(tour: Selection, llm: list[str]) -> None:
     if counts.empty:
         return
     rows = counts.to_dict("records")
+    edited_nodes = probe_data.edited(tour.db, tour.run, tour.step)
     table = []
     for r in rows:
         table.append({
@@ -253,7 +255,8 @@ def pooled_blame(tour: Selection, llm: list[str]) -> None:
             "90% interval": interval_text(r["flips"], r["probed"]),
             "leaks": int(r["leaks"]),
             "fixed by its edit alone": (f"{int(r['edit_flips'])}/{int(r['edit_probed'])}"
-                                        if int(r["edit_probed"]) else "no proposal probed"),
+                                        if int(r["edit_probed"]) else unprobed_edit(
+                                            r["node_id"] in edited_nodes)),
             "90% interval ": interval_text(r["edit_flips"], r["edit_probed"])})
     st.markdown(f"**Over every failing example probed at step {tour.step}** (a fix that "
                 "carries the answer is not counted, and an edit is counted only on examples "
