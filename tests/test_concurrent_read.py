@@ -23,14 +23,15 @@ SIZES = {"steps": 4, "train": 16, "val": 16, "test": 8}
 TABLES = ("steps", "prompt_versions", "node_outputs", "losses", "gradients", "updates",
           "llm_calls", "metrics", "examples")
 
-# 20 ms per scripted call: the run takes a few seconds, long enough to watch.
+# 50 ms per scripted call: the run takes several seconds, long enough to watch even on a
+# loaded machine (at 20 ms a busy CI machine once read it only after it had finished).
 WRITER = f"""
 import asyncio, sys
 from engine.llm.scripted import ScriptedBackend
 from engine.runs.execute import RunConfig, execute
 
 config = RunConfig(graph=sys.argv[1], db=sys.argv[2], run_id=sys.argv[3], **{SIZES!r})
-result = asyncio.run(execute(config, forward_backend=ScriptedBackend(latency=0.02)))
+result = asyncio.run(execute(config, forward_backend=ScriptedBackend(latency=0.05)))
 sys.exit(0 if result.status == "finished" else 1)
 """
 
